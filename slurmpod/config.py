@@ -1,0 +1,120 @@
+"""Load TOML files into validated models; every problem becomes one ConfigError line.
+
+The line names the file, the key path (`su_groups[1].nodes_per_rack`) and the fix, as DESIGN.md
+asks. pydantic is imported here, never at CLI start-up.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from slurmpod.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from slurmpod.model.site import Site
+
+M = TypeVar("M", bound="BaseModel")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """`templates` or `site_configs`: inside the wheel, or at the source tree's top level."""
+    inside = PACKAGE_DIR / name
+    return inside if inside.is_dir() else PACKAGE_DIR.parent / name
+
+
+def builtin_site_path(name: str) -> Path:
+    return data_dir("site_configs") / f"{name}.toml"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path),
+                          hint="check the path, or run from the directory holding it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text; save the file as UTF-8", file=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML: {exc}; fix the syntax there", file=str(path)) from None
+
+
+def format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def validate(model: type[M], data: dict[str, Any], file: str) -> M:
+    """Validate `data` against `model`, raising ConfigError for the first problem."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = tuple(p for p in err["loc"] if p not in ("function-after",))
+        # Drop pydantic's internal markers for tagged/unions ("function-after[...]").
+        loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p and "(" in p))
+        key = format_loc(loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling (see docs/admin-guide.md)"
+        elif err["type"] == "missing":
+            msg = "required key is missing; add it"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+            # Cross-checks name their own key path; move it into the key slot.
+            head, sep, rest = msg.partition(": ")
+            if sep and " " not in head:
+                key = f"{key}.{head}" if key else head
+                msg = rest
+        else:
+            got = err.get("input")
+            if not isinstance(got, dict | list):
+                msg = f"{msg} (got {got!r})"
+        raise ConfigError(msg, file=file, key=key or None) from None
+
+
+def load_site(path: Path | str) -> Site:
+    """Read, validate and resolve a site file (its inventory is built here, so naming clashes
+    surface as config errors too)."""
+    from slurmpod.model.site import Site
+
+    path = Path(path)
+    site = validate(Site, read_toml(path), str(path))
+    try:
+        _ = site.inventory
+    except ValueError as exc:
+        head, sep, rest = str(exc).partition(": ")
+        raise ConfigError(rest if sep else str(exc), file=str(path),
+                          key=head if sep else None) from None
+    return site
+
+
+def resolve_site_path(site: str | None, default: str = "sandbox") -> Path:
+    """A path, or the name of a built-in site (`dgx-h100-superpod`, `sandbox`, …)."""
+    if site is None:
+        return builtin_site_path(default)
+    p = Path(site)
+    if p.exists() or p.suffix == ".toml" or "/" in site:
+        return p
+    builtin = builtin_site_path(site)
+    if builtin.exists():
+        return builtin
+    known = sorted(f.stem for f in data_dir("site_configs").glob("*.toml"))
+    raise ConfigError(f"no such site file or built-in site {site!r}",
+                      hint=f"built-in sites: {', '.join(known)}")

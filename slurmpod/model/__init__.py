@@ -1,0 +1,1 @@
+"""Pure data model: frozen dataclasses and pure functions, no I/O."""

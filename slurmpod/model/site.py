@@ -1,0 +1,327 @@
+"""The site description: node types, racks, scalable units, fabric, partitions.
+
+A site file is TOML validated by these pydantic models (unknown keys are errors). `Site.inventory()`
+resolves it into the concrete node list every generator, the sandbox and the planner share.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PciBusId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Gpu(_Strict):
+    model: SlurmName = Field(description="gres Type, e.g. h100, h200, b200, gb200")
+    name: str = Field("", description="marketing name, e.g. 'H100 SXM5 80GB'")
+    peak_tflops_bf16: float = Field(gt=0, description="dense BF16 peak per GPU, TFLOP/s")
+    hbm_gib: float = Field(gt=0, description="HBM per GPU, GiB")
+
+
+class PciDevice(_Strict):
+    bus_id: PciBusId
+    numa: int = Field(ge=0)
+
+
+class Hca(_Strict):
+    device: SlurmName = Field(description="verbs device, e.g. mlx5_0")
+    rail: int | None = Field(None, ge=0, description="rail index; none for storage/management")
+    bus_id: PciBusId
+    numa: int = Field(ge=0)
+    netdev: str | None = Field(None, description="IPoIB / Ethernet interface, e.g. ibp24s0")
+    role: Literal["compute", "storage", "management"] = "compute"
+
+    @model_validator(mode="after")
+    def _rail_matches_role(self) -> Hca:
+        if self.role == "compute" and self.rail is None:
+            raise ValueError("a compute HCA needs `rail`; set role = 'storage' to keep it apart")
+        if self.role != "compute" and self.rail is not None:
+            raise ValueError(f"a {self.role} HCA has no rail: remove `rail`")
+        return self
+
+
+class NodeType(_Strict):
+    gpus: int = Field(8, ge=1, le=72)
+    gpu: Gpu
+    nvlink_domain_gpus: int = Field(
+        0, ge=0, description="GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72)"
+    )
+    sockets: int = Field(ge=1)
+    cores_per_socket: int = Field(ge=1)
+    threads_per_core: int = Field(1, ge=1, le=8)
+    memory_mib: int = Field(gt=0, description="RealMemory in MiB")
+    gpu_pci: list[PciDevice]
+    hcas: list[Hca]
+    gpu_device_path: str = Field("/dev/nvidia", description="gres File= prefix; index appended")
+
+    @property
+    def domain_gpus(self) -> int:
+        return self.nvlink_domain_gpus or self.gpus
+
+    @property
+    def compute_hcas(self) -> list[Hca]:
+        return sorted((h for h in self.hcas if h.role == "compute"), key=lambda h: h.rail or 0)
+
+    @property
+    def cores(self) -> int:
+        return self.sockets * self.cores_per_socket
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeType:
+        if len(self.gpu_pci) != self.gpus:
+            raise ValueError(f"gpu_pci lists {len(self.gpu_pci)} GPUs but gpus = {self.gpus}")
+        numas = {d.numa for d in self.gpu_pci} | {h.numa for h in self.hcas}
+        if max(numas, default=0) >= self.sockets * 4:
+            raise ValueError("a NUMA node index is larger than sockets allow (at most 4 per socket)")
+        if self.domain_gpus % self.gpus and self.gpus % self.domain_gpus:
+            raise ValueError(
+                f"nvlink_domain_gpus = {self.domain_gpus} must be a multiple of gpus = {self.gpus}"
+            )
+        names = [h.device for h in self.hcas]
+        if len(set(names)) != len(names):
+            raise ValueError("hcas: device names must be unique")
+        return self
+
+
+class Fabric(_Strict):
+    kind: Literal["infiniband", "roce"] = "infiniband"
+    rails: int = Field(8, ge=1, le=16)
+    link_gbps: int = Field(400, gt=0)
+    sharp: bool = False
+    rail_optimised: bool = True
+    leaf_radix: int = Field(64, ge=4)
+    spine_radix: int = Field(64, ge=4)
+    oversubscription: float = Field(1.0, ge=1.0, description="leaf downlinks per uplink")
+    spine_groups: Literal["per_rail", "shared"] = Field(
+        "per_rail", description="per_rail: rail-k leaves meet on rail-k spines (SuperPOD style)"
+    )
+    switch_prefix: str = Field("", description="prefix for generated switch names")
+
+
+class SuGroup(_Strict):
+    node_type: str
+    sus: int = Field(ge=1, description="scalable units of this shape")
+    nodes_per_su: int = Field(ge=1)
+    nodes_per_rack: int = Field(ge=1)
+
+    @property
+    def racks_per_su(self) -> int:
+        return self.nodes_per_su // self.nodes_per_rack
+
+
+class Naming(_Strict):
+    hostname: str = Field("node{n:04d}", description="format with n, rack, slot, su (1-based)")
+    rack: str = "rack{rack:03d}"
+    su: str = "su{su}"
+    first_node: int = Field(1, ge=0)
+
+
+class Partition(_Strict):
+    name: SlurmName
+    default: bool = False
+    max_time: str = Field("INFINITE", pattern=r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+    sus: list[int] | Literal["all"] = "all"
+    extra: dict[str, str] = Field(default_factory=dict, description="more PartitionName options")
+
+
+class SlurmTarget(_Strict):
+    version: str = Field("24.11", pattern=r"^\d{2}\.\d{2}$")
+    cluster_name: SlurmName = "cluster"
+    topology: Literal["tree", "block", "auto"] = Field(
+        "auto", description="auto: block for NVL72-class sites (domain > node), tree otherwise"
+    )
+    node_weights: dict[str, int] = Field(
+        default_factory=dict, description="node type -> Weight; warned: overrides topology"
+    )
+
+    @property
+    def version_tuple(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")
+        return int(major), int(minor)
+
+
+class SiteInfo(_Strict):
+    name: SlurmName
+    description: str = ""
+
+
+class Site(_Strict):
+    site: SiteInfo
+    slurm: SlurmTarget = SlurmTarget()
+    node_types: dict[str, NodeType]
+    fabric: Fabric = Fabric()
+    su_groups: list[SuGroup] = Field(min_length=1)
+    naming: Naming = Naming()
+    partitions: list[Partition] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Site:
+        for i, grp in enumerate(self.su_groups):
+            where = f"su_groups[{i}]"
+            nt = self.node_types.get(grp.node_type)
+            if nt is None:
+                raise ValueError(
+                    f"{where}.node_type: unknown node type {grp.node_type!r}; "
+                    f"defined: {', '.join(sorted(self.node_types)) or 'none'}"
+                )
+            if grp.nodes_per_su % grp.nodes_per_rack:
+                raise ValueError(
+                    f"{where}: nodes_per_su = {grp.nodes_per_su} is not a whole number of racks of "
+                    f"{grp.nodes_per_rack}; make nodes_per_su a multiple of nodes_per_rack"
+                )
+            rack_gpus = grp.nodes_per_rack * nt.gpus
+            if nt.domain_gpus > nt.gpus and rack_gpus % nt.domain_gpus:
+                raise ValueError(
+                    f"{where}: the NVLink domain of {nt.domain_gpus} GPUs does not divide a rack of "
+                    f"{rack_gpus} GPUs; set nodes_per_rack to a multiple of "
+                    f"{nt.domain_gpus // nt.gpus}"
+                )
+            if self.fabric.rail_optimised and len(nt.compute_hcas) != self.fabric.rails:
+                raise ValueError(
+                    f"node_types.{grp.node_type}.hcas: {len(nt.compute_hcas)} compute HCAs but "
+                    f"fabric.rails = {self.fabric.rails}; give one compute HCA per rail"
+                )
+            rails = sorted(h.rail for h in nt.compute_hcas if h.rail is not None)
+            if self.fabric.rail_optimised and rails != list(range(self.fabric.rails)):
+                raise ValueError(
+                    f"node_types.{grp.node_type}.hcas: rails {rails} must be 0..{self.fabric.rails - 1}"
+                    ", each once"
+                )
+            down = self.leaf_downlinks
+            if self.fabric.rail_optimised and grp.nodes_per_su > down:
+                raise ValueError(
+                    f"{where}.nodes_per_su = {grp.nodes_per_su} exceeds the {down} downlink ports of "
+                    f"a leaf (fabric.leaf_radix / oversubscription); use smaller SUs"
+                )
+        _check_pattern("naming.hostname", self.naming.hostname, {"n", "rack", "slot", "su"})
+        _check_pattern("naming.rack", self.naming.rack, {"rack", "su"})
+        _check_pattern("naming.su", self.naming.su, {"su"})
+        n_sus = sum(g.sus for g in self.su_groups)
+        for j, part in enumerate(self.partitions):
+            if part.sus != "all":
+                bad = [s for s in part.sus if not 1 <= s <= n_sus]
+                if bad:
+                    raise ValueError(f"partitions[{j}].sus: {bad} outside 1..{n_sus}")
+        if sum(p.default for p in self.partitions) > 1:
+            raise ValueError("partitions: more than one has default = true")
+        for name in self.slurm.node_weights:
+            if name not in self.node_types:
+                raise ValueError(f"slurm.node_weights: unknown node type {name!r}")
+        return self
+
+    @property
+    def leaf_downlinks(self) -> int:
+        return int(self.fabric.leaf_radix * self.fabric.oversubscription
+                   / (1 + self.fabric.oversubscription))
+
+    @property
+    def topology_plugin(self) -> Literal["tree", "block"]:
+        if self.slurm.topology != "auto":
+            return self.slurm.topology
+        nvl = any(nt.domain_gpus > nt.gpus for nt in self.node_types.values())
+        return "block" if nvl and self.slurm.version_tuple >= (23, 11) else "tree"
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        return build_inventory(self)
+
+
+def _check_pattern(key: str, pattern: str, allowed: set[str]) -> None:
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{key}: bad format string {pattern!r}: {exc}") from None
+    unknown = fields - allowed
+    if unknown:
+        raise ValueError(
+            f"{key}: unknown field(s) {sorted(unknown)} in {pattern!r}; use {sorted(allowed)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One concrete node of the site. Indices are 0-based; names come from `naming`."""
+
+    name: str
+    index: int
+    node_type: str
+    su: int  # 0-based SU index across all groups
+    rack: int  # 0-based rack index across the site
+    slot: int  # 0-based position in the rack
+    su_slot: int  # 0-based position in the SU (leaf downlink port = su_slot + 1)
+    domain: int  # 0-based NVLink domain index across the site
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nodes: tuple[Node, ...]
+    su_names: tuple[str, ...]
+    rack_names: tuple[str, ...]
+    su_node_type: tuple[str, ...]
+
+    def nodes_in_su(self, su: int) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.su == su)
+
+    @cached_property
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+
+_WIDTH = re.compile(r"\{n:0?(\d+)d\}")
+
+
+def build_inventory(site: Site) -> Inventory:
+    """Resolve SU groups and naming patterns into concrete nodes; reject clashing names."""
+    nodes: list[Node] = []
+    su_names: list[str] = []
+    rack_names: list[str] = []
+    su_types: list[str] = []
+    seen: dict[str, int] = {}
+    width_m = _WIDTH.search(site.naming.hostname)
+    width = int(width_m.group(1)) if width_m else None
+    n = site.naming.first_node
+    su = rack = domain_base = 0
+    for grp in site.su_groups:
+        nt = site.node_types[grp.node_type]
+        nodes_per_domain = max(1, nt.domain_gpus // nt.gpus)
+        for _ in range(grp.sus):
+            su_names.append(site.naming.su.format(su=su + 1))
+            su_types.append(grp.node_type)
+            for su_slot in range(grp.nodes_per_su):
+                slot = su_slot % grp.nodes_per_rack
+                if slot == 0:
+                    rack_names.append(site.naming.rack.format(rack=len(rack_names) + 1, su=su + 1))
+                    rack = len(rack_names) - 1
+                name = site.naming.hostname.format(n=n, rack=rack + 1, slot=slot + 1, su=su + 1)
+                if width is not None and len(str(n)) > width:
+                    raise ValueError(
+                        f"naming.hostname: node number {n} overflows {site.naming.hostname!r}; "
+                        f"widen the number field (e.g. {{n:0{len(str(n))}d}})"
+                    )
+                if name in seen:
+                    raise ValueError(
+                        f"naming.hostname: {site.naming.hostname!r} gives {name!r} twice; "
+                        "include {n} or {slot} so names are unique"
+                    )
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                    raise ValueError(f"naming.hostname: {name!r} is not a valid host name")
+                seen[name] = n
+                nodes.append(
+                    Node(name, len(nodes), grp.node_type, su, rack, slot, su_slot,
+                         domain_base + su_slot // nodes_per_domain)
+                )
+                n += 1
+            domain_base += -(-grp.nodes_per_su // nodes_per_domain)
+            su += 1
+    return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types))
