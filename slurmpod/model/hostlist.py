@@ -53,11 +53,14 @@ def compress(hosts: Iterable[str]) -> str:
         if num is None:
             ranges.append(host)
             continue
-        if isinstance(last, _Range) and last.prefix == prefix and num == last.hi + 1:
-            if width == last.width or not (_padded(num, width) or _padded(last.lo, last.width)):
-                last.hi = num
-                last.width = min(last.width, width) if not _padded(last.lo, last.width) else width
-                continue
+        if (
+            isinstance(last, _Range) and last.prefix == prefix and num == last.hi + 1
+            and (width == last.width
+                 or not (_padded(num, width) or _padded(last.lo, last.width)))
+        ):
+            last.hi = num
+            last.width = min(last.width, width) if not _padded(last.lo, last.width) else width
+            continue
         ranges.append(_Range(prefix, num, num, width))
     # Merge adjacent ranges with the same prefix into one bracket: p[1-3,7].
     out: list[str] = []

@@ -55,7 +55,8 @@ class NodeType(_Strict):
     gpus: int = Field(8, ge=1, le=72)
     gpu: Gpu
     nvlink_domain_gpus: int = Field(
-        0, ge=0, description="GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72)"
+        0, ge=0,
+        description="GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72)",
     )
     sockets: int = Field(ge=1)
     cores_per_socket: int = Field(ge=1)
@@ -64,6 +65,14 @@ class NodeType(_Strict):
     gpu_pci: list[PciDevice]
     hcas: list[Hca]
     gpu_device_path: str = Field("/dev/nvidia", description="gres File= prefix; index appended")
+    numa_nodes: int = Field(
+        0, ge=0, description="NUMA nodes per node; 0 means one per socket. Cores split evenly"
+    )
+    cpu_arch: Literal["x86_64", "arm64"] = Field("x86_64", description="NCCL topology XML arch")
+    cpu_vendor: str = Field(
+        "GenuineIntel", description="NCCL topology XML vendor (GenuineIntel, AuthenticAMD, '')"
+    )
+    pcie_gen: int = Field(5, ge=3, le=6, description="PCIe generation of GPU and HCA links")
 
     @property
     def domain_gpus(self) -> int:
@@ -77,13 +86,39 @@ class NodeType(_Strict):
     def cores(self) -> int:
         return self.sockets * self.cores_per_socket
 
+    @property
+    def numa_count(self) -> int:
+        return self.numa_nodes or self.sockets
+
+    def numa_cores(self, numa: int) -> range:
+        """Slurm's logical core indices of a NUMA node (socket-major, as gres.conf Cores= wants)."""
+        per = self.cores // self.numa_count
+        return range(numa * per, (numa + 1) * per)
+
     @model_validator(mode="after")
     def _consistent(self) -> NodeType:
         if len(self.gpu_pci) != self.gpus:
             raise ValueError(f"gpu_pci lists {len(self.gpu_pci)} GPUs but gpus = {self.gpus}")
         numas = {d.numa for d in self.gpu_pci} | {h.numa for h in self.hcas}
-        if max(numas, default=0) >= self.sockets * 4:
-            raise ValueError("a NUMA node index is larger than sockets allow (at most 4 per socket)")
+        if self.numa_nodes:
+            if self.numa_nodes % self.sockets or self.cores % self.numa_nodes:
+                raise ValueError(
+                    f"numa_nodes: {self.numa_nodes} must be a multiple of sockets = {self.sockets}"
+                    f" and divide the {self.cores} cores"
+                )
+            if max(numas, default=0) >= self.numa_nodes:
+                raise ValueError(
+                    f"numa_nodes: a GPU or HCA names NUMA node {max(numas)} but the node has "
+                    f"{self.numa_nodes}; fix its `numa` or raise numa_nodes"
+                )
+        elif max(numas, default=0) >= self.sockets:
+            raise ValueError(
+                f"numa_nodes: a GPU or HCA names NUMA node {max(numas)} but numa_nodes defaults to "
+                f"sockets = {self.sockets}; set numa_nodes (e.g. 8 for NPS4 on 2 sockets)"
+            )
+        buses = [d.bus_id.lower() for d in self.gpu_pci] + [h.bus_id.lower() for h in self.hcas]
+        if len(set(buses)) != len(buses):
+            raise ValueError("gpu_pci/hcas: PCI bus ids must be unique within a node type")
         if self.domain_gpus % self.gpus and self.gpus % self.domain_gpus:
             raise ValueError(
                 f"nvlink_domain_gpus = {self.domain_gpus} must be a multiple of gpus = {self.gpus}"
@@ -183,8 +218,8 @@ class Site(_Strict):
             rack_gpus = grp.nodes_per_rack * nt.gpus
             if nt.domain_gpus > nt.gpus and rack_gpus % nt.domain_gpus:
                 raise ValueError(
-                    f"{where}: the NVLink domain of {nt.domain_gpus} GPUs does not divide a rack of "
-                    f"{rack_gpus} GPUs; set nodes_per_rack to a multiple of "
+                    f"{where}.nodes_per_rack: the NVLink domain of {nt.domain_gpus} GPUs does not "
+                    f"divide a rack of {rack_gpus} GPUs; set nodes_per_rack to a multiple of "
                     f"{nt.domain_gpus // nt.gpus}"
                 )
             if self.fabric.rail_optimised and len(nt.compute_hcas) != self.fabric.rails:
@@ -195,19 +230,27 @@ class Site(_Strict):
             rails = sorted(h.rail for h in nt.compute_hcas if h.rail is not None)
             if self.fabric.rail_optimised and rails != list(range(self.fabric.rails)):
                 raise ValueError(
-                    f"node_types.{grp.node_type}.hcas: rails {rails} must be 0..{self.fabric.rails - 1}"
-                    ", each once"
+                    f"node_types.{grp.node_type}.hcas: rails {rails} must be "
+                    f"0..{self.fabric.rails - 1}, each once"
                 )
             down = self.leaf_downlinks
             if self.fabric.rail_optimised and grp.nodes_per_su > down:
                 raise ValueError(
-                    f"{where}.nodes_per_su = {grp.nodes_per_su} exceeds the {down} downlink ports of "
-                    f"a leaf (fabric.leaf_radix / oversubscription); use smaller SUs"
+                    f"{where}.nodes_per_su: {grp.nodes_per_su} exceeds the {down} downlink ports "
+                    "of a leaf (fabric.leaf_radix / oversubscription); use smaller SUs"
+                )
+            rack_ports = grp.nodes_per_rack * len(nt.compute_hcas)
+            if not self.fabric.rail_optimised and rack_ports > down:
+                raise ValueError(
+                    f"{where}.nodes_per_rack: {grp.nodes_per_rack} nodes x "
+                    f"{len(nt.compute_hcas)} compute HCAs need {rack_ports} ports but a rack leaf "
+                    f"has {down} downlinks; use smaller racks or a larger fabric.leaf_radix"
                 )
         _check_pattern("naming.hostname", self.naming.hostname, {"n", "rack", "slot", "su"})
         _check_pattern("naming.rack", self.naming.rack, {"rack", "su"})
         _check_pattern("naming.su", self.naming.su, {"su"})
         n_sus = sum(g.sus for g in self.su_groups)
+        self._check_fabric_size(n_sus)
         for j, part in enumerate(self.partitions):
             if part.sus != "all":
                 bad = [s for s in part.sus if not 1 <= s <= n_sus]
@@ -219,6 +262,26 @@ class Site(_Strict):
             if name not in self.node_types:
                 raise ValueError(f"slurm.node_weights: unknown node type {name!r}")
         return self
+
+    def _check_fabric_size(self, n_sus: int) -> None:
+        # Leaves per spine group against what three tiers of spine_radix switches can hold
+        # (the rule of slurmpod.topology.fabric_plan: blocks of spine_radix/2 leaves, at most
+        # spine_radix blocks per core plane).
+        fab = self.fabric
+        if fab.rail_optimised:
+            per_group = n_sus if fab.spine_groups == "per_rail" else n_sus * fab.rails
+            unit = 1 if fab.spine_groups == "per_rail" else fab.rails
+        else:
+            per_group = sum(g.sus * g.racks_per_su for g in self.su_groups)
+            unit = 1
+        half = fab.spine_radix // 2
+        block = half - half % unit
+        if per_group > fab.spine_radix and (block < 1 or per_group > block * fab.spine_radix):
+            raise ValueError(
+                f"fabric.spine_radix: {per_group} leaves per spine group need more than three "
+                f"tiers of {fab.spine_radix}-port switches; use larger spines"
+                + (" or spine_groups = 'per_rail'" if unit > 1 else "")
+            )
 
     @property
     def leaf_downlinks(self) -> int:
