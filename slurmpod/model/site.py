@@ -159,6 +159,7 @@ class Naming(_Strict):
     hostname: str = Field("node{n:04d}", description="format with n, rack, slot, su (1-based)")
     rack: str = "rack{rack:03d}"
     su: str = "su{su}"
+    domain: str = Field("nvl{domain}", description="NVLink domain name (feature, block), 1-based")
     first_node: int = Field(1, ge=0)
 
 
@@ -249,6 +250,7 @@ class Site(_Strict):
         _check_pattern("naming.hostname", self.naming.hostname, {"n", "rack", "slot", "su"})
         _check_pattern("naming.rack", self.naming.rack, {"rack", "su"})
         _check_pattern("naming.su", self.naming.su, {"su"})
+        _check_pattern("naming.domain", self.naming.domain, {"domain"})
         n_sus = sum(g.sus for g in self.su_groups)
         self._check_fabric_size(n_sus)
         for j, part in enumerate(self.partitions):
@@ -332,6 +334,7 @@ class Inventory:
     su_names: tuple[str, ...]
     rack_names: tuple[str, ...]
     su_node_type: tuple[str, ...]
+    domain_names: tuple[str, ...] = ()  # NVLink domains (one per node on 8-GPU systems)
 
     def nodes_in_su(self, su: int) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.su == su)
@@ -387,4 +390,24 @@ def build_inventory(site: Site) -> Inventory:
                 n += 1
             domain_base += -(-grp.nodes_per_su // nodes_per_domain)
             su += 1
-    return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types))
+    domain_names = [site.naming.domain.format(domain=d + 1) for d in range(domain_base)]
+    for key, pattern, names in (("naming.su", site.naming.su, su_names),
+                                ("naming.rack", site.naming.rack, rack_names),
+                                ("naming.domain", site.naming.domain, domain_names)):
+        _check_unique(key, pattern, names, seen)
+    return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types),
+                     tuple(domain_names))
+
+
+def _check_unique(key: str, pattern: str, names: list[str], hosts: dict[str, int]) -> None:
+    """SU, rack and domain names become Slurm switch/block names and node features: they must be
+    unique, valid Slurm names, and distinct from host names."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{key}: {pattern!r} gives {name!r} twice; include its number field")
+        if name in hosts:
+            raise ValueError(f"{key}: {name!r} is also a host name; choose a distinct pattern")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", name):
+            raise ValueError(f"{key}: {name!r} is not a valid Slurm name (start with a letter)")
+        seen.add(name)

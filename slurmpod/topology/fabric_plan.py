@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -65,7 +65,7 @@ class Switch:
     su: int | None = None  # leaf of a rail-optimised fabric: 0-based SU index
     rail: int | None = None  # leaf: its rail; spine/core in a per_rail group: the group's rail
     rack: int | None = None  # leaf of a non-rail-optimised fabric: 0-based rack index
-    block: int | None = None  # spine in a three-tier fabric: 0-based spine block
+    block: int | None = None  # leaf/spine in a three-tier fabric: 0-based spine block
     plane: int | None = None  # core (and three-tier spine): 0-based core plane
 
 
@@ -247,6 +247,7 @@ def plan_fabric(site: Site) -> FabricPlan:
     cores: list[Switch] = []
     leaf_up: list[SwitchLink] = []
     core_links: list[SwitchLink] = []
+    leaf_block: dict[str, int] = {}
     max_leaves = max(len(v) for v in groups.values())
     three = max_leaves > r_spine
     s_up = 0
@@ -271,6 +272,8 @@ def plan_fabric(site: Site) -> FabricPlan:
         n_core = smallest_divisor_at_least(s_up, _ceil_div(len(blocks) * s_up, r_spine))
         planes: list[list[str]] = [[] for _ in range(n_sb)]
         for b, blk in enumerate(blocks):
+            for name in blk:
+                leaf_block[name] = b
             sp_names = [f"{prefix}spine-{tag}b{b + 1}-{j + 1}" for j in range(n_sb)]
             spines.extend(Switch(n, "spine", r_spine, g, rail=rail, block=b, plane=j)
                           for j, n in enumerate(sp_names))
@@ -283,6 +286,8 @@ def plan_fabric(site: Site) -> FabricPlan:
             # A spine's downlink ports are 1..block·U/S_b; its uplinks sit above them.
             _spread(plane, s_up + 1, s_up, c_names, core_links)
 
+    if leaf_block:
+        leaves = [replace(sw, block=leaf_block[sw.name]) for sw in leaves]
     return FabricPlan(
         site=site.site.name, kind=fab.kind, link_gbps=fab.link_gbps,
         rail_optimised=fab.rail_optimised, spine_groups=spine_groups, tiers=3 if three else 2,

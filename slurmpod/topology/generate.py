@@ -1,0 +1,175 @@
+"""Site -> every topology artefact Slurm and NCCL need, as {path: text}; written atomically.
+
+Artefacts (docs/admin-guide.md maps each to its Slurm/NCCL setting):
+
+=========================  =====================================================================
+topology.conf              topology/tree: one logical leaf per SU (racks when not rail-optimised)
+topology-block.conf        topology/block (target Slurm >= 23.11); install as topology.conf
+topology.yaml              target Slurm >= 25.05: both topologies, default = site.topology_plugin
+gres.conf                  Name=gpu Type=<model> File=/dev/nvidia[..] Cores=<NUMA-local cores>
+nodes.conf                 NodeName + PartitionName lines, to `Include` from slurm.conf
+rails.csv                  node, GPU, HCA, rail, leaf switch, leaf port
+cabling.csv                every expected cable (node HCA -> leaf, leaf -> spine, spine -> core)
+nccl-topo/<type>.xml       NCCL_TOPO_FILE per node type
+=========================  =====================================================================
+
+Which of topology.conf / topology-block.conf Slurm should read follows `Site.topology_plugin`
+(`slurm.topology`, "auto" = block for NVL72-class sites when the target is >= 23.11): see
+`topology_file_to_install`. Generation is pure; only `write_artifacts` touches the disk.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from slurmpod.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+
+_VERSION = re.compile(r"^(\d{2})\.(\d{2})(\.\d+)?$")
+BLOCK_MIN = (23, 11)  # topology/block appeared in Slurm 23.11
+YAML_MIN = (25, 5)  # topology.yaml appeared in Slurm 25.05
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Overrides for one generation run (the sandbox uses all three).
+
+    slurm_version: target this Slurm instead of `slurm.version` (e.g. the installed "22.05").
+    gres_file_prefix: replaces every node type's `gpu_device_path` in gres.conf File=.
+    localhost_base_port: every NodeName line also gets NodeHostname=localhost
+        NodeAddr=127.0.0.1 Port=[a-b], node i (0-based, inventory order) on port base + i.
+    """
+
+    slurm_version: str | None = None
+    gres_file_prefix: str | None = None
+    localhost_base_port: int | None = None
+
+
+def parse_version(text: str, what: str = "--slurm-version") -> tuple[int, int]:
+    m = _VERSION.match(text.strip())
+    if not m:
+        raise UsageError(f"{what}: {text!r} is not a Slurm release; use YY.MM, e.g. 24.11")
+    return int(m.group(1)), int(m.group(2))
+
+
+def target_version(site: Site, options: GenerateOptions | None) -> tuple[int, int]:
+    if options and options.slurm_version:
+        return parse_version(options.slurm_version)
+    return site.slurm.version_tuple
+
+
+def topology_plugin(site: Site, version: tuple[int, int]) -> str:
+    """`Site.topology_plugin`, re-evaluated for an overridden target version."""
+    if site.slurm.topology == "auto":
+        nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+        return "block" if nvl and version >= BLOCK_MIN else "tree"
+    if site.slurm.topology == "block" and version < BLOCK_MIN:
+        raise ConfigError(
+            f"topology/block needs Slurm >= 23.11 but the target is {version[0]}.{version[1]:02d}",
+            key="slurm.topology", hint="set slurm.topology = 'tree' or target a newer Slurm",
+        )
+    return site.slurm.topology
+
+
+def topology_file_to_install(site: Site, options: GenerateOptions | None = None) -> str:
+    """The generated file that becomes /etc/slurm/topology.conf (or topology.yaml on >= 25.05)."""
+    version = target_version(site, options)
+    if version >= YAML_MIN:
+        return "topology.yaml"
+    return "topology-block.conf" if topology_plugin(site, version) == "block" else "topology.conf"
+
+
+def generation_warnings(site: Site, options: GenerateOptions | None = None) -> list[str]:
+    """Things that are legal but probably not what the admin wants."""
+    out = []
+    for type_name, weight in sorted(site.slurm.node_weights.items()):
+        out.append(
+            f"slurm.node_weights sets Weight={weight} on node type {type_name!r}: Slurm picks "
+            "lower-weight nodes first, which overrides topology-aware placement "
+            "(topology/tree and topology/block); remove the weights unless that is intended"
+        )
+    used = {g.node_type for g in site.su_groups}
+    for type_name in sorted(set(site.node_types) - used):
+        out.append(f"node_types.{type_name} is not used by any su_groups entry; no files for it")
+    return out
+
+
+def _check_options(site: Site, options: GenerateOptions) -> None:
+    base = options.localhost_base_port
+    if base is not None:
+        last = base + len(site.inventory.nodes) - 1
+        if base < 1 or last > 65535:
+            raise UsageError(
+                f"localhost_base_port: ports {base}..{last} do not fit in 1..65535; "
+                "choose a lower base port"
+            )
+    prefix = options.gres_file_prefix
+    if prefix is not None and (not prefix.startswith("/") or re.search(r"[\s\[\],=#]", prefix)):
+        raise UsageError(
+            f"gres_file_prefix: {prefix!r} must be an absolute path without spaces, brackets, "
+            "commas, '=' or '#'"
+        )
+
+
+def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, str]:
+    """Every artefact of `site` as {relative path: text}. Pure: nothing is written."""
+    from slurmpod.render.env import header, make_env
+    from slurmpod.topology import node_files, slurm_files
+    from slurmpod.topology.fabric_plan import plan_fabric
+    from slurmpod.topology.layout import block_layout, tree_switches
+
+    options = options or GenerateOptions()
+    _check_options(site, options)
+    version = target_version(site, options)
+    plugin = topology_plugin(site, version)
+    ctx = slurm_files.SlurmContext(
+        version=version, plugin=plugin, gres_file_prefix=options.gres_file_prefix,
+        localhost_base_port=options.localhost_base_port,
+    )
+    name = site.site.name
+    env = make_env()
+    try:
+        plan = plan_fabric(site)
+        switches = tree_switches(site, plan)
+        layout = block_layout(site) if version >= BLOCK_MIN else None
+    except ValueError as exc:
+        head, sep, rest = str(exc).partition(": ")
+        raise ConfigError(rest if sep else str(exc), key=head if sep else None) from None
+
+    def hdr(template: str, comment: str = "#") -> str:
+        return header(comment, template, name)
+
+    files: dict[str, str] = {
+        "topology.conf": slurm_files.topology_conf(
+            env, hdr("topology/topology.conf.j2"), site, switches),
+    }
+    if layout is not None:
+        files["topology-block.conf"] = slurm_files.topology_block_conf(
+            env, hdr("topology/topology-block.conf.j2"), site, layout)
+        if version >= YAML_MIN:
+            files["topology.yaml"] = slurm_files.topology_yaml(
+                env, hdr("topology/topology.yaml.j2"), ctx, switches, layout)
+    files["gres.conf"] = slurm_files.gres_conf(env, hdr("topology/gres.conf.j2"), site, ctx)
+    files["nodes.conf"] = slurm_files.nodes_conf(
+        env, hdr("topology/nodes.conf.j2"), site, ctx, layout, generation_warnings(site, options))
+    files["rails.csv"] = node_files.rails_csv(hdr("builtin rails.csv"), site, plan)
+    files["cabling.csv"] = node_files.cabling_csv(hdr("builtin cabling.csv"), plan)
+    used = sorted({g.node_type for g in site.su_groups})
+    for type_name in used:
+        files[f"nccl-topo/{type_name}.xml"] = node_files.nccl_topology_xml(
+            env, hdr("topology/nccl-topo.xml.j2", comment=""), site, type_name)
+    return files
+
+
+def write_artifacts(site: Site, out_dir: Path | str,
+                    options: GenerateOptions | None = None) -> list[Path]:
+    """Generate everything first, then write all files atomically (nothing on error)."""
+    from slurmpod.fsutil import write_tree_atomic
+
+    files = generate(site, options)
+    return write_tree_atomic(Path(out_dir), files)
