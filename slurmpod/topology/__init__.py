@@ -1,1 +1,1 @@
-"""Topology: site -> fabric plan and every Slurm/NCCL artefact (tree, blocks, gres, nodes, rails)."""
+"""Topology: site -> fabric plan and every Slurm/NCCL artefact (tree, blocks, gres, nodes)."""
