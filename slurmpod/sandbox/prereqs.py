@@ -1,0 +1,98 @@
+"""Find the system programs a sandbox needs and the installed Slurm version.
+
+A missing program is a ConfigError (exit 3) naming the package to install, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurmpod.errors import ConfigError
+
+# program -> Debian package that ships it (Debian 12 and 13 use the same names).
+REQUIRED: dict[str, str] = {
+    "munged": "munge",
+    "mariadbd": "mariadb-server",
+    "mariadb-install-db": "mariadb-server",
+    "slurmdbd": "slurmdbd",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sinfo": "slurm-client",
+    "scontrol": "slurm-client",
+    "sacctmgr": "slurm-client",
+    "squeue": "slurm-client",
+    "scancel": "slurm-client",
+}
+
+# Daemons live in /usr/sbin, which an ordinary user's PATH often lacks.
+EXTRA_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+
+INSTALL_HINT = (
+    "sudo apt-get install -y slurm-wlm slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
+)
+
+
+@dataclass(frozen=True)
+class Tools:
+    paths: dict[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.paths[name]
+
+
+def search_path(path: str | None = None) -> str:
+    base = os.environ.get("PATH", "") if path is None else path
+    dirs = [d for d in base.split(os.pathsep) if d]
+    if path is None:
+        dirs += [d for d in EXTRA_DIRS if d not in dirs]
+    return os.pathsep.join(dirs)
+
+
+def find_tools(path: str | None = None) -> Tools:
+    """Locate every required program, or raise one ConfigError listing the missing packages."""
+    where = search_path(path)
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    for prog in REQUIRED:
+        hit = shutil.which(prog, path=where)
+        if hit is None:
+            missing.append(prog)
+        else:
+            found[prog] = hit
+    if missing:
+        pkgs = sorted({REQUIRED[p] for p in missing})
+        raise ConfigError(
+            f"the sandbox needs {', '.join(missing)} (Debian packages: {' '.join(pkgs)}); "
+            f"install them with: {INSTALL_HINT}"
+        )
+    return Tools(found)
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_slurm_version(text: str) -> tuple[int, int, int]:
+    """`slurm-wlm 22.05.8` (Debian) or `slurm 24.11.5` -> (22, 5, 8)."""
+    m = _VERSION.search(text)
+    if m is None:
+        raise ConfigError(f"cannot read the Slurm version from `slurmd -V` output {text.strip()!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def slurm_version(slurmd: str | Path) -> tuple[int, int, int]:
+    try:
+        out = subprocess.run([str(slurmd), "-V"], capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"cannot run `{slurmd} -V`: {exc}", hint=INSTALL_HINT) from None
+    return parse_slurm_version(out.stdout or out.stderr)
+
+
+def version_string(v: tuple[int, int, int]) -> str:
+    """The `MM.mm` form the site model and the topology generator use."""
+    return f"{v[0]:02d}.{v[1]:02d}"
