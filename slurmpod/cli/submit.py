@@ -1,0 +1,175 @@
+"""`slurmpod render` and `slurmpod submit`: the sbatch script for a run spec, and its submission."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurmpod.errors import UsageError
+
+_CPU_BIND = click.Choice(["numactl", "slurm", "none"])
+
+
+def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by render and submit (applied bottom-up, so listed in reverse)."""
+    opts = [
+        click.option("--site", help="Site file or built-in site name (default: sandbox)."),
+        click.option("--template-dir", "template_dirs", multiple=True,
+                     type=click.Path(file_okay=False, path_type=Path),
+                     help="Site template dir; its sbatch/*.j2 and nccl-env.toml override the "
+                          "built-ins. Repeatable."),
+        click.option("--template", default="sbatch/megatron.sbatch.j2", show_default=True,
+                     help="Template name inside the template dirs."),
+        click.option("--run-dir", help="Run directory (default: [job] work_dir, else "
+                                       "slurmpod-runs/<name>)."),
+        click.option("--nccl-debug", is_flag=True, help="NCCL_DEBUG=INFO with subsystems."),
+        click.option("--nccl-algo", help="Force NCCL_ALGO (debugging only)."),
+        click.option("--nccl-proto", help="Force NCCL_PROTO (debugging only)."),
+        click.option("--nccl-version", help="NCCL in the job's image, e.g. 2.21.5 (gates "
+                                            "variables; unknown = keep them)."),
+        click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+                     help="Extra job environment (after the site layer). Repeatable."),
+        click.option("--topo-dir", default="/etc/slurmpod/nccl-topo", show_default=True,
+                     help="Directory on the cluster holding <node-type>.xml from "
+                          "`slurmpod topo generate`; '' to leave NCCL_TOPO_FILE unset."),
+        click.option("--max-restarts", type=click.IntRange(0), default=3, show_default=True,
+                     help="Requeues allowed after preemption, time limit or failure."),
+        click.option("--signal-lead", "signal_lead_s", type=click.IntRange(10),
+                     default=300, show_default=True,
+                     help="Seconds before the time limit that the job gets SIGTERM to save."),
+        click.option("--switch-wait", default="24:00:00", show_default=True,
+                     help="--switches max wait (Slurm caps it at max_switch_wait)."),
+        click.option("--chain", type=click.IntRange(1), default=1, show_default=True,
+                     help="Submit N jobs chained with --dependency=singleton."),
+        click.option("--spares", type=click.IntRange(0), default=0, show_default=True,
+                     help="Hot-spare nodes allocated on top of the run's nodes."),
+        click.option("--cpu-bind", type=_CPU_BIND, default="numactl", show_default=True,
+                     help="Per-rank binding to the GPU's NUMA node."),
+        click.option("--no-monitor", is_flag=True, help="Do not start `slurmpod hook monitor`."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
+    from slurmpod.render.sbatch import RenderOptions
+
+    env: dict[str, str | None] = {}
+    for pair in kw["env_pairs"]:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return RenderOptions(
+        site_label=site_label, template=kw["template"], template_dirs=tuple(kw["template_dirs"]),
+        nccl_debug=kw["nccl_debug"], nccl_algo=kw["nccl_algo"], nccl_proto=kw["nccl_proto"],
+        nccl_version=kw["nccl_version"], run_env=env, topo_dir=kw["topo_dir"],
+        max_restarts=kw["max_restarts"], signal_lead_s=kw["signal_lead_s"],
+        switch_wait=kw["switch_wait"], chain=kw["chain"], spares=kw["spares"],
+        cpu_bind=kw["cpu_bind"], monitor=not kw["no_monitor"],
+    )
+
+
+@click.command()
+@click.argument("run_file", type=click.Path(dir_okay=False, path_type=Path))
+@_render_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the script here (atomically) instead of stdout.")
+def render(run_file: Path, output: Path | None, **kw: Any) -> None:
+    """Render the sbatch script for RUN_FILE (refuses an invalid or non-fitting plan: exit 3)."""
+    from slurmpod.submit import prepare, read_run_and_site, resolve_run_dir
+
+    run, site, label = read_run_and_site(run_file, kw["site"])
+    opts = _options(label, kw)
+    run_dir = resolve_run_dir(run, kw["run_dir"], str(Path.cwd()))
+    prep = prepare(run, site, opts, run_dir)
+    if output is None:
+        sys.stdout.write(prep.script)
+        return
+    from slurmpod.fsutil import write_atomic
+
+    write_atomic(output, prep.script, mode=0o755)
+    click.echo(f"wrote {output}", err=True)
+
+
+@click.command()
+@click.argument("run_file", type=click.Path(dir_okay=False, path_type=Path))
+@_render_options
+@click.option("--host", help="Submit over SSH to this host (~/.ssh/config alias or name).")
+@click.option("--backend", type=click.Choice(["cli", "pyslurm"]), default="cli",
+              show_default=True)
+@click.option("--dry-run", is_flag=True, help="Plan and render only; queue nothing.")
+@click.option("--wait", is_flag=True, help="Wait until the job starts; print nodes and SUs.")
+@click.option("--wait-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds --wait waits for the job to start.")
+@click.option("--force", is_flag=True, help="Submit even if this exact script is queued.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def submit(run_file: Path, host: str | None, backend: str, dry_run: bool, wait: bool,
+           wait_timeout: float, force: bool, as_json: bool, **kw: Any) -> None:
+    """Plan, render, store and submit RUN_FILE; print the job id."""
+    from slurmpod import submit as sub
+
+    run, site, label = sub.read_run_and_site(run_file, kw["site"])
+    opts = _options(label, kw)
+    if backend == "pyslurm" and host:
+        raise UsageError("--backend pyslurm talks to the local Slurm; drop --host or use cli")
+    runner = _runner(host)
+    try:
+        base = str(Path.cwd()) if host is None else _remote_home(runner)
+        run_dir = sub.resolve_run_dir(run, kw["run_dir"], base)
+        prep = sub.prepare(run, site, opts, run_dir)
+        if dry_run:
+            res = sub.SubmitResult([], run_dir, prep.script_path, prep.token, runner.where,
+                                   dry_run=True, min_sus=prep.facts.min_sus)
+            if as_json:
+                from slurmpod.cli.output import emit_json
+
+                emit_json({**res.to_json(), "script_text": prep.script})
+            else:
+                sys.stdout.write(prep.script)
+                click.echo(f"dry run: would store {prep.script_path} and submit on "
+                           f"{runner.where}", err=True)
+            return
+        be = sub.make_backend(backend, runner)
+        res = sub.submit(prep, runner, be, chain=opts.chain, force=force)
+        if wait:
+            res = sub.wait_for_start(be, site, res, timeout_s=wait_timeout)
+    finally:
+        runner.close()
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(res.to_json())
+        return
+    click.echo(" ".join(res.job_ids))
+    note = "already queued as" if res.reused else "submitted"
+    click.echo(f"{note} job {', '.join(res.job_ids)} on {res.where}; script {res.script_path}",
+               err=True)
+    if wait:
+        spans = f"{len(res.sus)} SU(s) {','.join(res.sus)}" if res.sus else "no nodes"
+        click.echo(f"job {res.job_ids[0]} {res.state} on {res.nodes or '-'}: {spans} "
+                   f"(minimum {res.min_sus})")
+
+
+def _runner(host: str | None):  # -> CommandRunner
+    if host is None:
+        from slurmpod.transport.local import LocalRunner
+
+        return LocalRunner()
+    from slurmpod.transport.ssh import SshRunner
+
+    return SshRunner(host)
+
+
+def _remote_home(runner: Any) -> str:
+    res = runner.run(["pwd"], timeout_s=30)
+    home = res.stdout.strip()
+    if not home.startswith("/"):
+        raise UsageError(f"cannot find the home directory on {runner.where}; pass an absolute "
+                         "--run-dir")
+    return home

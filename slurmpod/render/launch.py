@@ -1,0 +1,179 @@
+"""The launch line: srun options, the per-rank CPU/NUMA wrapper and the Megatron command line.
+
+Pure functions from the run spec and the site's node type to argv lists; the sbatch template
+quotes every element. Megatron is started one process per GPU by srun (8 tasks per node), each
+rank finding RANK/LOCAL_RANK/WORLD_SIZE from Slurm and MASTER_ADDR/PORT from the first node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slurmpod.errors import ConfigError
+
+# Megatron arguments declared with action='store_false': the dest name is the positive form,
+# the flag is `--no-…` (megatron/training/arguments.py, core 0.14). `dest = false` must render
+# the flag; `dest = true` is Megatron's default and renders nothing.
+STORE_FALSE_FLAGS: dict[str, str] = {
+    "masked_softmax_fusion": "--no-masked-softmax-fusion",
+    "bias_gelu_fusion": "--no-bias-gelu-fusion",
+    "bias_swiglu_fusion": "--no-bias-swiglu-fusion",
+    "bias_dropout_fusion": "--no-bias-dropout-fusion",
+    "apply_rope_fusion": "--no-rope-fusion",
+    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
+    "async_tensor_model_parallel_allreduce": "--no-async-tensor-model-parallel-allreduce",
+    "persist_layer_norm": "--no-persist-layer-norm",
+    "add_bias_linear": "--disable-bias-linear",
+    "add_position_embedding": "--no-position-embedding",
+    "perform_initialization": "--no-initialization",
+    "load_optim": "--no-load-optim",
+    "load_rng": "--no-load-rng",
+    "save_optim": "--no-save-optim",
+    "save_rng": "--no-save-rng",
+    "mmap_bin_files": "--no-mmap-bin-files",
+    "create_attention_mask_in_dataloader": "--no-create-attention-mask-in-dataloader",
+    "async_save": "--no-async-save",
+}
+
+# Keys slurmpod derives for every job; a value the user gives in [megatron] wins.
+DERIVED_KEYS = ("log_throughput", "save", "load", "exit_signal_handler", "exit_duration_in_mins")
+
+
+def flag_name(dest: str) -> str:
+    """Megatron dest name (or a flag name already) -> `--flag-name`."""
+    return "--" + dest.lstrip("-").replace("_", "-")
+
+
+def _scalar(value: Any, key: str) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{value!r} is not a finite number", key=f"megatron.{key}")
+        return repr(value)
+    if isinstance(value, str | int):
+        return str(value)
+    raise ConfigError(f"cannot pass a {type(value).__name__} to Megatron; use a string, number, "
+                      "boolean or a list of those", key=f"megatron.{key}")
+
+
+def megatron_argv(args: Mapping[str, Any]) -> list[str]:
+    """`[megatron]` table -> Megatron command-line arguments, in the table's order.
+
+    Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
+    lists become nargs='+' values, None is left out, everything else is one value.
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if key in STORE_FALSE_FLAGS:
+                if not value:
+                    out.append(STORE_FALSE_FLAGS[key])
+            elif value:
+                out.append(flag_name(key))
+            continue
+        if isinstance(value, list | tuple):
+            if not value:
+                continue
+            out += [flag_name(key), *(_scalar(v, key) for v in value)]
+            continue
+        out += [flag_name(key), _scalar(value, key)]
+    return out
+
+
+def parse_time_limit_min(limit: str) -> int | None:
+    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) -> whole minutes; None = no limit."""
+    if limit.upper() in ("INFINITE", "UNLIMITED"):
+        return None
+    days = 0
+    rest = limit
+    if "-" in limit:
+        d, rest = limit.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in rest.split(":")]
+        h, m, s = (parts + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in rest.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts[:3]
+    return days * 1440 + h * 60 + m + s // 60
+
+
+def exit_duration_min(limit_min: int | None, signal_lead_s: int, save_margin_min: int) -> int | None:
+    """Minutes Megatron may train before it saves and exits on its own: the time limit minus the
+    signal lead and a margin for the final checkpoint (at least 1 minute)."""
+    if limit_min is None:
+        return None
+    return max(1, limit_min - math.ceil(signal_lead_s / 60) - save_margin_min)
+
+
+def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str,
+                 exit_duration: int | None) -> dict[str, Any]:
+    """The user's [megatron] table plus what every slurmpod job needs for throughput logging,
+    checkpoint/resume and a clean exit before the time limit. User values win."""
+    out = dict(args)
+    derived: dict[str, Any] = {
+        "log_throughput": True,
+        "save": checkpoint_dir,
+        "load": checkpoint_dir,
+        "exit_signal_handler": True,
+        "exit_duration_in_mins": exit_duration,
+    }
+    for key in DERIVED_KEYS:
+        if key not in out and derived[key] is not None:
+            out[key] = derived[key]
+    return out
+
+
+def gpu_numa_map(gpu_numa: Sequence[int]) -> str:
+    """`0 0 0 0 1 1 1 1`: NUMA node of each local rank's GPU (rank i drives GPU i)."""
+    return " ".join(str(n) for n in gpu_numa)
+
+
+@dataclass(frozen=True)
+class Container:
+    image: str
+    mounts: tuple[str, ...] = ()
+    workdir: str | None = None
+
+
+def srun_argv(*, nodes: int, tasks_per_node: int, container: Container | None,
+              cpu_bind: str, gpu_numa: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
+    """srun options for one rank per GPU; `--kill-on-bad-exit` so one dead rank ends the step
+    (a hung collective would otherwise burn the allocation until the time limit)."""
+    argv = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
+            f"--ntasks={nodes * tasks_per_node}", "--kill-on-bad-exit=1"]
+    if cpu_bind == "slurm":
+        # Slurm binds each local rank to the locality domain (NUMA node) of its GPU.
+        argv.append("--cpu-bind=map_ldom:" + ",".join(str(n) for n in gpu_numa))
+    if container is not None:
+        argv.append(f"--container-image={container.image}")
+        if container.mounts:
+            argv.append("--container-mounts=" + ",".join(container.mounts))
+        if container.workdir:
+            argv.append(f"--container-workdir={container.workdir}")
+    argv += list(extra)
+    return argv
+
+
+# The per-rank wrapper, run as `bash -c "$SLURMPOD_RANK_WRAPPER" slurmpod-rank CMD...` by every
+# task. It holds no user value (those arrive as "$@"), so it can be a fixed, quoted string.
+RANK_WRAPPER = r"""set -eu
+export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"
+export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE%%(*}"
+read -r -a map <<< "${SLURMPOD_GPU_NUMA_MAP:-}"
+numa="${map[$SLURM_LOCALID]:-}"
+export SLURMPOD_NUMA_NODE="$numa"
+if [ "${SLURMPOD_CPU_BIND:-numactl}" = numactl ] && [ -n "$numa" ] \
+   && [ -d "/sys/devices/system/node/node$numa" ] && command -v numactl >/dev/null 2>&1; then
+  exec numactl --cpunodebind="$numa" --membind="$numa" -- "$@"
+fi
+exec "$@"
+"""

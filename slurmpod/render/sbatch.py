@@ -1,0 +1,342 @@
+"""Run spec + site + plan -> one typed context object -> the sbatch script.
+
+`build_context` is pure: it decides every `#SBATCH` directive (whole exclusive nodes, one task
+per GPU, placement by topology, requeue and signal lead, the accounting comment), the NCCL
+environment and the launch line. `render_script` fills the Jinja template (site template dirs
+first, then the built-in `templates/sbatch/`). `sbatch_line` is the one place a value becomes an
+`#SBATCH` line; shell lines get their values through the `shquote` filter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmpod import __version__
+from slurmpod.errors import ConfigError
+from slurmpod.render import launch
+from slurmpod.render.nccl_env import (
+    EnvVar,
+    FabricFacts,
+    build_env,
+    debug_vars,
+    parse_nccl_version,
+)
+
+if TYPE_CHECKING:
+    from slurmpod.megatron.runspec import RunSpec
+    from slurmpod.model.site import NodeType, Site
+
+DEFAULT_TEMPLATE = "sbatch/megatron.sbatch.j2"
+COMMENT_FORMAT = 1  # version of the --comment JSON the accounting hooks read
+
+# sbatch reads `#SBATCH` lines with its own tokenizer (src/sbatch/opt.c `_get_argument`, the same
+# in 22.05 and 24.11): whitespace splits, '…' and "…" group, a backslash escapes the next
+# character even inside quotes, an unquoted `#` starts a comment. Plain words need no quoting.
+_SLURM_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@/=+%^-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def slurm_quote(value: object) -> str:
+    """Quote one value for sbatch's `#SBATCH` tokenizer (not for bash: those lines are comments
+    to bash). Control characters cannot be carried on one line and are refused."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise ConfigError(f"{text!r} holds a newline or control character, which an #SBATCH "
+                          "line cannot carry; remove it")
+    if _SLURM_PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sbatch_line(key: str, value: object = True) -> str | None:
+    """One `#SBATCH --key[=value]` line; True is a bare flag; None/False drop the line."""
+    if value is None or value is False:
+        return None
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+        raise ValueError(f"not an sbatch long option: {key!r}")
+    if value is True:
+        return f"#SBATCH --{key}"
+    return f"#SBATCH --{key}={slurm_quote(value)}"
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the script needs from the plan (slurmpod.megatron's Plan.to_json())."""
+
+    nodes: int
+    gpus_per_node: int
+    min_sus: int
+    min_blocks: int
+    flops_per_iteration: float
+    peak_tflops: float
+    formula: str
+    fits: bool = True
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Choices made on the command line (or by `submit`) rather than in the run spec."""
+
+    site_label: str = "sandbox"
+    template: str = DEFAULT_TEMPLATE
+    template_dirs: tuple[Path, ...] = ()
+    run_dir: str | None = None
+    nccl_debug: bool = False
+    nccl_algo: str | None = None
+    nccl_proto: str | None = None
+    nccl_version: str | None = None
+    site_env: Mapping[str, str | None] = field(default_factory=dict)
+    run_env: Mapping[str, str | None] = field(default_factory=dict)
+    topo_dir: str = "/etc/slurmpod/nccl-topo"
+    max_restarts: int = 3
+    signal_lead_s: int = 300
+    save_margin_min: int = 5
+    switch_wait: str = "24:00:00"
+    chain: int = 1
+    spares: int = 0
+    cpu_bind: str = "numactl"  # numactl | slurm | none
+    master_port: int = 0  # 0: 20000 + job id mod 20000, so requeues and neighbours never clash
+    monitor: bool = True
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class SbatchContext:
+    """Everything the template reads. Values are raw; the template quotes them."""
+
+    header: str
+    directives: tuple[str, ...]
+    run_name: str
+    run_dir: str
+    log_dir: str
+    checkpoint_dir: str
+    fabric: str
+    env: tuple[EnvVar, ...]
+    gated_out: tuple[str, ...]
+    gpu_numa_map: str
+    cpu_bind: str
+    rank_wrapper: str
+    srun: tuple[str, ...]
+    command: tuple[str, ...]
+    nodes: int
+    spares: int
+    tasks_per_node: int
+    master_port: int
+    max_restarts: int
+    train_iters: int | None
+    monitor: bool
+    comment: str
+
+    @property
+    def command_groups(self) -> list[tuple[str, ...]]:
+        """The command split before every `--flag`, one group per script line."""
+        groups: list[list[str]] = []
+        for word in self.command:
+            if not groups or word.startswith("--"):
+                groups.append([word])
+            else:
+                groups[-1].append(word)
+        return [tuple(g) for g in groups]
+
+
+def plan_facts_from_json(data: Mapping[str, Any]) -> PlanFacts:
+    """Adapter from the planner's JSON (stable keys) to what rendering needs."""
+    try:
+        return PlanFacts(
+            nodes=int(data["nodes"]),
+            gpus_per_node=int(data["gpus_per_node"]),
+            min_sus=int(data.get("min_sus") or 1),
+            min_blocks=int(data.get("min_blocks") or 1),
+            flops_per_iteration=float(data.get("flops_per_iteration") or 0.0),
+            peak_tflops=float(data.get("peak_tflops_per_gpu") or 0.0),
+            formula=str(data.get("flops_formula_version") or ""),
+            fits=bool(data.get("fits", True)),
+            errors=tuple(str(e) for e in data.get("errors") or ()),
+        )
+    except KeyError as exc:
+        raise ConfigError(f"plan lacks {exc.args[0]!r}; slurmpod's planner and renderer "
+                          "disagree (internal)") from None
+
+
+def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
+    """The job's `--comment`: compact JSON the accounting hooks parse (sacct keeps it when
+    AccountingStoreFlags=job_comment)."""
+    data = {
+        "slurmpod": __version__,
+        "fmt": COMMENT_FORMAT,
+        "run": run_name,
+        "flops_per_iter": plan.flops_per_iteration,
+        "peak_tflops": plan.peak_tflops,
+        "gpus": plan.nodes * plan.gpus_per_node,
+        "formula": plan.formula,
+    }
+    if token:
+        data["token"] = token
+    return json.dumps(data, separators=(",", ":"), sort_keys=False)
+
+
+def segment_size(nodes: int, domain_nodes: int) -> int:
+    """--segment for block topology: the largest divisor of the job's nodes that fits one NVLink
+    domain, so every segment stays inside one block (Slurm needs nodes % segment == 0)."""
+    if nodes <= domain_nodes:
+        return nodes
+    return max(d for d in range(1, domain_nodes + 1) if nodes % d == 0)
+
+
+def _node_type(site: Site) -> tuple[str, NodeType]:
+    # The job runs on one node type; the first SU group's type is the site's default.
+    name = site.su_groups[0].node_type
+    return name, site.node_types[name]
+
+
+def _check_time(value: str, key: str) -> None:
+    if not re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", value):
+        raise ConfigError(f"{value!r} is not a Slurm time ([D-]HH:MM:SS)", key=key)
+
+
+def _command(entrypoint: str) -> list[str]:
+    try:
+        words = shlex.split(entrypoint)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split entrypoint: {exc}", key="job.entrypoint") from None
+    if not words:
+        raise ConfigError("entrypoint is empty", key="job.entrypoint")
+    if words[0].endswith(".py"):
+        words = ["python", *words]
+    return words
+
+
+def default_run_dir(run_name: str) -> str:
+    return f"slurmpod-runs/{run_name}"
+
+
+def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions) -> SbatchContext:
+    """Decide the whole script. Raises ConfigError for combinations Slurm would refuse."""
+    job = run.job
+    nt_name, nt = _node_type(site)
+    gpn = nt.gpus
+    if opts.spares < 0 or opts.max_restarts < 0 or opts.chain < 1:
+        raise ConfigError("spares and max_restarts must be >= 0 and chain >= 1")
+    _check_time(opts.switch_wait, "switch_wait")
+    run_dir = (opts.run_dir or job.work_dir or default_run_dir(job.name)).rstrip("/") or "/"
+    log_dir = f"{run_dir}/logs"
+    ckpt = job.checkpoint_dir or f"{run_dir}/checkpoints"
+    limit_min = launch.parse_time_limit_min(job.time_limit)
+
+    d: list[tuple[str, object]] = [
+        ("job-name", job.name),
+        ("nodes", plan.nodes + opts.spares),
+        ("ntasks-per-node", gpn),
+        ("gpus-per-node", gpn),
+        ("exclusive", True),
+        ("mem", 0),
+        ("time", job.time_limit),
+        ("partition", job.partition),
+        ("account", job.account),
+        ("qos", job.qos),
+        ("chdir", run_dir),
+        # %x job name, %j job id; a requeued job keeps its id, so append, never truncate.
+        ("output", f"{log_dir.replace('%', '%%')}/%x-%j.out"),
+        ("open-mode", "append"),
+        ("requeue", bool(job.requeue)),
+        # B: signal only the batch shell, which forwards TERM to the ranks after deciding to
+        # requeue; SIGUSR1 is taken by NCCL (its own debug/abort handler).
+        ("signal", f"B:TERM@{opts.signal_lead_s}"),
+    ]
+    topo = site.topology_plugin
+    if topo == "tree":
+        d.append(("switches", f"{plan.min_sus}@{opts.switch_wait}"))
+    elif site.slurm.version_tuple >= (24, 11):
+        # Never --nodelist with block topology: it can make the job unplaceable (-x is fine).
+        domain_nodes = max(1, nt.domain_gpus // gpn)
+        d.append(("segment", segment_size(plan.nodes, domain_nodes)))
+    if opts.spares:
+        d.append(("no-kill", True))  # keep the allocation when a node dies; a spare takes over
+    if opts.chain > 1:
+        d.append(("dependency", "singleton"))
+    comment = compact_comment(job.name, plan, opts.token)
+    d.append(("comment", comment))
+    directives = tuple(line for k, v in d if (line := sbatch_line(k, v)) is not None)
+
+    hcas = tuple(h.device for h in nt.compute_hcas)
+    mgmt = [h.netdev for h in nt.hcas if h.role == "management" and h.netdev]
+    rail0 = [h.netdev for h in nt.compute_hcas[:1] if h.netdev]
+    facts = FabricFacts(
+        kind=site.fabric.kind, sharp=site.fabric.sharp, hcas_in_rail_order=hcas,
+        socket_ifnames=tuple(mgmt or rail0),
+        topo_file=f"{opts.topo_dir.rstrip('/')}/{nt_name}.xml" if opts.topo_dir else None,
+        nccl_version=parse_nccl_version(opts.nccl_version),
+    )
+    run_env = {**dict(job.env), **dict(opts.run_env)}
+    env_plan = build_env(facts, site_overrides=opts.site_env, run_overrides=run_env,
+                         debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
+
+    margs = run.megatron.explicit()
+    exit_min = launch.exit_duration_min(limit_min, opts.signal_lead_s, opts.save_margin_min)
+    full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min)
+    command = (*_command(job.entrypoint), *launch.megatron_argv(full))
+    container = None
+    if job.container_image:
+        container = launch.Container(job.container_image, tuple(job.container_mounts),
+                                     job.work_dir)
+    gpu_numa = [p.numa for p in nt.gpu_pci]
+    srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=gpn, container=container,
+                            cpu_bind=opts.cpu_bind, gpu_numa=gpu_numa)
+    if opts.cpu_bind not in ("numactl", "slurm", "none"):
+        raise ConfigError(f"cpu_bind {opts.cpu_bind!r}: use numactl, slurm or none")
+    train_iters = margs.get("train_iters")
+    head = (f"# Generated by slurmpod {__version__} from template {opts.template} for site "
+            f"{opts.site_label}.\n# Run {job.name}: {plan.nodes} nodes x {gpn} GPUs "
+            f"({nt_name}), fabric {site.fabric.kind}{' + SHARP' if site.fabric.sharp else ''}, "
+            f"topology {topo}.")
+    return SbatchContext(
+        header=head, directives=directives, run_name=job.name, run_dir=run_dir,
+        log_dir=log_dir, checkpoint_dir=ckpt,
+        fabric=site.fabric.kind + ("+sharp" if site.fabric.sharp else ""),
+        env=env_plan.variables, gated_out=env_plan.gated_out,
+        gpu_numa_map=launch.gpu_numa_map(gpu_numa), cpu_bind=opts.cpu_bind,
+        rank_wrapper=launch.RANK_WRAPPER, srun=tuple(srun), command=command,
+        nodes=plan.nodes, spares=opts.spares, tasks_per_node=gpn,
+        master_port=opts.master_port, max_restarts=opts.max_restarts,
+        train_iters=int(train_iters) if isinstance(train_iters, int) else None,
+        monitor=opts.monitor, comment=comment,
+    )
+
+
+def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
+                  template_dirs: Sequence[Path] = ()) -> str:
+    """Fill the template; a site template dir holding the same name overrides the built-in."""
+    import jinja2
+
+    from slurmpod.render.env import make_env
+
+    env = make_env(template_dirs)
+    try:
+        tpl = env.get_template(template)
+    except jinja2.TemplateNotFound:
+        raise ConfigError(f"template {template!r} not found in "
+                          f"{', '.join(map(str, template_dirs)) or 'the built-in templates'}",
+                          hint="pass --template-dir DIR holding sbatch/<name>.j2") from None
+    try:
+        text = tpl.render(ctx=ctx)
+    except jinja2.UndefinedError as exc:
+        raise ConfigError(f"template {template!r} uses an unknown value: {exc.message}") from None
+    return text if text.endswith("\n") else text + "\n"
+
+
+def min_sus_fallback(site: Site, nodes: int) -> int:
+    """Fewest SUs that can hold `nodes` (largest SUs first); used when no plan is at hand."""
+    sizes = sorted((g.nodes_per_su for g in site.su_groups for _ in range(g.sus)), reverse=True)
+    total = 0
+    for i, size in enumerate(sizes, 1):
+        total += size
+        if total >= nodes:
+            return i
+    return len(sizes) + 1  # does not fit

@@ -1,0 +1,280 @@
+"""Plan -> refuse -> render -> store the script with the run -> submit once -> job id (-> where).
+
+The orchestration behind `slurmpod render` and `slurmpod submit`. Nothing is queued unless the
+plan is valid and fits. Submission is idempotent: the rendered script determines a token that
+goes into the job's comment and into a marker file in the run directory
+(`.slurmpod/submission.json`), so running the same submit again (after a timeout, a lost SSH
+connection or a double Enter) finds the job it already queued instead of queueing a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from slurmpod.errors import CommandError, ConfigError, SlurmError, SlurmpodError
+from slurmpod.render.sbatch import (
+    PlanFacts,
+    RenderOptions,
+    build_context,
+    default_run_dir,
+    plan_facts_from_json,
+    render_script,
+)
+
+if TYPE_CHECKING:
+    from slurmpod.backends.base import SlurmBackend
+    from slurmpod.megatron.runspec import RunSpec
+    from slurmpod.model.site import Site
+    from slurmpod.transport.base import CommandRunner
+
+MARKER = ".slurmpod/submission.json"
+SITE_ENV_FILE = "nccl-env.toml"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A planned and rendered run, ready to store and submit."""
+
+    run: RunSpec
+    site: Site
+    plan: dict[str, Any]
+    facts: PlanFacts
+    opts: RenderOptions
+    run_dir: str
+    script: str
+    token: str
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.run_dir}/{self.run.job.name}.sbatch"
+
+
+@dataclass
+class SubmitResult:
+    job_ids: list[str]
+    run_dir: str
+    script_path: str
+    token: str
+    where: str
+    reused: bool = False
+    dry_run: bool = False
+    state: str = ""
+    nodes: str = ""
+    sus: list[str] = field(default_factory=list)
+    min_sus: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_ids[-1] if self.job_ids else None, "job_ids": self.job_ids,
+            "run_dir": self.run_dir, "script": self.script_path, "token": self.token,
+            "where": self.where, "reused": self.reused, "dry_run": self.dry_run,
+            "state": self.state or None, "nodes": self.nodes or None, "sus": self.sus,
+            "min_sus": self.min_sus,
+        }
+
+
+def load_site_env(template_dirs: tuple[Path, ...]) -> dict[str, str | None]:
+    """Site NCCL overrides: `[env]` of `nccl-env.toml` in the first template dir holding one.
+    A value of false removes a preset variable."""
+    for d in template_dirs:
+        path = d / SITE_ENV_FILE
+        if not path.is_file():
+            continue
+        from slurmpod.config import read_toml
+
+        data = read_toml(path)
+        env = data.get("env", {})
+        if not isinstance(env, dict) or set(data) - {"env"}:
+            raise ConfigError("expected one [env] table of NAME = \"value\" (false removes)",
+                              file=str(path), key="env")
+        out: dict[str, str | None] = {}
+        for k, v in env.items():
+            if v is False:
+                out[k] = None
+            elif isinstance(v, str | int | float) and not isinstance(v, bool):
+                out[k] = str(v)
+            else:
+                raise ConfigError("value must be a string, a number or false", file=str(path),
+                                  key=f"env.{k}")
+        return out
+    return {}
+
+
+def plan_or_refuse(run: RunSpec, site: Site) -> dict[str, Any]:
+    """The planner's JSON; a ConfigError (exit 3) when the layout is invalid or does not fit."""
+    from slurmpod.megatron.plan import make_plan
+
+    plan = make_plan(run, site)
+    data = plan.to_json()
+    if not data.get("ok", True):
+        errors = list(data.get("errors") or [])
+        if not data.get("fits", True):
+            errors.append(
+                f"needs {data['total_bytes_per_gpu'] / 2**30:.1f} GiB per GPU but "
+                f"{data['usable_bytes_per_gpu'] / 2**30:.1f} GiB is usable"
+            )
+        first = errors[0] if errors else "plan is not valid"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(f"refusing to render run {run.job.name!r}: {first}{more}",
+                          hint="see `slurmpod plan RUN.toml` for every problem and its fix")
+    return data
+
+
+def token_for(script_without_token: str) -> str:
+    return hashlib.sha256(script_without_token.encode()).hexdigest()[:16]
+
+
+def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str) -> Prepared:
+    """Plan, refuse, render (twice: the token is the hash of the script without it)."""
+    plan = plan_or_refuse(run, site)
+    facts = plan_facts_from_json(plan)
+    site_env = {**load_site_env(opts.template_dirs), **dict(opts.site_env)}
+    opts = replace(opts, run_dir=run_dir, site_env=site_env, token="")
+    ctx = build_context(run, site, facts, opts)
+    draft = render_script(ctx, opts.template, opts.template_dirs)
+    token = token_for(draft)
+    opts = replace(opts, token=token)
+    script = render_script(build_context(run, site, facts, opts), opts.template,
+                           opts.template_dirs)
+    return Prepared(run, site, plan, facts, opts, run_dir, script, token)
+
+
+def resolve_run_dir(run: RunSpec, explicit: str | None, base: str) -> str:
+    """An absolute run directory: explicit > [job] work_dir > slurmpod-runs/<name>, relative
+    paths taken from `base` (the local cwd, or the remote home over SSH)."""
+    raw = explicit or run.job.work_dir or default_run_dir(run.job.name)
+    p = PurePosixPath(raw)
+    return str(p if p.is_absolute() else PurePosixPath(base) / p)
+
+
+def make_backend(name: str, runner: CommandRunner) -> SlurmBackend:
+    if name == "cli":
+        from slurmpod.backends.cli import CliBackend
+
+        return CliBackend(runner)
+    if name == "pyslurm":
+        try:
+            from slurmpod.backends.pyslurm_backend import PyslurmBackend  # type: ignore
+        except ImportError as exc:
+            raise SlurmpodError(f"the pyslurm backend is not available: {exc}",
+                                hint="use --backend cli") from None
+        return PyslurmBackend()  # type: ignore[no-any-return]
+    raise SlurmpodError(f"unknown backend {name!r}; use cli or pyslurm")
+
+
+def _read_marker(runner: CommandRunner, run_dir: str) -> dict[str, Any] | None:
+    try:
+        res = runner.run(["cat", f"{run_dir}/{MARKER}"], check=False, timeout_s=30)
+    except CommandError:
+        return None
+    if res.returncode != 0:
+        return None
+    try:
+        data = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_marker(runner: CommandRunner, run_dir: str, data: Mapping[str, Any]) -> None:
+    runner.write_text(f"{run_dir}/{MARKER}", json.dumps(data, indent=2) + "\n")
+
+
+def _find_by_token(runner: CommandRunner, name: str, token: str) -> list[str]:
+    """Jobs Slurm still holds whose comment carries `token` (the window between sbatch
+    returning and the marker being written)."""
+    try:
+        res = runner.run(["squeue", "--noheader", f"--name={name}", "--format=%i|%k"],
+                         check=False, timeout_s=30)
+    except CommandError:
+        return []
+    ids = []
+    for line in res.stdout.splitlines():
+        jid, _, comment = line.partition("|")
+        if f'"token":"{token}"' in comment:
+            ids.append(jid.strip())
+    return ids
+
+
+def _live(backend: SlurmBackend, job_ids: list[str]) -> list[str]:
+    if not job_ids:
+        return []
+    try:
+        states = backend.status(job_ids)
+    except SlurmError:
+        return job_ids  # cannot tell: assume alive rather than queue a duplicate
+    return [j for j in job_ids if j in states and states[j].state.is_active]
+
+
+def submit(prep: Prepared, runner: CommandRunner, backend: SlurmBackend, *,
+           chain: int = 1, force: bool = False) -> SubmitResult:
+    """Store the script in the run dir and queue it (chain jobs), unless already queued."""
+    res = SubmitResult([], prep.run_dir, prep.script_path, prep.token, runner.where,
+                       min_sus=prep.facts.min_sus)
+    marker = _read_marker(runner, prep.run_dir)
+    if marker and marker.get("token") == prep.token and not force:
+        known = [str(j) for j in marker.get("job_ids") or []]
+        if not known and marker.get("state") == "submitting":
+            known = _find_by_token(runner, prep.run.job.name, prep.token)
+        alive = _live(backend, known)
+        if alive:
+            res.job_ids, res.reused = alive, True
+            return res
+    runner.write_text(prep.script_path, prep.script, mode=0o755)
+    # Slurm opens --output at start and does not create directories.
+    runner.write_text(f"{prep.run_dir}/logs/.keep", "")
+    _write_marker(runner, prep.run_dir, {"token": prep.token, "state": "submitting",
+                                         "script": prep.script_path, "job_ids": []})
+    for _ in range(chain):
+        jid = backend.submit(PurePosixPath(prep.script_path), cwd=prep.run_dir)
+        res.job_ids.append(jid)
+        _write_marker(runner, prep.run_dir, {"token": prep.token, "state": "submitted",
+                                             "script": prep.script_path,
+                                             "job_ids": res.job_ids})
+    return res
+
+
+def wait_for_start(backend: SlurmBackend, site: Site, res: SubmitResult, *,
+                   timeout_s: float = 600.0, poll_s: float = 1.0,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> SubmitResult:
+    """Poll until the (first) job runs or ends; fill in its nodes and the SUs they span."""
+    from slurmpod.errors import JobNotFinishedError
+    from slurmpod.model.hostlist import expand
+
+    jid = res.job_ids[0]
+    deadline = clock() + timeout_s
+    while True:
+        st = backend.status([jid]).get(jid)
+        started = st is not None and st.state.value in ("RUNNING", "COMPLETING", "SUSPENDED")
+        if st is not None and (started or st.state.is_terminal):
+            res.state = st.state.value
+            res.nodes = st.nodes
+            inv = site.inventory
+            sus = []
+            for name in expand(st.nodes) if st.nodes else []:
+                node = inv.by_name.get(name)
+                if node is not None and inv.su_names[node.su] not in sus:
+                    sus.append(inv.su_names[node.su])
+            res.sus = sus
+            return res
+        if clock() >= deadline:
+            raise JobNotFinishedError(f"job {jid} has not started after {timeout_s:g} s "
+                                      f"(state {st.state.value if st else 'unknown'})",
+                                      hint=f"check `squeue -j {jid}`")
+        sleep(poll_s)
+
+
+def read_run_and_site(run_path: Path, site: str | None) -> tuple[RunSpec, Site, str]:
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.megatron.runspec import load_run
+
+    site_path = resolve_site_path(site)
+    return load_run(run_path), load_site(site_path), str(site_path.stem)
+
