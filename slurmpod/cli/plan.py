@@ -1,0 +1,167 @@
+"""`slurmpod plan`: validate a Megatron run spec on a site and print the plan (or JSON).
+
+Exit 0 when the layout is valid and fits in GPU memory, 3 when not; the numbers are shown in
+both cases. Heavy modules (numpy, pydantic) load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from slurmpod.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from slurmpod.megatron.plan import Plan
+    from slurmpod.megatron.runspec import RunSpec
+    from slurmpod.model.site import Site
+
+
+def _gib(b: float) -> str:
+    return f"{b / 1024**3:.1f} GiB"
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} "
+
+
+def load_run_input(spec: str | None, preset: str | None, megatron_args: str | None,
+                   nodes: int | None, site: Site) -> tuple[RunSpec, str]:
+    """The run spec from a TOML file, a preset, a Megatron command line or a launch script."""
+    from slurmpod.megatron import args as margs
+    from slurmpod.megatron import runspec
+
+    given = [x for x in (spec, preset, megatron_args) if x is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of RUN (a run spec TOML or launch script), --preset, "
+                         "or --from-megatron-args")
+    if preset is not None:
+        path = runspec.preset_path(preset)
+        return runspec.load_run(path), str(path)
+    if spec is not None and Path(spec).suffix == ".toml":
+        return runspec.load_run(spec), spec
+    if spec is not None:
+        parsed = margs.read_launch_script(spec)
+        source = spec
+    else:
+        parsed = margs.from_megatron_args(megatron_args or "")
+        source = "--from-megatron-args"
+    if nodes is None:
+        # Smallest node count holding one model replica.
+        gpn = site.node_types[site.su_groups[0].node_type].gpus
+        mp = 1
+        for key in ("tensor_model_parallel_size", "context_parallel_size",
+                    "pipeline_model_parallel_size"):
+            v = parsed.get(key, 1)
+            mp *= v if isinstance(v, int) and v > 0 else 1
+        nodes = max(1, math.ceil(mp / gpn))
+    return runspec.run_from_dict({"job": {"nodes": nodes}, "megatron": parsed}, source), source
+
+
+def render_summary(plan: Plan) -> str:
+    from slurmpod.cli.output import table
+    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION
+
+    p = plan
+    out: list[str] = []
+    out.append(f"{p.run_name} on {p.site}: {p.nodes} nodes × {p.gpus_per_node} = "
+               f"{p.world_size} GPUs ({p.gpu_model})")
+    vpp = f" VPP={p.vpp}" if p.vpp else ""
+    moe = (f" EP={p.ep} ETP={p.etp}" if p.is_moe else "")
+    edp = f", expert-DP={p.expert_data_parallel_size}" if p.is_moe else ""
+    out.append(f"  layout     TP={p.tp} CP={p.cp} PP={p.pp}{vpp}{moe} -> "
+               f"DP={p.data_parallel_size}{edp}")
+    if p.tokens_per_iteration:
+        out.append(f"  batch      {p.global_batch_size} × {p.seq_length} = "
+                   f"{p.tokens_per_iteration:,} tokens/iteration; micro batch "
+                   f"{p.micro_batch_size}, {p.num_microbatches} microbatches per DP rank")
+    out.append(f"  model      {p.params_total / 1e9:.2f} B parameters "
+               f"({p.params_active / 1e9:.2f} B active), padded vocab {p.padded_vocab_size:,}")
+    flops = (f"{_si(p.flops_per_iteration)}FLOP/iteration, " if p.flops_per_iteration else "")
+    out.append(f"  flops      {flops}{_si(p.flops_per_token)}FLOP/token "
+               f"({FLOPS_FORMULA_VERSION})")
+    verdict = "fits" if p.fits else "DOES NOT FIT"
+    out.append(f"  memory     weights+grads+optimizer {_gib(p.weight_and_optimizer_bytes_per_gpu)}"
+               f" + activations {_gib(p.activation_bytes_per_gpu)} = "
+               f"{_gib(p.total_bytes_per_gpu)} per GPU of {_gib(p.usable_bytes_per_gpu)} usable "
+               f"({_gib(p.hbm_bytes_per_gpu)} HBM, 10% headroom): {verdict}")
+    ideal = p.ideal_seconds_per_iteration
+    out.append(f"  peak       {p.peak_pflops_job:.1f} PFLOP/s for the job "
+               f"({p.peak_tflops_per_gpu:g} TFLOP/s per GPU)"
+               + (f"; ≥ {ideal:.3g} s/iteration at 100% MFU" if ideal else ""))
+    if p.placement:
+        pl = p.placement
+        out.append(f"  placement  rank order {pl.order}; {pl.nodes} nodes in {pl.sus_spanned} "
+                   f"SU(s), {pl.racks_spanned} rack(s), {pl.domains_spanned} NVLink domain(s); "
+                   f"needs at least {pl.min_sus} SU(s) / {pl.min_blocks} block(s)")
+        rows = []
+        for kind, g in pl.groups.items():
+            if g.size == 1 or (kind in ("ep", "etp", "edp") and not p.is_moe):
+                continue
+            rows.append([kind, g.size, g.count, g.max_nodes, g.cross_node, g.cross_domain,
+                         g.cross_su, "yes" if g.rail_aligned else "no"])
+        if rows:
+            text = table(["group", "size", "count", "max nodes", "x-node", "x-domain", "x-SU",
+                          "rail-aligned"], rows)
+            out.extend("    " + line for line in text.splitlines())
+    for w in p.warnings:
+        out.append(f"warning: {w}")
+    for e in p.errors:
+        out.append(f"error: {e}")
+    out.append("plan: OK" if p.ok else f"plan: NOT OK ({len(p.errors)} error(s))")
+    return "\n".join(out)
+
+
+@click.command("plan")
+@click.argument("run", required=False)
+@click.option("--site", "site_name", default=None,
+              help="Site TOML or built-in site name (default: dgx-h100-superpod).")
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=None,
+              help="Override [job] nodes.")
+@click.option("--preset", default=None, help="A built-in model preset, e.g. llama3-70b.")
+@click.option("--from-megatron-args", "megatron_args", default=None, metavar="ARGS",
+              help="Import a Megatron command line ('--num-layers 32 --hidden-size 4096 ...').")
+@click.option("--write-spec", type=click.Path(dir_okay=False), default=None,
+              help="Also write the run spec (as planned) to this TOML file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.pass_context
+def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
+         preset: str | None, megatron_args: str | None, write_spec: str | None,
+         as_json: bool) -> None:
+    """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.megatron.plan import make_plan
+
+    site = load_site(resolve_site_path(site_name, default="dgx-h100-superpod"))
+    spec, _source = load_run_input(run, preset, megatron_args, nodes, site)
+    result = make_plan(spec, site, nodes=nodes)
+    if write_spec:
+        _write_spec(spec, result.nodes, Path(write_spec))
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(result.to_json())
+    else:
+        click.echo(render_summary(result))
+    if not result.ok:
+        ctx.exit(3)
+
+
+def _write_spec(spec: RunSpec, nodes: int, path: Path) -> None:
+    from slurmpod.fsutil import write_atomic
+    from slurmpod.megatron.runspec import to_toml
+
+    data: dict[str, dict[str, Any]] = {
+        "job": spec.job.model_dump(exclude_defaults=True) | {"nodes": nodes},
+        "megatron": spec.megatron.explicit(),
+    }
+    try:
+        write_atomic(path, to_toml(data))
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None

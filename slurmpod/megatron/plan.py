@@ -1,0 +1,280 @@
+"""Run spec + site -> Plan: layout, FLOPs, memory per GPU, placement, errors with fixes.
+
+`make_plan` is pure: the numbers are computed even for an invalid layout, so the user sees how
+far off it is. The CLI prints the plan and exits 3 when `plan.ok` is false.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
+from slurmpod.megatron.memory import (
+    GIB,
+    activation_bytes,
+    megatron_weight_and_optimizer_bytes,
+    param_counts,
+    weight_and_optimizer_bytes,
+)
+from slurmpod.megatron.placement import NodeMap, Placement, node_map_from_arrays, place
+from slurmpod.megatron.runspec import ModelConfig, RunSpec
+from slurmpod.megatron.validate import (
+    SiteShape,
+    layout_errors,
+    layout_warnings,
+    min_nodes_that_fit,
+    suggest_layout,
+    with_fix,
+)
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+
+# Share of HBM kept free for the CUDA context, NCCL buffers, allocator fragmentation and
+# temporaries the estimate does not model.
+HBM_HEADROOM_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class _SiteArrays:
+    node_type: str
+    gpus_per_node: int
+    domain_gpus: int
+    hbm_gib: float
+    peak_tflops_bf16: float
+    gpu_model: str
+    domain: np.ndarray
+    rack: np.ndarray
+    su: np.ndarray
+    nodes_per_su: int
+    nodes_per_rack: int
+    nodes_per_domain: int
+    block_nodes: int
+    topology: str
+    site_name: str
+
+
+_SITE_CACHE: dict[int, tuple[Site, _SiteArrays]] = {}
+
+
+def _site_arrays(site: Site) -> _SiteArrays:
+    hit = _SITE_CACHE.get(id(site))
+    if hit is not None and hit[0] is site:
+        return hit[1]
+    inv = site.inventory
+    grp = site.su_groups[0]
+    nt = site.node_types[grp.node_type]
+    npd = max(1, nt.domain_gpus // nt.gpus)
+    topo = site.topology_plugin
+    arrays = _SiteArrays(
+        node_type=grp.node_type, gpus_per_node=nt.gpus, domain_gpus=nt.domain_gpus,
+        hbm_gib=nt.gpu.hbm_gib, peak_tflops_bf16=nt.gpu.peak_tflops_bf16, gpu_model=nt.gpu.model,
+        domain=np.array([n.domain for n in inv.nodes], dtype=np.int64),
+        rack=np.array([n.rack for n in inv.nodes], dtype=np.int64),
+        su=np.array([n.su for n in inv.nodes], dtype=np.int64),
+        nodes_per_su=grp.nodes_per_su, nodes_per_rack=grp.nodes_per_rack, nodes_per_domain=npd,
+        block_nodes=npd if topo == "block" else grp.nodes_per_su, topology=topo,
+        site_name=site.site.name,
+    )
+    _SITE_CACHE[id(site)] = (site, arrays)
+    return arrays
+
+
+@dataclass
+class Plan:
+    run_name: str
+    site: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    tp: int
+    cp: int
+    pp: int
+    vpp: int | None
+    ep: int
+    etp: int
+    data_parallel_size: int
+    expert_data_parallel_size: int
+    num_microbatches: int | None
+    global_batch_size: int | None
+    micro_batch_size: int
+    seq_length: int
+    padded_vocab_size: int
+    tokens_per_iteration: int | None
+    flops_per_token: float
+    flops_per_iteration: float | None
+    params_total: float
+    params_active: float
+    weight_and_optimizer_bytes_per_gpu: float
+    megatron_weight_and_optimizer_bytes_per_gpu: float
+    activation_bytes_per_gpu: float
+    total_bytes_per_gpu: float
+    hbm_bytes_per_gpu: float
+    usable_bytes_per_gpu: float
+    fits: bool
+    gpu_model: str
+    peak_tflops_per_gpu: float
+    placement: Placement | None
+    is_moe: bool = False
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.fits
+
+    @property
+    def peak_pflops_job(self) -> float:
+        return self.world_size * self.peak_tflops_per_gpu / 1000
+
+    @property
+    def ideal_seconds_per_iteration(self) -> float | None:
+        """Iteration time at 100 % MFU: the floor no real run reaches."""
+        if self.flops_per_iteration is None:
+            return None
+        return self.flops_per_iteration / (self.world_size * self.peak_tflops_per_gpu * 1e12)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "run": self.run_name, "site": self.site, "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node, "world_size": self.world_size,
+            "is_moe": self.is_moe,
+            "layout": {"tensor_model_parallel_size": self.tp, "context_parallel_size": self.cp,
+                       "pipeline_model_parallel_size": self.pp,
+                       "virtual_pipeline_model_parallel_size": self.vpp,
+                       "expert_model_parallel_size": self.ep,
+                       "expert_tensor_parallel_size": self.etp},
+            "data_parallel_size": self.data_parallel_size,
+            "expert_data_parallel_size": self.expert_data_parallel_size,
+            "num_microbatches": self.num_microbatches,
+            "global_batch_size": self.global_batch_size,
+            "micro_batch_size": self.micro_batch_size, "seq_length": self.seq_length,
+            "padded_vocab_size": self.padded_vocab_size,
+            "tokens_per_iteration": self.tokens_per_iteration,
+            "flops_per_token": self.flops_per_token,
+            "flops_per_iteration": self.flops_per_iteration,
+            "flops_formula_version": FLOPS_FORMULA_VERSION,
+            "params_total": self.params_total, "params_active": self.params_active,
+            "weight_and_optimizer_bytes_per_gpu": self.weight_and_optimizer_bytes_per_gpu,
+            "megatron_weight_and_optimizer_bytes_per_gpu":
+                self.megatron_weight_and_optimizer_bytes_per_gpu,
+            "activation_bytes_per_gpu": self.activation_bytes_per_gpu,
+            "total_bytes_per_gpu": self.total_bytes_per_gpu,
+            "hbm_bytes_per_gpu": self.hbm_bytes_per_gpu,
+            "hbm_headroom_fraction": HBM_HEADROOM_FRACTION,
+            "usable_bytes_per_gpu": self.usable_bytes_per_gpu, "fits": self.fits,
+            "gpu_model": self.gpu_model, "peak_tflops_per_gpu": self.peak_tflops_per_gpu,
+            "peak_pflops_job": self.peak_pflops_job,
+            "ideal_seconds_per_iteration": self.ideal_seconds_per_iteration,
+            "min_sus": self.placement.min_sus if self.placement else None,
+            "min_blocks": self.placement.min_blocks if self.placement else None,
+            "placement": self.placement.to_json() if self.placement else None,
+            "errors": list(self.errors), "warnings": list(self.warnings),
+        }
+
+
+def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
+    """Plan `run` on `site` (`nodes` overrides `[job] nodes`)."""
+    sa = _site_arrays(site)
+    n_nodes = nodes if nodes is not None else run.job.nodes
+    c = ModelConfig.from_args(run.megatron)
+    world = n_nodes * sa.gpus_per_node
+    usable = sa.hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
+    shape = SiteShape(sa.node_type, sa.gpus_per_node, sa.domain_gpus, usable, len(sa.domain))
+    dense_mp = c.tp * c.cp * c.pp
+    dp = max(1, world // dense_mp)
+    edp = max(1, world // (c.etp * c.ep * c.pp))
+    nmb = (max(1, c.global_batch_size // (c.micro_batch_size * dp))
+           if c.global_batch_size else None)
+    params = param_counts(c)
+    w = weight_and_optimizer_bytes(c, world)
+    act = activation_bytes(c, world)
+    total = w.bytes_per_gpu + act.bytes_per_gpu
+    fits = total <= usable
+    fpt = flops_per_token(c)
+    tokens = c.global_batch_size * c.seq_length if c.global_batch_size else None
+
+    structural = layout_errors(c, world, shape)
+    errors: list[str] = []
+    fix: str | None = None
+    if structural or not fits:
+        fix = suggest_layout(c, world, shape)
+    for key, msg in structural:
+        if "world" in msg:
+            mp = math.lcm(c.tp * c.cp * c.pp, c.etp * c.ep * c.pp if c.is_moe else 1)
+            step = math.lcm(mp, sa.gpus_per_node) // sa.gpus_per_node
+            nodes_fix = f"a multiple of {step} nodes"
+            errors.append(with_fix(f"megatron.{key}: {msg}",
+                                   f"{fix} (or {nodes_fix})" if fix else nodes_fix, ""))
+        else:
+            errors.append(with_fix(f"megatron.{key}: {msg}", fix, f"adjust {key}"))
+    if n_nodes > len(sa.domain):
+        errors.append(f"job.nodes: {n_nodes} nodes requested but site {sa.site_name} has "
+                      f"{len(sa.domain)}: use at most {len(sa.domain)}")
+    if not fits:
+        need = total / GIB
+        if fix is None:
+            more = min_nodes_that_fit(c, n_nodes, shape)
+            if more is not None:
+                fix = f"at least {more} nodes" + (
+                    "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
+        errors.append(with_fix(
+            f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
+            f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
+            fix, "use more nodes, the distributed optimizer or full recompute"))
+    warnings = layout_warnings(c, world, shape)
+    placement: Placement | None = None
+    if world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
+        nm: NodeMap = node_map_from_arrays(sa.domain, sa.rack, sa.su, n_nodes, sa.nodes_per_su,
+                                           sa.nodes_per_rack, sa.nodes_per_domain)
+        placement = place(tp=c.tp, cp=c.cp, pp=c.pp, ep=c.ep, etp=c.etp, nodes=n_nodes,
+                          gpus_per_node=sa.gpus_per_node, node_map=nm,
+                          block_nodes=sa.block_nodes)
+        warnings.extend(_placement_warnings(placement, c))
+    return Plan(
+        run_name=run.job.name, site=sa.site_name, nodes=n_nodes, gpus_per_node=sa.gpus_per_node,
+        world_size=world, tp=c.tp, cp=c.cp, pp=c.pp, vpp=c.vpp, ep=c.ep, etp=c.etp,
+        data_parallel_size=dp, expert_data_parallel_size=edp, num_microbatches=nmb,
+        global_batch_size=c.global_batch_size, micro_batch_size=c.micro_batch_size,
+        seq_length=c.seq_length, padded_vocab_size=c.padded_vocab_size,
+        tokens_per_iteration=tokens, flops_per_token=fpt,
+        flops_per_iteration=fpt * tokens if tokens else None,
+        params_total=params.total, params_active=params.active,
+        weight_and_optimizer_bytes_per_gpu=w.bytes_per_gpu,
+        megatron_weight_and_optimizer_bytes_per_gpu=megatron_weight_and_optimizer_bytes(c, world),
+        activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
+        hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
+        gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=placement,
+        is_moe=c.is_moe,
+        errors=errors, warnings=warnings,
+    )
+
+
+def _placement_warnings(p: Placement, c: ModelConfig) -> list[str]:
+    out: list[str] = []
+    tp = p.groups["tp"]
+    if tp.cross_domain:
+        out.append(f"{tp.cross_domain} TP groups cross an NVLink domain")
+    cp = p.groups["cp"]
+    if cp.cross_node and c.cp > 1:
+        out.append(f"CP groups span up to {cp.max_nodes} nodes: ring attention runs over the "
+                   "fabric")
+    dp = p.groups["dp"]
+    if dp.cross_node and not dp.rail_aligned:
+        out.append("DP groups are not rail-aligned (members on different local ranks): "
+                   "gradient reduction crosses rails (PXN through NVLink)")
+    if p.nodes > 1 and p.sus_spanned > p.min_sus:
+        out.append(f"the job spans {p.sus_spanned} SUs but needs only {p.min_sus}")
+    if c.is_moe:
+        ep = p.groups["ep"]
+        if ep.cross_su:
+            out.append(f"{ep.cross_su} EP groups cross SUs: MoE all-to-all goes through the "
+                       "spine")
+    return out
+
+
+

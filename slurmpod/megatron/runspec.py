@@ -1,0 +1,400 @@
+"""The run spec (`[job]` + `[megatron]` TOML) and the resolved Megatron model configuration.
+
+`[megatron]` keys are Megatron-LM argument *destination* names as Megatron prints them in its
+`arguments` dump, so users paste what they already have. Keys slurmpod understands are typed and
+checked; any other key is kept and passed through to the launch command. A key that is not known
+but is close to one slurmpod needs (`hiden_size`) is an error with a "did you mean".
+
+`ModelConfig.from_args` applies Megatron's own defaults (megatron/training/arguments.py,
+`validate_args`, core 0.14 / main 2025): ffn size, kv channels, query groups, MoE ffn size,
+padded vocabulary, VPP from `num_layers_per_virtual_pipeline_stage`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from slurmpod.errors import ConfigError
+
+# Keys of [megatron] that slurmpod reads; misspellings of these get a "did you mean".
+KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
+    "num_layers", "hidden_size", "num_attention_heads", "group_query_attention",
+    "num_query_groups", "kv_channels", "ffn_hidden_size", "swiglu", "seq_length",
+    "max_position_embeddings", "vocab_size", "padded_vocab_size", "make_vocab_size_divisible_by",
+    "normalization", "untie_embeddings_and_output_weights", "add_bias_linear", "num_experts",
+    "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "moe_latent_size", "mtp_num_layers", "multi_latent_attention",
+    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    "attention_output_gate", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+    "num_virtual_stages_per_pipeline_rank", "context_parallel_size",
+    "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+    "use_distributed_optimizer", "recompute_granularity", "recompute_method",
+    "recompute_num_layers", "global_batch_size", "micro_batch_size", "bf16", "fp16",
+    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+})
+
+# Other real Megatron argument names that must never be mistaken for a typo of a known key.
+_NOT_TYPOS: frozenset[str] = frozenset({
+    "encoder_num_layers", "decoder_num_layers", "num_experts_per_tok",
+    "moe_router_topk_scaling_factor",
+    "expert_model_parallel_size", "num_layers_per_virtual_pipeline_stage", "moe_layer_recompute",
+    "recompute_activations", "seq_len", "data_parallel_size",
+})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSpec(_Strict):
+    """`[job]`: what Slurm needs. Sizes in whole nodes; the site gives GPUs per node."""
+
+    name: str = Field("megatron", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    nodes: int = Field(1, ge=1, le=100_000)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = Field("04:00:00", pattern=r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+    container_image: str | None = None
+    container_mounts: list[str] = Field(default_factory=list)
+    work_dir: str | None = None
+    checkpoint_dir: str | None = None
+    data_dir: str | None = None
+    entrypoint: str = Field("pretrain_gpt.py", description="Megatron training script")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for srun")
+    requeue: bool = True
+
+
+class MegatronArgs(BaseModel):
+    """`[megatron]`: known keys typed; unknown keys kept (extra='allow') for the command line."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    group_query_attention: bool = False
+    num_query_groups: int | None = Field(None, ge=1)
+    kv_channels: int | None = Field(None, ge=1)
+    ffn_hidden_size: int | None = Field(None, ge=1)
+    swiglu: bool = False
+    seq_length: int = Field(ge=1)
+    max_position_embeddings: int | None = Field(None, ge=1)
+    vocab_size: int | None = Field(None, ge=1)
+    padded_vocab_size: int | None = Field(None, ge=1)
+    make_vocab_size_divisible_by: int = Field(128, ge=1)
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    num_experts: int | None = Field(None, ge=1)
+    moe_router_topk: int = Field(2, ge=1)
+    moe_ffn_hidden_size: int | None = Field(None, ge=1)
+    moe_shared_expert_intermediate_size: int | None = Field(None, ge=1)
+    moe_layer_freq: int | list[int] = 1
+    moe_latent_size: int | None = Field(None, ge=1)
+    mtp_num_layers: int | None = Field(None, ge=0)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = Field(None, ge=1)
+    kv_lora_rank: int = Field(32, ge=1)
+    qk_head_dim: int = Field(128, ge=1)
+    qk_pos_emb_head_dim: int = Field(64, ge=0)
+    v_head_dim: int = Field(128, ge=1)
+    attention_output_gate: bool = False
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1)
+    num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1)
+    num_virtual_stages_per_pipeline_rank: int | None = Field(None, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    expert_tensor_parallel_size: int | None = Field(None, ge=1)
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = Field(None, ge=1)
+    decoder_first_pipeline_num_layers: int | None = Field(None, ge=0)
+    decoder_last_pipeline_num_layers: int | None = Field(None, ge=0)
+    global_batch_size: int | None = Field(None, ge=1)
+    micro_batch_size: int = Field(1, ge=1)
+    bf16: bool = True
+    fp16: bool = False
+
+    @field_validator("moe_layer_freq")
+    @classmethod
+    def _pattern_bits(cls, v: int | list[int]) -> int | list[int]:
+        if isinstance(v, list) and any(b not in (0, 1) for b in v):
+            raise ValueError("a moe_layer_freq list holds 0 (dense) or 1 (MoE) per layer")
+        if isinstance(v, int) and v < 1:
+            raise ValueError("moe_layer_freq must be >= 1 (every n-th layer is MoE)")
+        return v
+
+    def passthrough(self) -> dict[str, Any]:
+        """Megatron arguments slurmpod does not interpret, for the launch command line."""
+        return dict(self.model_extra or {})
+
+    def explicit(self) -> dict[str, Any]:
+        """Every key the user set (known and unknown), as given."""
+        return self.model_dump(exclude_unset=True) | self.passthrough()
+
+
+class RunSpec(_Strict):
+    job: JobSpec = JobSpec()
+    megatron: MegatronArgs
+
+
+def check_megatron_keys(data: Mapping[str, Any], file: str) -> None:
+    """Reject unknown keys that look like misspellings of keys slurmpod needs."""
+    for key in data:
+        if key in KNOWN_MEGATRON_KEYS or key in _NOT_TYPOS:
+            continue
+        close = difflib.get_close_matches(key, sorted(KNOWN_MEGATRON_KEYS), n=1, cutoff=0.85)
+        if close and close[0] not in data:
+            raise ConfigError(f"unknown Megatron argument; did you mean `{close[0]}`?", file=file,
+                              key=f"megatron.{key}",
+                              hint="unknown arguments are passed through to Megatron unchanged")
+
+
+_JOB_KEYS = sorted(JobSpec.model_fields)
+
+
+def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
+    """Validate a parsed run spec; every problem is one ConfigError naming file and key."""
+    from slurmpod.config import validate
+
+    if not isinstance(data.get("megatron"), dict):
+        raise ConfigError("missing [megatron] table; add the model and layout there", file=file,
+                          key="megatron")
+    extra_top = set(data) - {"job", "megatron"}
+    if extra_top:
+        raise ConfigError("unknown table; a run spec has [job] and [megatron]", file=file,
+                          key=sorted(extra_top)[0])
+    job = data.get("job", {})
+    if isinstance(job, dict):
+        for key in job:
+            if key not in JobSpec.model_fields:
+                close = difflib.get_close_matches(key, _JOB_KEYS, n=1, cutoff=0.7)
+                hint = f"did you mean `{close[0]}`?" if close else f"known: {', '.join(_JOB_KEYS)}"
+                raise ConfigError(f"unknown key; {hint}", file=file, key=f"job.{key}")
+    check_megatron_keys(data["megatron"], file)
+    return validate(RunSpec, data, file)
+
+
+def load_run(path: Path | str) -> RunSpec:
+    from slurmpod.config import read_toml
+
+    path = Path(path)
+    return run_from_dict(read_toml(path), str(path))
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP
+    (megatron/training/tokenizer `_vocab_size_with_padding`)."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def moe_layer_pattern(freq: int | list[int] | tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """1 for each MoE layer. An int n means every n-th layer starting at layer 0 (Megatron's
+    `i % n == 0`); a list is the pattern itself."""
+    if isinstance(freq, int):
+        return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
+    return tuple(int(b) for b in freq)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Megatron arguments with Megatron's defaults applied: what the formulas read."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # == heads without GQA, as Megatron sets it
+    kv_channels: int
+    ffn_hidden_size: int
+    swiglu: bool
+    seq_length: int
+    padded_vocab_size: int
+    normalization: str
+    untie_embeddings_and_output_weights: bool
+    num_experts: int | None
+    moe_router_topk: int
+    moe_ffn_hidden_size: int
+    moe_shared_expert_intermediate_size: int  # 0 when none
+    moe_pattern: tuple[int, ...]
+    moe_latent_size: int | None
+    mtp_num_layers: int  # 0 when none
+    multi_latent_attention: bool
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+    attention_output_gate: bool
+    tp: int
+    pp: int
+    vpp: int | None
+    cp: int
+    ep: int
+    etp: int
+    sequence_parallel: bool
+    use_distributed_optimizer: bool
+    recompute_granularity: str | None
+    recompute_method: str | None
+    recompute_num_layers: int | None
+    global_batch_size: int | None
+    micro_batch_size: int
+    group_query_attention: bool
+    first_stage_layers: int | None = None  # decoder_first_pipeline_num_layers (uneven PP)
+    last_stage_layers: int | None = None
+
+    def stage_layers(self) -> tuple[float, float]:
+        """(layers on the first stage, layers on the most loaded stage)."""
+        if self.first_stage_layers is None and self.last_stage_layers is None:
+            return self.num_layers / self.pp, self.num_layers / self.pp
+        fixed = [n for n in (self.first_stage_layers, self.last_stage_layers) if n is not None]
+        others = max(1, self.pp - len(fixed))
+        rest = (self.num_layers - sum(fixed)) / others
+        first = self.first_stage_layers if self.first_stage_layers is not None else rest
+        return float(first), float(max([*fixed, rest]))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_pattern)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any] | MegatronArgs | ModelConfig) -> ModelConfig:
+        if isinstance(args, ModelConfig):
+            return args
+        a: Mapping[str, Any] = args.model_dump() if isinstance(args, MegatronArgs) else args
+
+        def get(key: str, default: Any = None) -> Any:
+            v = a.get(key, default)
+            return default if v is None else v
+
+        try:
+            h = int(a["hidden_size"])
+            heads = int(a["num_attention_heads"])
+            layers = int(a["num_layers"])
+            seq = int(a["seq_length"])
+        except KeyError as exc:
+            raise ConfigError(f"Megatron argument {exc.args[0]} is required",
+                              key=str(exc.args[0])) from None
+        swiglu = bool(get("swiglu", False))
+        ffn = a.get("ffn_hidden_size")
+        if ffn is None:
+            ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
+        gqa = bool(get("group_query_attention", False))
+        groups = int(get("num_query_groups", 1)) if gqa else heads
+        tp = int(get("tensor_model_parallel_size", 1))
+        pp = int(get("pipeline_model_parallel_size", 1))
+        padded = a.get("padded_vocab_size")
+        if padded is None:
+            vocab = a.get("vocab_size")
+            if vocab is None:
+                raise ConfigError("Megatron argument vocab_size (or padded_vocab_size) is required "
+                                  "to count embedding parameters and logit FLOPs",
+                                  key="vocab_size")
+            padded = padded_vocab_size(int(vocab), int(get("make_vocab_size_divisible_by", 128)),
+                                       tp)
+        num_experts = a.get("num_experts")
+        pattern = (moe_layer_pattern(get("moe_layer_freq", 1), layers)
+                   if num_experts is not None else (0,) * layers)
+        vpp = a.get("virtual_pipeline_model_parallel_size")
+        per_stage = a.get("num_layers_per_virtual_pipeline_stage")
+        if vpp is None and a.get("num_virtual_stages_per_pipeline_rank") is not None:
+            vpp = int(a["num_virtual_stages_per_pipeline_rank"])
+        elif vpp is None and per_stage:
+            vpp = (layers // pp) // int(per_stage) if layers % pp == 0 else None
+        if vpp == 1:
+            vpp = None  # Megatron: a VPP of 1 is the non-interleaved schedule
+        gran = a.get("recompute_granularity")
+        if gran is None and a.get("recompute_activations"):
+            gran = "selective"  # --recompute-activations is selective recompute
+        return cls(
+            num_layers=layers, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
+            kv_channels=int(get("kv_channels", h // heads)), ffn_hidden_size=int(ffn),
+            swiglu=swiglu, seq_length=seq, padded_vocab_size=int(padded),
+            normalization=str(get("normalization", "LayerNorm")),
+            untie_embeddings_and_output_weights=bool(
+                get("untie_embeddings_and_output_weights", False)),
+            num_experts=None if num_experts is None else int(num_experts),
+            moe_router_topk=int(get("moe_router_topk", 2)),
+            moe_ffn_hidden_size=int(get("moe_ffn_hidden_size", ffn)),
+            moe_shared_expert_intermediate_size=int(get("moe_shared_expert_intermediate_size", 0)),
+            moe_pattern=pattern, moe_latent_size=a.get("moe_latent_size"),
+            mtp_num_layers=int(get("mtp_num_layers", 0)),
+            multi_latent_attention=bool(get("multi_latent_attention", False)),
+            q_lora_rank=a.get("q_lora_rank"), kv_lora_rank=int(get("kv_lora_rank", 32)),
+            qk_head_dim=int(get("qk_head_dim", 128)),
+            qk_pos_emb_head_dim=int(get("qk_pos_emb_head_dim", 64)),
+            v_head_dim=int(get("v_head_dim", 128)),
+            attention_output_gate=bool(get("attention_output_gate", False)),
+            tp=tp, pp=pp, vpp=None if vpp is None else int(vpp),
+            cp=int(get("context_parallel_size", 1)), ep=int(get("expert_model_parallel_size", 1)),
+            etp=int(get("expert_tensor_parallel_size", tp)),
+            sequence_parallel=bool(get("sequence_parallel", False)),
+            use_distributed_optimizer=bool(get("use_distributed_optimizer", False)),
+            recompute_granularity=gran, recompute_method=a.get("recompute_method"),
+            recompute_num_layers=a.get("recompute_num_layers"),
+            global_batch_size=a.get("global_batch_size"),
+            micro_batch_size=int(get("micro_batch_size", 1)), group_query_attention=gqa,
+            first_stage_layers=a.get("decoder_first_pipeline_num_layers"),
+            last_stage_layers=a.get("decoder_last_pipeline_num_layers"),
+        )
+
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def preset_path(name: str) -> Path:
+    """A built-in preset (`llama3-70b`) or a path to a run spec TOML."""
+    path = PRESETS_DIR / f"{name}.toml"
+    if path.is_file():
+        return path
+    p = Path(name)
+    if p.suffix == ".toml" or "/" in name:
+        return p
+    close = difflib.get_close_matches(name, list_presets(), n=1)
+    raise ConfigError(f"no such preset {name!r}",
+                      hint=(f"did you mean {close[0]}? " if close else "")
+                      + f"presets: {', '.join(list_presets())}")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{s}"'
+
+
+def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
+    """A run spec dict ({'job': {...}, 'megatron': {...}}) as TOML text; None values are left
+    out (TOML has no null, and Megatron's default is what None means)."""
+    lines: list[str] = []
+    for table, body in data.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
+        lines.append("")
+    return "\n".join(lines)

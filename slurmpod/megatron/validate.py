@@ -1,0 +1,219 @@
+"""Check a Megatron layout against the model and the site; every violation comes with a fix.
+
+The constraints are Megatron-LM's own (megatron/training/arguments.py `validate_args` and
+megatron-core `parallel_state.initialize_model_parallel`, core 0.14), checked on the login node
+before a job waits in the queue, plus the site rule that a TP group stays inside one NVLink
+domain. `suggest_layout` searches nearby (TP, PP) layouts that satisfy every equation and fit in
+memory, so a message can say "use TP=8, PP=2" rather than just "wrong".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from slurmpod.megatron.memory import activation_bytes, weight_and_optimizer_bytes
+from slurmpod.megatron.runspec import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SiteShape:
+    """What validation needs from the site: GPUs per node and per NVLink domain, usable HBM."""
+
+    node_type: str
+    gpus_per_node: int
+    domain_gpus: int
+    usable_hbm_bytes: float
+    max_nodes: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[str, str]]:
+    """Structural violations as (key, message) without fixes; empty when the layout is valid."""
+    errs: list[tuple[str, str]] = []
+    tp, pp, cp, ep, etp = c.tp, c.pp, c.cp, c.ep, c.etp
+    if tp > shape.domain_gpus:
+        errs.append(("tensor_model_parallel_size",
+                     f"TP={tp} exceeds the {shape.domain_gpus}-GPU NVLink domain of "
+                     f"{shape.node_type}"))
+    elif shape.domain_gpus % tp:
+        errs.append(("tensor_model_parallel_size",
+                     f"TP={tp} does not divide the {shape.domain_gpus}-GPU NVLink domain of "
+                     f"{shape.node_type}, so TP groups would straddle domains"))
+    if world % (tp * cp * pp):
+        errs.append(("tensor_model_parallel_size",
+                     f"TP×CP×PP = {tp}×{cp}×{pp} = {tp * cp * pp} does not divide the world of "
+                     f"{world} GPUs"))
+    if c.num_attention_heads % tp:
+        errs.append(("num_attention_heads",
+                     f"num_attention_heads={c.num_attention_heads} is not divisible by TP={tp}"))
+    if not c.multi_latent_attention and c.num_query_groups % tp:
+        errs.append(("num_query_groups",
+                     f"num_query_groups={c.num_query_groups} is not divisible by TP={tp}"))
+    if c.vpp:
+        if pp == 1:
+            errs.append(("virtual_pipeline_model_parallel_size",
+                         f"VPP={c.vpp} needs pipeline parallelism (PP > 1)"))
+        elif c.num_layers % (pp * c.vpp):
+            errs.append(("num_layers", f"num_layers={c.num_layers} is not divisible by "
+                                       f"PP×VPP = {pp}×{c.vpp}"))
+    elif c.first_stage_layers is not None or c.last_stage_layers is not None:
+        fixed = [n for n in (c.first_stage_layers, c.last_stage_layers) if n is not None]
+        rest_stages = pp - len(fixed)
+        rest = c.num_layers - sum(fixed)
+        if rest_stages < 1 or rest < rest_stages or rest % rest_stages:
+            errs.append(("num_layers",
+                         f"with decoder_first/last_pipeline_num_layers = {fixed}, the other "
+                         f"{rest} layers do not split evenly over {rest_stages} stages"))
+    elif c.num_layers % pp:
+        errs.append(("num_layers", f"num_layers={c.num_layers} is not divisible by PP={pp}"))
+    if c.seq_length % (2 * cp):
+        errs.append(("context_parallel_size",
+                     f"seq_length={c.seq_length} is not divisible by 2×CP = {2 * cp} "
+                     "(Megatron splits each sequence into 2·CP chunks for load balance)"))
+    if c.num_experts is not None:
+        if c.num_experts % ep:
+            errs.append(("expert_model_parallel_size",
+                         f"num_experts={c.num_experts} is not divisible by EP={ep}"))
+        if world % (etp * ep * pp):
+            errs.append(("expert_model_parallel_size",
+                         f"ETP×EP×PP = {etp}×{ep}×{pp} = {etp * ep * pp} does not divide the "
+                         f"world of {world} GPUs (MoE parallel folding)"))
+        if tp > 1 and not c.sequence_parallel:
+            errs.append(("sequence_parallel", "MoE with TP > 1 requires sequence_parallel = true"))
+        if c.moe_router_topk > c.num_experts:
+            errs.append(("moe_router_topk", f"top-k={c.moe_router_topk} exceeds "
+                                            f"num_experts={c.num_experts}"))
+        if len(c.moe_pattern) != c.num_layers:
+            errs.append(("moe_layer_freq", f"pattern has {len(c.moe_pattern)} entries but "
+                                           f"num_layers={c.num_layers}"))
+    elif ep > 1:
+        errs.append(("expert_model_parallel_size", f"EP={ep} needs num_experts"))
+    if c.multi_latent_attention and c.group_query_attention:
+        errs.append(("group_query_attention", "multi_latent_attention excludes "
+                                              "group_query_attention; remove one"))
+    if c.recompute_granularity == "full" and c.recompute_method is None:
+        errs.append(("recompute_method", "full recompute needs recompute_method "
+                                         "('uniform' or 'block') and recompute_num_layers"))
+    if c.global_batch_size is None:
+        errs.append(("global_batch_size", "global_batch_size is required"))
+    elif world % (tp * cp * pp) == 0:
+        dp = world // (tp * cp * pp)
+        if c.global_batch_size % (c.micro_batch_size * dp):
+            errs.append(("global_batch_size",
+                         f"global_batch_size={c.global_batch_size} is not divisible by "
+                         f"micro_batch_size×DP = {c.micro_batch_size}×{dp}"))
+    return errs
+
+
+def layout_warnings(c: ModelConfig, world: int, shape: SiteShape) -> list[str]:
+    out: list[str] = []
+    if c.sequence_parallel and c.tp == 1:
+        out.append("sequence_parallel has no effect with TP=1 (Megatron turns it off)")
+    if c.tp > 1 and not c.sequence_parallel and not c.is_moe:
+        out.append(f"sequence_parallel is off with TP={c.tp}: activations are replicated over "
+                   "TP; set sequence_parallel = true")
+    if c.vpp and c.pp == 2:
+        out.append("interleaved pipeline with PP=2 needs overlap_p2p_comm in Megatron")
+    if c.pp > 1 and c.global_batch_size and world % (c.tp * c.cp * c.pp) == 0:
+        dp = world // (c.tp * c.cp * c.pp)
+        nmb = c.global_batch_size // max(1, c.micro_batch_size * dp)
+        if 0 < nmb < c.pp:
+            out.append(f"only {nmb} microbatches for PP={c.pp}: the pipeline never fills; raise "
+                       "global_batch_size")
+        elif nmb and c.vpp is None and nmb < 4 * c.pp:
+            bubble = (c.pp - 1) / nmb
+            out.append(f"pipeline bubble ≈ {bubble:.0%} ((PP-1)/microbatches); more "
+                       "microbatches or an interleaved schedule (VPP) would shrink it")
+    if c.cp > 1 and c.seq_length // c.cp < 1024:
+        out.append(f"CP={c.cp} leaves {c.seq_length // c.cp} tokens per rank; context "
+                   "parallelism pays off for long sequences")
+    if not c.use_distributed_optimizer and world // (c.tp * c.cp * c.pp or 1) > 1:
+        out.append("use_distributed_optimizer is off: optimizer state is replicated over DP "
+                   "(18 bytes/param instead of 6 + 12/DP)")
+    return out
+
+
+def memory_bytes(c: ModelConfig, world: int) -> float:
+    return (weight_and_optimizer_bytes(c, world).bytes_per_gpu
+            + activation_bytes(c, world).bytes_per_gpu)
+
+
+def suggest_layout(c: ModelConfig, world: int, shape: SiteShape) -> str | None:
+    """The nearest (TP, PP) layout, with the same CP/EP, that satisfies every equation and fits;
+    falls back to turning on the distributed optimizer, then full recompute. None if nothing."""
+    base_tp, base_pp = c.tp, c.pp
+    variants = [c]
+    if not c.use_distributed_optimizer:
+        variants.append(replace(c, use_distributed_optimizer=True))
+    last = variants[-1]
+    if last.recompute_granularity != "full":
+        variants.append(replace(last, recompute_granularity="full", recompute_method="uniform",
+                                recompute_num_layers=1))
+    tps = [t for t in _divisors(shape.domain_gpus)
+           if c.num_attention_heads % t == 0
+           and (c.multi_latent_attention or c.num_query_groups % t == 0)]
+    pps = [p for p in _divisors(c.num_layers) if world % p == 0]
+    for v in variants:
+        best: tuple[tuple[float, ...], str] | None = None
+        for tp in tps:
+            for pp in pps:
+                if world % (tp * c.cp * pp):
+                    continue
+                etp = tp if c.etp == c.tp else c.etp
+                vpp = c.vpp if c.vpp and pp > 1 and c.num_layers % (pp * c.vpp) == 0 else None
+                cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp,
+                               sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
+                errs = [k for k, _ in layout_errors(cand, world, shape) if k != "global_batch_size"]
+                if errs:
+                    continue
+                dp = world // (tp * c.cp * pp)
+                gbs_ok = (c.global_batch_size or 0) % (c.micro_batch_size * dp) == 0
+                fits = memory_bytes(cand, world) <= shape.usable_hbm_bytes
+                if not fits:
+                    continue
+                # Keep the model-parallel size TP x PP (memory per GPU) first, then stay close.
+                dist = (abs(math.log2(tp * pp / (base_tp * base_pp)))
+                        + 0.5 * abs(math.log2(tp / base_tp)))
+                score = (0.0 if gbs_ok else 1.0, dist, pp, -tp)
+                changes = []
+                if (tp, pp) != (base_tp, base_pp) or vpp != c.vpp:
+                    changes.append(f"TP={tp}, PP={pp}" + (f", VPP={vpp}" if vpp else ""))
+                if not gbs_ok:
+                    mult = c.micro_batch_size * dp
+                    gbs = max(mult, round((c.global_batch_size or mult) / mult) * mult)
+                    changes.append(f"global_batch_size={gbs} (a multiple of micro_batch_size×DP"
+                                   f" = {mult})")
+                if v.use_distributed_optimizer and not c.use_distributed_optimizer:
+                    changes.append("use_distributed_optimizer = true")
+                if v.recompute_granularity == "full" and c.recompute_granularity != "full":
+                    changes.append("recompute_granularity = 'full' (uniform, 1 layer)")
+                if cand.sequence_parallel and not c.sequence_parallel:
+                    changes.append("sequence_parallel = true")
+                text = ", ".join(changes) or "the current layout"
+                if best is None or score < best[0]:
+                    best = (score, text)
+        if best is not None:
+            return best[1]
+    return None
+
+
+def min_nodes_that_fit(c: ModelConfig, nodes: int, shape: SiteShape) -> int | None:
+    """The smallest node count above `nodes` (same layout, distributed optimizer on) whose
+    world the layout divides and whose memory fits; None if none up to 16x or the site size."""
+    v = c if c.use_distributed_optimizer else replace(c, use_distributed_optimizer=True)
+    mp = math.lcm(c.tp * c.cp * c.pp, c.etp * c.ep * c.pp)
+    for n in range(nodes + 1, min(16 * nodes, max(shape.max_nodes, nodes + 1)) + 1):
+        world = n * shape.gpus_per_node
+        if world % mp:
+            continue
+        if memory_bytes(v, world) <= shape.usable_hbm_bytes:
+            return n
+    return None
+
+
+def with_fix(message: str, fix: str | None, fallback: str) -> str:
+    return f"{message}: use {fix}" if fix else f"{message}: {fallback}"
