@@ -73,6 +73,9 @@ class NodeType(_Strict):
         "GenuineIntel", description="NCCL topology XML vendor (GenuineIntel, AuthenticAMD, '')"
     )
     pcie_gen: int = Field(5, ge=3, le=6, description="PCIe generation of GPU and HCA links")
+    nccl_topo_file: bool = Field(
+        True, description="write nccl-topo/<type>.xml (off where GPUs hang off the CPU by C2C)"
+    )
 
     @property
     def domain_gpus(self) -> int:

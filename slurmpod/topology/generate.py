@@ -160,7 +160,7 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
     files["rails.csv"] = node_files.rails_csv(hdr("builtin rails.csv"), site, plan)
     files["cabling.csv"] = node_files.cabling_csv(hdr("builtin cabling.csv"), plan)
     used = sorted({g.node_type for g in site.su_groups})
-    for type_name in used:
+    for type_name in (t for t in used if site.node_types[t].nccl_topo_file):
         files[f"nccl-topo/{type_name}.xml"] = node_files.nccl_topology_xml(
             env, hdr("topology/nccl-topo.xml.j2", comment=""), site, type_name)
     return files

@@ -1,0 +1,105 @@
+"""Site builders shared by the topology tests and benchmarks/topology_scale.py (+ their tests)."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from slurmpod.config import data_dir
+from slurmpod.model.site import Site
+
+SITE_DIR = data_dir("site_configs")
+EXAMPLE_SITES = sorted(p.stem for p in SITE_DIR.glob("*.toml"))
+
+
+def site_dict(name: str) -> dict[str, Any]:
+    return tomllib.loads((SITE_DIR / f"{name}.toml").read_text())
+
+
+def build(data: dict[str, Any]) -> Site:
+    site = Site.model_validate(data)
+    _ = site.inventory
+    return site
+
+
+def variant(name: str, **sections: Any) -> dict[str, Any]:
+    """An example site with some top-level sections replaced or merged (dicts merge, lists
+    replace)."""
+    data = copy.deepcopy(site_dict(name))
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def scale_site(nodes: int, su_nodes: int = 32, spine_groups: str = "per_rail") -> Site:
+    """A DGX H100 site of `nodes` nodes: full SUs of `su_nodes` plus one partial SU."""
+    full, rest = divmod(nodes, su_nodes)
+    groups = [{"node_type": "dgx-h100", "sus": full, "nodes_per_su": su_nodes,
+               "nodes_per_rack": 4}] if full else []
+    if rest:
+        if rest % 4:
+            raise ValueError("nodes must leave a whole number of 4-node racks")
+        groups.append({"node_type": "dgx-h100", "sus": 1, "nodes_per_su": rest,
+                       "nodes_per_rack": 4})
+    width = max(4, len(str(nodes)))
+    data = variant("dgx-h100-superpod", su_groups=groups,
+                   naming={"hostname": f"dgx{{n:0{width}d}}"},
+                   fabric={"spine_groups": spine_groups}, partitions=[])
+    return build(data)
+
+
+def write(tmp: Path, data: dict[str, Any], name: str = "site.toml") -> Path:
+    """Write a site dict as TOML (only the shapes the example sites use)."""
+    path = tmp / name
+    path.write_text(to_toml(data))
+    return path
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f'"{k}" = {_value(x)}' for k, x in v.items()) + " }"
+    raise TypeError(type(v))
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and key == "node_types":
+            for tname, body in value.items():
+                lines.append(f'[node_types."{tname}"]')
+                lines += [f'"{k}" = {_value(v)}' for k, v in body.items()]
+        elif isinstance(value, dict):
+            lines.append(f"[{key}]")
+            lines += [f'"{k}" = {_value(v)}' for k, v in value.items()]
+        elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+            for item in value:
+                lines.append(f"[[{key}]]")
+                lines += [f'"{k}" = {_value(v)}' for k, v in item.items()]
+        else:
+            lines.insert(0, f'"{key}" = {_value(value)}')
+    return "\n".join(lines) + "\n"
+
+
+def test_to_toml_round_trips_every_example_site():
+    for name in EXAMPLE_SITES:
+        data = site_dict(name)
+        assert tomllib.loads(to_toml(data)) == data, name
+
+
+def test_scale_site_has_the_requested_size():
+    site = scale_site(1000)
+    assert len(site.inventory.nodes) == 1000
+    assert [g.nodes_per_su for g in site.su_groups] == [32, 8]
