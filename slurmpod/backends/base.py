@@ -1,0 +1,63 @@
+"""The SlurmBackend protocol: what slurmpod asks of Slurm, answered with model types.
+
+Two real implementations (the Slurm CLI through a CommandRunner, and pyslurm) and an in-memory
+fake pass the same contract tests (tests/unit/test_backend_contract_fake.py and
+tests/integration/test_backend_contract.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Protocol, runtime_checkable
+
+from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
+
+Script = str | PurePath
+"""A batch script: `str` is the script text; a path names a script file on the Slurm side."""
+
+
+@runtime_checkable
+class SlurmBackend(Protocol):
+    name: str
+
+    def version(self) -> str:
+        """The running Slurm's version, e.g. `22.05.8`."""
+        ...
+
+    def submit(
+        self,
+        script: Script,
+        *,
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Queue a script once (never retried: a retry could queue it twice); return its id."""
+        ...
+
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+        ...
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """Live state of many jobs in one call; jobs Slurm no longer knows are left out."""
+        ...
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
+        """Accounting records with their steps; jobs not (yet) in the database are left out."""
+        ...
+
+    def nodes(self, names: str | None = None) -> list[NodeInfo]:
+        """Nodes, all or a hostlist expression."""
+        ...
+
+    def update_comment(self, job_id: str, comment: str) -> None:
+        ...
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        ...
+
+
+def wanted(job_id: str, requested: Sequence[str]) -> bool:
+    """True if `job_id` was asked for, directly or through its array parent (`6` → `6_1`)."""
+    return job_id in requested or job_id.split("_")[0] in requested

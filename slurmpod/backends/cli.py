@@ -1,0 +1,182 @@
+"""CliBackend: drive Slurm through its commands (sbatch, squeue, sacct, scontrol, scancel).
+
+Runs through any CommandRunner, so the same code submits locally or over SSH. Read-only queries
+get a bounded retry when the controller or slurmdbd is briefly unreachable; sbatch is never
+retried, because a timed-out submission may still have been queued.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import PurePath
+
+from slurmpod.backends.base import Script, wanted
+from slurmpod.backends.parse import (
+    SACCT_DELIMITER,
+    SACCT_FIELDS,
+    parse_sacct_parsable,
+    parse_sbatch_parsable,
+    parse_scontrol_nodes,
+    parse_squeue_json,
+)
+from slurmpod.errors import CommandError, SlurmError
+from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
+from slurmpod.transport.base import CommandResult, CommandRunner, CommandTimeoutError
+
+# stderr fragments of a controller/slurmdbd that is restarting or overloaded (22.05 – 24.11)
+_TRANSIENT = (
+    "Socket timed out",
+    "Unable to contact slurm controller",
+    "Connection refused",
+    "slurm_persist_conn_open",
+    "Zero Bytes were transmitted or received",
+    "Resource temporarily unavailable",
+)
+# Epoch seconds in sacct/squeue text output, so no guessing at the cluster's time zone.
+_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+
+class CliBackend:
+    name = "cli"
+
+    def __init__(
+        self,
+        runner: CommandRunner,
+        *,
+        retries: int = 2,
+        retry_delay_s: float = 1.0,
+        timeout_s: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.runner = runner
+        self.retries = retries
+        self.retry_delay_s = retry_delay_s
+        self.timeout_s = timeout_s
+        self._sleep = sleep
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _query(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> CommandResult:
+        """A read-only command: retried a bounded number of times on transient failures."""
+        attempt = 0
+        while True:
+            try:
+                return self.runner.run(argv, timeout_s=self.timeout_s, env=env)
+            except CommandError as exc:
+                transient = isinstance(exc, CommandTimeoutError) or any(
+                    t in exc.stderr for t in _TRANSIENT)
+                if not transient or attempt >= self.retries:
+                    raise _slurm_error(exc) from None
+            attempt += 1
+            self._sleep(self.retry_delay_s * attempt)
+
+    def _action(self, argv: Sequence[str]) -> CommandResult:
+        try:
+            return self.runner.run(argv, timeout_s=self.timeout_s)
+        except CommandError as exc:
+            raise _slurm_error(exc) from None
+
+    # -- protocol ---------------------------------------------------------------------------
+    def version(self) -> str:
+        out = self._query(["sinfo", "--version"]).stdout.split()
+        return out[-1] if out else ""
+
+    def submit(
+        self,
+        script: Script,
+        *,
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        argv = ["sbatch", "--parsable", *args]
+        text: str | None = None
+        if isinstance(script, PurePath):
+            argv.append(str(script))
+        else:
+            text = script  # sbatch reads the script from stdin when no file is given
+        try:
+            result = self.runner.run(argv, input_text=text, timeout_s=self.timeout_s,
+                                     env=env, cwd=cwd)
+        except CommandTimeoutError as exc:
+            raise SlurmError(
+                f"sbatch timed out after {exc.timeout_s:g} s on {self.runner.where}; "
+                "the job may or may not have been queued",
+                hint="check `squeue --me` before submitting again, to avoid a duplicate job",
+            ) from None
+        except CommandError as exc:
+            raise _slurm_error(exc, "sbatch rejected the job") from None
+        return parse_sbatch_parsable(result.stdout)
+
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+        if not job_ids:
+            return
+        argv = ["scancel"]
+        if signal:
+            argv += [f"--signal={signal}", "--full"]
+        self._action([*argv, *job_ids])
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        if not job_ids:
+            return {}
+        ids = list(dict.fromkeys(job_ids))
+        # Slurm 22.05's `squeue --json` ignores --jobs and dumps every job: filter here too.
+        result = self._query(["squeue", "--json", "--all", "--states=all",
+                              f"--jobs={','.join(ids)}"])
+        found = {s.job_id: s for s in parse_squeue_json(result.stdout) if wanted(s.job_id, ids)}
+        missing = [j for j in ids if j not in found
+                   and not any(k.split("_")[0] == j for k in found)]
+        if missing:  # left the controller (MinJobAge): fall back to accounting
+            for rec in self.accounting(missing).values():
+                found.setdefault(rec.job_id, _status_from_record(rec))
+        return found
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
+        if not job_ids:
+            return {}
+        ids = list(dict.fromkeys(job_ids))
+        # --parsable2 rather than --json: 22.05's dbv0.0.38 JSON reports exit code 0 for failed
+        # jobs (recorded in tests/data/slurm/22.05/sacct.json), the text ExitCode is right.
+        argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={SACCT_DELIMITER}",
+                f"--format={','.join(SACCT_FIELDS)}", "--duplicates", f"--jobs={','.join(ids)}"]
+        result = self._query(argv, env=_TIME_ENV)
+        records = parse_sacct_parsable(result.stdout)
+        return {r.job_id: r for r in records if wanted(r.job_id, ids)}
+
+    def nodes(self, names: str | None = None) -> list[NodeInfo]:
+        argv = ["scontrol", "--oneliner", "show", "node"]
+        if names:
+            argv.append(names)
+        return parse_scontrol_nodes(self._query(argv).stdout)
+
+    def update_comment(self, job_id: str, comment: str) -> None:
+        # One argv element: scontrol takes everything after `Comment=` as the value.
+        self._action(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"])
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        self._action(["scontrol", "requeuehold" if hold else "requeue", job_id])
+
+
+def _slurm_error(exc: CommandError, what: str | None = None) -> CommandError:
+    """The same failure (argv, exit code, stderr kept) with a message naming what failed."""
+    lines = [ln for ln in exc.stderr.strip().splitlines() if ln.strip()]
+    detail = lines[-1] if lines else f"exit code {exc.returncode}"
+    cmd = exc.argv[0] if exc.argv else "command"
+    hint = exc.hint
+    if any(t in exc.stderr for t in _TRANSIENT) or isinstance(exc, CommandTimeoutError):
+        hint = "is slurmctld (and slurmdbd for sacct) running? try `sinfo`"
+    err = CommandError(list(exc.argv), exc.returncode, exc.stderr, hint=hint)
+    err.message = f"{what or cmd + ' failed'}: {detail}"
+    err.args = (err.message,)
+    return err
+
+
+def _status_from_record(rec: JobRecord) -> JobStatus:
+    return replace(
+        JobStatus(job_id=rec.job_id, name=rec.name, state=rec.state),
+        user=rec.user, account=rec.account, partition=rec.partition, nodes=rec.nodes,
+        n_nodes=rec.n_nodes, n_gpus=rec.n_gpus, comment=rec.comment,
+        admin_comment=rec.admin_comment, restarts=rec.restarts, submit_time=rec.submit_time,
+        start_time=rec.start_time, end_time=rec.end_time,
+    )

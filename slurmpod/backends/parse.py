@@ -1,0 +1,415 @@
+"""Pure parsers: Slurm CLI output text -> model types (no subprocess, no clock, no environment).
+
+Covered shapes (recorded samples live in tests/data/slurm/<version>/):
+- Slurm 22.05 `squeue --json` (openapi/v0.0.38) and `sacct --json` (openapi/dbv0.0.38);
+- Slurm 23.02+ data_parser v0.0.39 … v0.0.4x (24.11 prints v0.0.41): numbers wrapped as
+  `{"set": true, "infinite": false, "number": N}`, states as lists (`job_state: ["RUNNING"]`),
+  step ids as `"123.batch"`;
+- `sacct --parsable2` with slurmpod's own field list and delimiter, and `scontrol show node -o`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from slurmpod.errors import SlurmError
+from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
+
+# -- generic value helpers ------------------------------------------------------------------
+
+
+def num(value: Any) -> int | float | None:
+    """A Slurm number: plain, or data_parser's `{"set", "infinite", "number"}` wrapper (23.02+)."""
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    n = num(value)
+    return default if n is None else int(n)
+
+
+def _str(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def epoch(value: Any) -> datetime | None:
+    """Epoch seconds -> aware UTC datetime; 0/None/unset (not started) -> None."""
+    n = num(value)
+    return datetime.fromtimestamp(n, UTC) if n else None
+
+
+def state_of(value: Any) -> JobState:
+    """`"RUNNING"`, `["RUNNING", "COMPLETING"]` (23.02+) or `{"current": ..., "reason": ...}`."""
+    if isinstance(value, Mapping):
+        value = value.get("current")
+    if isinstance(value, list | tuple):
+        states = [JobState.parse(v) for v in value]
+        known = [s for s in states if s is not JobState.UNKNOWN]
+        return known[0] if known else JobState.UNKNOWN
+    return JobState.parse(_str(value))
+
+
+def exit_of(value: Any) -> tuple[int, int]:
+    """(exit code, signal) from `{"status", "return_code", "signal"}` or sacct's `3:0` text."""
+    if isinstance(value, str):
+        code, _, sig = value.partition(":")
+        return _int(code), _int(sig)
+    if not isinstance(value, Mapping):
+        return 0, 0
+    sig = value.get("signal") or {}
+    signal = _int(sig.get("signal_id", sig.get("id"))) if isinstance(sig, Mapping) else 0
+    return _int(value.get("return_code")), signal
+
+
+def gpus_from_tres(tres: str) -> int:
+    """GPU count from a TRES string: `gres/gpu=32`, else the sum of typed `gres/gpu:h100=32`."""
+    untyped = None
+    typed = 0
+    for item in tres.split(","):
+        key, _, val = item.partition("=")
+        if key == "gres/gpu":
+            untyped = _int(val)
+        elif key.startswith("gres/gpu:"):
+            typed += _int(val)
+    return typed if untyped is None else untyped
+
+
+def _tres_list_count(items: Any, type_: str, name: str | None = None) -> int | None:
+    if not isinstance(items, list):
+        return None
+    for item in items:
+        if item.get("type") == type_ and (name is None or item.get("name") == name):
+            return _int(item.get("count"))
+    return None
+
+
+def _nodes(value: Any) -> str:
+    text = _str(value.get("range") if isinstance(value, Mapping) else value)
+    return "" if text in ("None assigned", "(null)", "None") else text
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"{what}: output is not JSON ({exc.msg} at line {exc.lineno})",
+                         hint="is this Slurm ≥ 21.08 with JSON output support?") from None
+    if not isinstance(data, dict):
+        raise SlurmError(f"{what}: expected a JSON object")
+    errors = [e for e in data.get("errors") or [] if e]
+    if errors:
+        first = errors[0]
+        msg = first.get("description") or first.get("error") if isinstance(first, dict) else first
+        raise SlurmError(f"{what}: Slurm reported: {msg}")
+    return data
+
+
+# -- sbatch ---------------------------------------------------------------------------------
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """`sbatch --parsable` prints `jobid` or `jobid;cluster`."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise SlurmError("sbatch printed no job id")
+    job_id = lines[-1].split(";")[0]
+    if not re.fullmatch(r"\d+(_\d+)?(\+\d+)?", job_id):
+        raise SlurmError(f"sbatch printed an unexpected job id: {lines[-1]!r}")
+    return job_id
+
+
+# -- squeue --json --------------------------------------------------------------------------
+
+
+def _array_job_id(raw_id: str, array_job: Any, array_task: Any, het_job: Any = None,
+                  het_offset: Any = None) -> str:
+    parent = _int(array_job)
+    task = num(array_task)
+    if parent and task is not None:
+        return f"{parent}_{int(task)}"
+    het = _int(het_job)
+    if het:
+        return f"{het}+{_int(het_offset)}"
+    return raw_id
+
+
+def parse_squeue_json(text: str) -> list[JobStatus]:
+    data = load_json(text, "squeue --json")
+    out = []
+    for job in data.get("jobs") or []:
+        raw = str(_int(job.get("job_id")))
+        state = state_of(job.get("job_state"))
+        # 22.05 reports end_time = start + 1 year for a running job without a time limit.
+        end = epoch(job.get("end_time")) if state.is_terminal else None
+        limit_min = num(job.get("time_limit"))
+        out.append(JobStatus(
+            job_id=_array_job_id(raw, job.get("array_job_id"), job.get("array_task_id"),
+                                 job.get("het_job_id"), job.get("het_job_offset")),
+            name=_str(job.get("name")),
+            state=state,
+            reason=_str(job.get("state_reason")),
+            user=_str(job.get("user_name")),
+            account=_str(job.get("account")),
+            partition=_str(job.get("partition")),
+            nodes=_nodes(job.get("nodes")),
+            n_nodes=_int(job.get("node_count")),
+            n_gpus=gpus_from_tres(_str(job.get("tres_alloc_str"))),
+            comment=_str(job.get("comment")),
+            admin_comment=_str(job.get("admin_comment")),
+            restarts=_int(job.get("restart_cnt")),
+            submit_time=epoch(job.get("submit_time")),
+            start_time=epoch(job.get("start_time")),
+            end_time=end,
+            time_limit_s=None if limit_min is None else int(limit_min) * 60,
+        ))
+    return out
+
+
+# -- sacct --json ---------------------------------------------------------------------------
+
+
+def _step_from_json(step: Mapping[str, Any]) -> StepRecord:
+    ident = step.get("step") or {}
+    sid = ident.get("id")
+    if isinstance(sid, Mapping):  # some versions nest {"job_id", "step_id"}
+        sid = sid.get("step_id")
+    sid = _str(sid)
+    if "." in sid:  # 23.02+: "123.batch"
+        sid = sid.split(".", 1)[1]
+    code, sig = exit_of(step.get("exit_code"))
+    nodes = step.get("nodes") or {}
+    time_ = step.get("time") or {}
+    return StepRecord(
+        step_id=sid,
+        name=_str(ident.get("name")),
+        state=state_of(step.get("state")),
+        exit_code=code,
+        signal=sig,
+        elapsed_s=_int(time_.get("elapsed")),
+        nodes=_nodes(nodes.get("range")),
+        n_nodes=_int(nodes.get("count")),
+        n_tasks=num((step.get("tasks") or {}).get("count")),
+        start_time=epoch(time_.get("start")),
+        end_time=epoch(time_.get("end")),
+    )
+
+
+def _comment(value: Any, key: str) -> str:
+    if isinstance(value, Mapping):
+        return _str(value.get(key))
+    return _str(value) if key == "job" else ""
+
+
+def parse_sacct_json(text: str) -> list[JobRecord]:
+    """One JobRecord per job id; earlier attempts of a requeued job (`-D`) count as restarts."""
+    data = load_json(text, "sacct --json")
+    attempts: dict[str, list[JobRecord]] = {}
+    for job in data.get("jobs") or []:
+        raw = str(_int(job.get("job_id")))
+        array = job.get("array") or {}
+        het = job.get("het") or {}
+        job_id = _array_job_id(raw, array.get("job_id"), array.get("task_id"),
+                               het.get("job_id"), het.get("job_offset"))
+        steps = tuple(_step_from_json(s) for s in job.get("steps") or [])
+        code, sig = exit_of(job.get("exit_code"))
+        batch = next((s for s in steps if s.step_id == "batch"), None)
+        if code == 0 and sig == 0 and batch is not None and (batch.exit_code or batch.signal):
+            # Slurm 22.05 (dbv0.0.38) prints the job-level exit_code as SUCCESS/0 even for a
+            # failed job; the batch step carries the script's real exit status.
+            code, sig = batch.exit_code, batch.signal
+        time_ = job.get("time") or {}
+        tres = (job.get("tres") or {}).get("allocated")
+        n_nodes = _tres_list_count(tres, "node")
+        record = JobRecord(
+            job_id=job_id,
+            name=_str(job.get("name")),
+            user=_str(job.get("user")),
+            account=_str(job.get("account")),
+            partition=_str(job.get("partition")),
+            state=state_of(job.get("state")),
+            exit_code=code,
+            signal=sig,
+            submit_time=epoch(time_.get("submission")),
+            start_time=epoch(time_.get("start")),
+            end_time=epoch(time_.get("end")),
+            elapsed_s=_int(time_.get("elapsed")),
+            nodes=_nodes(job.get("nodes")),
+            n_nodes=n_nodes if n_nodes is not None else _int(job.get("allocation_nodes")),
+            n_gpus=_tres_list_count(tres, "gres", "gpu") or 0,
+            comment=_comment(job.get("comment"), "job"),
+            admin_comment=_comment(job.get("comment"), "administrator"),
+            restarts=_int(job.get("restart_cnt")),  # 23.02+; absent in 22.05
+            steps=steps,
+        )
+        attempts.setdefault(job_id, []).append(record)
+    return [_merge_attempts(recs) for recs in attempts.values()]
+
+
+def _merge_attempts(records: Sequence[JobRecord]) -> JobRecord:
+    """With `sacct -D` a requeued job appears once per attempt; keep the latest, count the rest."""
+    if len(records) == 1:
+        return records[0]
+    latest = records[-1]
+    restarts = max(latest.restarts, len(records) - 1)
+    return JobRecord(**{**latest.__dict__, "restarts": restarts})
+
+
+# -- sacct --parsable2 ----------------------------------------------------------------------
+
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobID", "JobName", "User", "Account", "Partition", "State", "ExitCode",
+    "Submit", "Start", "End", "ElapsedRaw", "NodeList", "NNodes", "NTasks", "AllocTRES",
+    "AdminComment", "Comment", "JobIDRaw",
+)
+# ASCII unit separator: comments are free text (JSON with `|` is common), a control
+# character never appears in them.
+SACCT_DELIMITER = "\x1f"
+
+
+def _sacct_time(text: str, tz: tzinfo) -> datetime | None:
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    if text.isdigit():  # SLURM_TIME_FORMAT=%s
+        return datetime.fromtimestamp(int(text), UTC) if int(text) else None
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=tz)
+    except ValueError:
+        return None
+
+
+def parse_sacct_parsable(
+    text: str,
+    fields: Sequence[str] = SACCT_FIELDS,
+    delimiter: str = SACCT_DELIMITER,
+    tz: tzinfo = UTC,
+) -> list[JobRecord]:
+    """Rows from `sacct --noheader --parsable2 --delimiter=… --format=<fields>`.
+
+    sacct prints local wall-clock times without an offset, so the caller passes the cluster's
+    time zone. A field containing a newline (a comment can) continues on the next line: the
+    field list ends with JobIDRaw (never empty, never multi-line), so a row is complete only
+    once every delimiter has been seen.
+    """
+    rows = list(_rows(text, len(fields), delimiter))
+    groups: dict[str, list[tuple[dict[str, str], list[dict[str, str]]]]] = {}
+    for values in rows:
+        row = dict(zip(fields, values, strict=True))
+        jid = row.get("JobID", "")
+        base, dot, _ = jid.partition(".")
+        if not dot:
+            groups.setdefault(base, []).append((row, []))
+        elif base in groups:
+            groups[base][-1][1].append(row)
+    return [_merge_attempts([_record_from_row(r, s, tz) for r, s in attempts])
+            for attempts in groups.values()]
+
+
+def _rows(text: str, n_fields: int, delimiter: str) -> Iterable[list[str]]:
+    pending = ""
+    # split("\n"), not splitlines(): a comment may hold \x85 or \u2028, which are not row ends
+    for line in text.rstrip("\n").split("\n"):
+        candidate = f"{pending}\n{line}" if pending else line
+        parts = candidate.split(delimiter)
+        if len(parts) < n_fields:
+            pending = candidate
+            continue
+        pending = ""
+        if len(parts) > n_fields:  # only possible with a custom delimiter: keep extras in Comment
+            parts = [*parts[: n_fields - 1], delimiter.join(parts[n_fields - 1:])]
+        yield parts
+    if pending.strip():
+        raise SlurmError(f"sacct: truncated row: {pending[:80]!r}")
+
+
+def _record_from_row(row: dict[str, str], steps: list[dict[str, str]], tz: tzinfo) -> JobRecord:
+    code, sig = exit_of(row.get("ExitCode", "0:0"))
+    alloc = row.get("AllocTRES", "")
+    return JobRecord(
+        job_id=row.get("JobID", ""),
+        name=row.get("JobName", ""),
+        user=row.get("User", ""),
+        account=row.get("Account", ""),
+        partition=row.get("Partition", ""),
+        state=JobState.parse(row.get("State")),
+        exit_code=code,
+        signal=sig,
+        submit_time=_sacct_time(row.get("Submit", ""), tz),
+        start_time=_sacct_time(row.get("Start", ""), tz),
+        end_time=_sacct_time(row.get("End", ""), tz),
+        elapsed_s=_int(row.get("ElapsedRaw")),
+        nodes=_nodes(row.get("NodeList")),
+        n_nodes=_int(row.get("NNodes")),
+        n_gpus=gpus_from_tres(alloc),
+        comment=row.get("Comment", ""),
+        admin_comment=row.get("AdminComment", ""),
+        steps=tuple(_step_from_row(s, tz) for s in steps),
+    )
+
+
+def _step_from_row(row: dict[str, str], tz: tzinfo) -> StepRecord:
+    code, sig = exit_of(row.get("ExitCode", "0:0"))
+    ntasks = row.get("NTasks", "")
+    return StepRecord(
+        step_id=row.get("JobID", "").partition(".")[2],
+        name=row.get("JobName", ""),
+        state=JobState.parse(row.get("State")),
+        exit_code=code,
+        signal=sig,
+        elapsed_s=_int(row.get("ElapsedRaw")),
+        nodes=_nodes(row.get("NodeList")),
+        n_nodes=_int(row.get("NNodes")),
+        n_tasks=int(ntasks) if ntasks.isdigit() else None,
+        start_time=_sacct_time(row.get("Start", ""), tz),
+        end_time=_sacct_time(row.get("End", ""), tz),
+    )
+
+
+# -- scontrol show node -o -----------------------------------------------------------------
+
+_KV = re.compile(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)")
+
+
+def parse_scontrol_kv(line: str) -> dict[str, str]:
+    """`Key=Value Key2=Value with spaces ...` (one-line scontrol output) -> dict."""
+    return {m.group(1): m.group(2).strip() for m in _KV.finditer(line.strip())}
+
+
+def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
+    nodes = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = parse_scontrol_kv(line)
+        words = kv.get("State", "UNKNOWN").split("+")
+        gres = kv.get("Gres", "")
+        gpus = sum(_int(m.group(1)) for m in re.finditer(r"gpu(?::[\w.-]+)?:(\d+)", gres))
+        feats = kv.get("AvailableFeatures", "")
+        parts = kv.get("Partitions", "")
+        reason = kv.get("Reason", "")
+        nodes.append(NodeInfo(
+            name=kv["NodeName"],
+            state=words[0].rstrip("*~#!%$@^-").upper(),
+            flags=tuple(w.upper() for w in words[1:]),
+            cpus=_int(kv.get("CPUTot")),
+            real_memory_mb=_int(kv.get("RealMemory")),
+            n_gpus=gpus,
+            features=tuple(f for f in feats.split(",") if f and f != "(null)"),
+            partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
+            reason="" if reason in ("", "(null)") else reason,
+        ))
+    return nodes

@@ -1,0 +1,182 @@
+"""PyslurmBackend: the SlurmBackend protocol through pyslurm's object API (pyslurm ≥ 23.2).
+
+pyslurm is imported only when this backend is chosen, and used only when its major.minor
+matches the running Slurm (pyslurm links against one libslurm ABI; a mismatch fails in odd
+ways). PyPI only carries pyslurm 25.11, so on older clusters choose the CLI backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import PurePath
+from typing import Any
+
+from slurmpod.backends.base import Script, wanted
+from slurmpod.backends.parse import gpus_from_tres
+from slurmpod.errors import SlurmError
+from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.strip().split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (-1, -1)
+
+
+def load_pyslurm(slurm_version: str) -> Any:
+    """Import pyslurm and check it matches `slurm_version` (e.g. from `sinfo --version`)."""
+    try:
+        pyslurm = importlib.import_module("pyslurm")
+    except ImportError as exc:
+        raise SlurmError(
+            f"the pyslurm backend needs the pyslurm package ({exc})",
+            hint="install pyslurm built for this Slurm, or use the CLI backend (--backend cli)",
+        ) from None
+    have = str(getattr(pyslurm, "__version__", "") or pyslurm.version())
+    if _major_minor(have)[0] < 23 or _major_minor(have) != _major_minor(slurm_version):
+        raise SlurmError(
+            f"pyslurm {have} does not match the running Slurm {slurm_version}",
+            hint="pyslurm's major.minor must equal Slurm's; use the CLI backend (--backend cli)",
+        )
+    return pyslurm
+
+
+def _dt(value: Any) -> datetime | None:
+    if value in (None, 0):
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromtimestamp(int(value), UTC)
+
+
+def _s(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except SlurmError:
+        raise
+    except Exception as exc:  # pyslurm.RPCError and friends: keep one clear line
+        raise SlurmError(f"pyslurm {what} failed: {exc}") from None
+
+
+class PyslurmBackend:
+    name = "pyslurm"
+
+    def __init__(self, slurm_version: str, module: Any | None = None) -> None:
+        self._slurm_version = slurm_version
+        self.ps = module if module is not None else load_pyslurm(slurm_version)
+
+    def version(self) -> str:
+        return self._slurm_version
+
+    def submit(
+        self,
+        script: Script,
+        *,
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        if args:
+            raise SlurmError("the pyslurm backend takes options only from #SBATCH lines",
+                             hint="put the options into the script, or use the CLI backend")
+        text = open(script).read() if isinstance(script, PurePath) else script  # noqa: SIM115
+        desc = self.ps.JobSubmitDescription(script=text, working_directory=cwd,
+                                            environment=dict(env or {}) or None)
+        _call("reading #SBATCH options", desc.load_sbatch_options)
+        return str(_call("submit", desc.submit))
+
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+        for jid in job_ids:
+            job = self.ps.Job(int(jid.split("_")[0]))
+            if signal:
+                _call("signal", job.send_signal, signal)
+            else:
+                _call("cancel", job.cancel)
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        jobs = _call("loading jobs", self.ps.Jobs.load)
+        out: dict[str, JobStatus] = {}
+        for job in jobs.values():
+            jid = str(job.id)
+            if getattr(job, "array_id", None) and getattr(job, "array_task_id", None) is not None:
+                jid = f"{job.array_id}_{job.array_task_id}"
+            if not wanted(jid, job_ids):
+                continue
+            out[jid] = JobStatus(
+                job_id=jid, name=_s(job.name), state=JobState.parse(_s(job.state)),
+                reason=_s(getattr(job, "state_reason", "")), user=_s(job.user_name),
+                account=_s(job.account), partition=_s(job.partition), nodes=_s(job.nodes),
+                n_nodes=int(job.num_nodes or 0), n_gpus=gpus_from_tres(_s(job.tres_alloc_str)),
+                comment=_s(job.comment), admin_comment=_s(getattr(job, "admin_comment", "")),
+                restarts=int(getattr(job, "requeue_count", 0) or 0),
+                submit_time=_dt(job.submit_time), start_time=_dt(job.start_time),
+                end_time=_dt(job.end_time) if JobState.parse(_s(job.state)).is_terminal else None,
+                time_limit_s=int(job.time_limit) * 60 if job.time_limit else None,
+            )
+        return out
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
+        ids = [int(j.split("_")[0]) for j in job_ids]
+        db = self.ps.db
+        jobs = _call("loading accounting", db.Jobs.load, db.JobFilter(ids=ids))
+        out: dict[str, JobRecord] = {}
+        for job in jobs.values():
+            jid = str(job.id)
+            steps = tuple(
+                StepRecord(
+                    step_id=_s(s.id).split(".")[-1], name=_s(s.name),
+                    state=JobState.parse(_s(s.state)), exit_code=int(s.exit_code or 0),
+                    signal=int(getattr(s, "exit_code_signal", 0) or 0),
+                    elapsed_s=int(s.elapsed_time or 0), nodes=_s(s.nodelist),
+                    n_nodes=int(s.num_nodes or 0), n_tasks=getattr(s, "num_tasks", None),
+                )
+                for s in (job.steps or {}).values()
+            )
+            out[jid] = JobRecord(
+                job_id=jid, name=_s(job.name), user=_s(job.user_name), account=_s(job.account),
+                partition=_s(job.partition), state=JobState.parse(_s(job.state)),
+                exit_code=int(job.exit_code or 0),
+                signal=int(getattr(job, "exit_code_signal", 0) or 0),
+                submit_time=_dt(job.submit_time), start_time=_dt(job.start_time),
+                end_time=_dt(job.end_time), elapsed_s=int(job.elapsed_time or 0),
+                nodes=_s(job.nodelist), n_nodes=int(job.num_nodes or 0),
+                n_gpus=gpus_from_tres(_s(getattr(job, "tres_alloc_str", ""))),
+                comment=_s(job.comment), admin_comment=_s(getattr(job, "admin_comment", "")),
+                restarts=int(getattr(job, "requeue_count", 0) or 0), steps=steps,
+            )
+        return {k: v for k, v in out.items() if wanted(k, job_ids)}
+
+    def nodes(self, names: str | None = None) -> list[NodeInfo]:
+        from slurmpod.model.hostlist import expand
+
+        chosen = set(expand(names)) if names else None
+        nodes = _call("loading nodes", self.ps.Nodes.load)
+        out = []
+        for node in nodes.values():
+            if chosen is not None and node.name not in chosen:
+                continue
+            words = _s(node.state).upper().split("+")
+            out.append(NodeInfo(
+                name=node.name, state=words[0], flags=tuple(words[1:]),
+                cpus=int(node.total_cpus or 0), real_memory_mb=int(node.real_memory or 0),
+                n_gpus=gpus_from_tres(_s(getattr(node, "configured_tres", ""))),
+                features=tuple(node.available_features or ()),
+                partitions=tuple(node.partitions or ()), reason=_s(node.reason),
+            ))
+        return out
+
+    def update_comment(self, job_id: str, comment: str) -> None:
+        job = self.ps.Job(int(job_id.split("_")[0]))
+        _call("update comment", job.modify, self.ps.JobSubmitDescription(comment=comment))
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        job = self.ps.Job(int(job_id.split("_")[0]))
+        _call("requeue", job.requeue, hold=hold)
