@@ -1,0 +1,156 @@
+"""`slurmpod topo check` and `slurmpod topo discover`: the fabric against the plan, and a draft
+site from the fabric. Registered lazily by slurmpod.cli.topo (attributes `check`, `discover`).
+
+Exit codes of `check`: 0 clean, 1 findings, 3 bad input (site file or ibnetdiscover file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from slurmpod.errors import ConfigError, UsageError
+
+_FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs are kept apart "
+                "from the compute fabric (storage/management). Repeatable.")
+
+
+@click.command()
+@click.argument("site")
+@click.option("--ibnetdiscover", "fabric_file", required=True,
+              type=click.Path(path_type=Path, dir_okay=False),
+              help="Saved output of `ibnetdiscover` (run on any host of the fabric).")
+@click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Print at most this many findings (0: all); --json always has all.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, ...],
+          limit: int, as_json: bool) -> None:
+    """Check the real fabric (ibnetdiscover output) against SITE's cabling plan.
+
+    One finding per problem, each with its fix: HCAs on the wrong rail leaf or another SU's
+    leaf (crossed pairs become one "swap the cables" finding), missing or down links,
+    degraded speed/width, unknown nodes/HCAs/switches. Storage and management HCAs are kept
+    apart. Exit 0 when clean, 1 with findings, 3 on bad input.
+    """
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.fabric.check import check_fabric, compile_filters
+    from slurmpod.fabric.ibnetdiscover import parse_file
+    from slurmpod.topology.fabric_plan import plan_fabric
+
+    rules = compile_filters(filters)
+    path = resolve_site_path(site)
+    site_obj = load_site(path)
+    try:
+        plan = plan_fabric(site_obj)
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=str(path)) from None
+    fabric = parse_file(fabric_file)
+    report = check_fabric(site_obj, plan, fabric, rules)
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(report.to_dict())
+    else:
+        _print_report(report, limit)
+    ctx.exit(0 if report.clean else 1)
+
+
+def _print_report(report, limit: int) -> None:  # type: ignore[no-untyped-def]
+    st = report.stats
+    click.echo(f"fabric check: site {report.site} against {report.source}")
+    click.echo(f"  HCA links {st['hca_links_seen']}/{st['hca_links_planned']} seen, switches "
+               f"{st['switches_seen']} in the fabric / {st['switches_planned']} planned, "
+               f"{st['switch_links_planned']} switch links planned, {st['kept_apart']} kept apart")
+    for note in report.notes:
+        click.echo(f"  note: {note}")
+    if report.clean:
+        click.echo("clean: the fabric matches the plan")
+        return
+    counts = ", ".join(f"{k} {v}" for k, v in report.counts().items())
+    click.echo(f"{len(report.findings)} findings ({counts}):")
+    shown = report.findings if limit == 0 else report.findings[:limit]
+    for f in shown:
+        click.echo(f"{f.severity.upper():7} {f.kind}: {f.message}")
+        click.echo(f"        fix: {f.fix}")
+    if len(shown) < len(report.findings):
+        click.echo(f"... and {len(report.findings) - len(shown)} more (--limit 0 or --json for "
+                   "all)")
+
+
+@click.command()
+@click.option("--ibnetdiscover", "fabric_file", required=True,
+              type=click.Path(path_type=Path, dir_okay=False),
+              help="Saved output of `ibnetdiscover`.")
+@click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory for the draft site file and the generated artefacts.")
+@click.option("--name", "site_name", default=None, help="Site name for the draft (default: "
+              "the output directory's name).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_name: str | None,
+             as_json: bool) -> None:
+    """Derive the node -> leaf -> spine tree from ibnetdiscover output (rail leaves that see the
+    same nodes merge into one SU) and write a draft site.toml plus the `topo generate`
+    artefacts into OUT."""
+    from slurmpod.fabric.check import compile_filters
+    from slurmpod.fabric.discover import discover_site, draft_site_toml
+    from slurmpod.fabric.ibnetdiscover import parse_file
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"-o {out_dir}: exists and is not a directory")
+    rules = compile_filters(filters)
+    fabric = parse_file(fabric_file)
+    name = site_name or _site_name(out_dir)
+    found = discover_site(fabric, rules)
+    text = draft_site_toml(found, name, source=str(fabric_file))
+    files, site_obj = _validated_artifacts(text, out_dir / "site.toml")
+    from slurmpod.fsutil import write_tree_atomic
+
+    try:
+        written = write_tree_atomic(out_dir, {"site.toml": text, **files})
+    except OSError as exc:
+        raise UsageError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    summary = found.summary()
+    summary.update({"site": site_obj.site.name, "out_dir": str(out_dir),
+                    "files": [str(p) for p in written]})
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(summary)
+        return
+    click.echo(f"discovered {summary['nodes']} nodes in {summary['sus']} SUs, "
+               f"{summary['rails']} rails, {summary['leaves']} leaves, {summary['spines']} spines,"
+               f" {summary['cores']} cores; {summary['kept_apart']} HCAs kept apart")
+    for w in found.warnings:
+        click.echo(f"slurmpod: warning: {w}", err=True)
+    for p in written:
+        click.echo(f"wrote {p}")
+    click.echo(f"review {out_dir / 'site.toml'} (hardware fields are placeholders), then run "
+               f"`slurmpod topo check {out_dir / 'site.toml'} --ibnetdiscover {fabric_file}`")
+
+
+def _site_name(out_dir: Path) -> str:
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", out_dir.resolve().name) or "discovered"
+    return name if name[0].isalpha() else f"site-{name}"
+
+
+def _validated_artifacts(text: str, where: Path):  # type: ignore[no-untyped-def]
+    """Validate the draft like `config.load_site` would, then generate the artefacts."""
+    import tomllib
+
+    from slurmpod.config import validate
+    from slurmpod.model.site import Site
+    from slurmpod.topology.generate import generate
+
+    site_obj = validate(Site, tomllib.loads(text), str(where))
+    try:
+        _ = site_obj.inventory
+        return generate(site_obj), site_obj
+    except ValueError as exc:
+        raise ConfigError(f"the draft site does not validate: {exc}", file=str(where),
+                          hint="please report this with the ibnetdiscover file") from None

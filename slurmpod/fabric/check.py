@@ -1,0 +1,571 @@
+"""Compare a parsed fabric with the site's fabric plan: one finding per problem, with its fix.
+
+The invariant behind most findings is SHARP's: on a rail-optimised fabric every leaf connects
+the same HCA rail of every server of its SU (HPC-X SHARP builds one aggregation tree per rail,
+and a Quantum switch holds few streaming aggregation flows), so one HCA in the wrong leaf breaks
+in-network reduction for every job that crosses it. Findings:
+
+* `swapped-cables`  two cables sit in each other's planned ports (fix: swap them)
+* `wrong-rail`      an HCA is on the leaf of another rail of its own SU
+* `wrong-su`        an HCA is on a leaf of another SU
+* `wrong-leaf`      an HCA is on an unplanned switch, a spine, or another rack's leaf
+* `wrong-port`      right leaf, wrong port (the cabling plan no longer matches the labels)
+* `wrong-uplink`    a leaf/spine uplink lands on another switch or port than planned
+* `missing-link`, `node-missing`, `switch-missing`  expected cables that are not there
+* `degraded-link`   width x speed below `fabric.link_gbps` (4xNDR = 400, 4xHDR = 200, ...)
+* `unknown-node`, `unknown-hca`, `unknown-switch`, `unnamed-ca`, `unexpected-link`
+* `storage-on-compute`  a storage/management HCA plugged into a compute leaf
+
+Storage and management HCAs (by the site's HCA `role`, or a `--hca-filter` regex over the CA's
+node description `HOST DEVICE`) and switches that carry only such HCAs are kept apart: listed,
+never mixed into the compute checks. Pure: site, plan and parsed fabric in, `CheckReport` out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, speed_name
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+    from slurmpod.topology.fabric_plan import FabricPlan, Switch
+
+Pos = tuple[str, int]  # (switch name as the plan knows it, or its fabric name), port
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    severity: str  # "error" | "warning"
+    subject: str
+    message: str
+    fix: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class CheckReport:
+    site: str
+    source: str
+    findings: list[Finding] = field(default_factory=list)
+    kept_apart: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for f in self.findings:
+            out[f.kind] += 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "site": self.site, "source": self.source, "clean": self.clean,
+            "stats": self.stats, "counts": self.counts(),
+            "findings": [f.to_dict() for f in self.findings],
+            "kept_apart": self.kept_apart, "notes": self.notes,
+        }
+
+
+def compile_filters(rules: Iterable[str]) -> list[re.Pattern[str]]:
+    """`--hca-filter` rules: Python regexes searched in a CA's node description `HOST DEVICE`."""
+    from slurmpod.errors import UsageError
+
+    out = []
+    for rule in rules:
+        try:
+            out.append(re.compile(rule))
+        except re.error as exc:
+            raise UsageError(f"--hca-filter {rule!r}: not a valid regular expression: {exc}",
+                             hint=r"example: --hca-filter 'mlx5_(7|8)$'") from None
+    return out
+
+
+class _Ctx:
+    """Working state of one check: name mapping between the plan and the fabric."""
+
+    def __init__(self, site: Site, plan: FabricPlan, fabric: Fabric) -> None:
+        self.site, self.plan, self.fabric = site, plan, fabric
+        self.planned: dict[str, Switch] = plan.by_name
+        self.to_plan: dict[str, str] = {}  # fabric node id -> plan switch name
+        self.to_fabric: dict[str, FabricNode] = {}  # plan switch name -> fabric node
+        self.findings: list[Finding] = []
+
+    def add(self, kind: str, subject: str, message: str, fix: str, *,
+            severity: str = "error") -> None:
+        self.findings.append(Finding(kind, severity, subject, message, fix))
+
+    def name(self, node: FabricNode) -> str:
+        return self.to_plan.get(node.node_id) or (node.name or node.node_id)
+
+    def map(self, node: FabricNode, plan_name: str) -> None:
+        self.to_plan[node.node_id] = plan_name
+        self.to_fabric[plan_name] = node
+
+    def role(self, name: str) -> str:
+        sw = self.planned.get(name)
+        if sw is None:
+            return f"{name} (not in the plan)"
+        if sw.tier != "leaf":
+            return f"{name} (a {sw.tier})"
+        inv = self.site.inventory
+        if sw.su is not None:
+            return f"{name} (the rail-{sw.rail} leaf of {inv.su_names[sw.su]})"
+        return f"{name} (the leaf of {inv.rack_names[sw.rack or 0]})"
+
+
+def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
+                 hca_filters: Sequence[re.Pattern[str]] = ()) -> CheckReport:
+    """Every way `fabric` departs from `plan`, as findings with fixes."""
+    ctx = _Ctx(site, plan, fabric)
+    report = CheckReport(site.site.name, fabric.source)
+    inv = site.inventory
+    roles = {(t, h.device): h.role for t, nt in site.node_types.items() for h in nt.hcas}
+
+    # 1. Where each CA is cabled (from the switch side, else its own port line).
+    attach: dict[str, tuple[FabricNode, Port]] = {}
+    switch_ports: list[tuple[FabricNode, Port, FabricNode]] = []
+    nodes = fabric.nodes
+    for sw in fabric.switches():
+        for port in sw.ports.values():
+            peer = nodes.get(port.remote_id)
+            if peer is None:
+                continue
+            if peer.kind == "switch":
+                switch_ports.append((sw, port, peer))
+            else:
+                attach[peer.node_id] = (sw, port)
+
+    # 2. Classify CAs: compute HCAs of site nodes, kept-apart ones, unknown ones.
+    compute: dict[tuple[str, str], FabricNode] = {}
+    apart_ids: set[str] = set()
+    unknown_hosts: dict[str, list[FabricNode]] = defaultdict(list)
+    for ca in fabric.cas():
+        if ca.is_aggregation_node:
+            apart_ids.add(ca.node_id)
+            continue
+        desc = ca.desc
+        if any(f.search(desc) for f in hca_filters):
+            apart_ids.add(ca.node_id)
+            report.kept_apart.append(_apart(ctx, ca, attach, "matches --hca-filter"))
+            continue
+        host, dev = ca.host, ca.device
+        if host is None:
+            where = _where(ctx, ca, attach)
+            ctx.add("unnamed-ca", ca.node_id,
+                    f"CA {ca.node_id} ({desc or 'no description'}) on {where} names no host",
+                    "set its node description to 'HOST DEVICE' (rdma-core sets it at boot), or "
+                    "exclude it with --hca-filter", severity="warning")
+            continue
+        node = inv.by_name.get(host)
+        if node is None:
+            unknown_hosts[host].append(ca)
+            continue
+        role = roles.get((node.node_type, dev or ""))
+        if role is None:
+            ctx.add("unknown-hca", f"{host} {dev}",
+                    f"{host} has an HCA {dev!r} that node type {node.node_type} does not list "
+                    f"(on {_where(ctx, ca, attach)})",
+                    f"add it to node_types.{node.node_type}.hcas, or exclude it with --hca-filter")
+            continue
+        if role != "compute":
+            apart_ids.add(ca.node_id)
+            report.kept_apart.append(_apart(ctx, ca, attach, f"site role {role}"))
+            continue
+        compute[(host, dev or "")] = ca
+
+    # 3. Name fabric switches as the plan does: by description first, then by what they carry.
+    _match_switches(ctx, compute, attach, switch_ports)
+
+    # Switches outside the plan that carry no compute HCA are another fabric (storage): apart.
+    compute_ids = {ca.node_id for ca in compute.values()}
+    carriers: dict[str, set[str]] = defaultdict(set)
+    for ca_id, (sw, _port) in attach.items():
+        carriers[sw.node_id].add(ca_id)
+    apart_switches: set[str] = set()
+    for sw in fabric.switches():
+        if sw.node_id in ctx.to_plan:
+            continue
+        cas = carriers.get(sw.node_id, set())
+        if cas and not cas & compute_ids:
+            apart_switches.add(sw.node_id)
+    for sw_id in list(apart_switches):  # their uplink switches too, when only storage is below
+        for port in nodes[sw_id].ports.values():
+            peer = nodes.get(port.remote_id)
+            if peer and peer.kind == "switch" and peer.node_id not in ctx.to_plan and not (
+                carriers.get(peer.node_id, set()) & compute_ids
+            ):
+                apart_switches.add(peer.node_id)
+    for sw_id in sorted(apart_switches):
+        sw = nodes[sw_id]
+        report.kept_apart.append({"what": "switch", "name": sw.name or sw_id, "id": sw_id,
+                                  "reason": "carries no compute HCA of the site"})
+
+    # 4. Unknown hosts: a finding when they sit in the compute fabric.
+    for host, cas in sorted(unknown_hosts.items()):
+        on_compute = [ca for ca in cas if ca.node_id in attach
+                      and attach[ca.node_id][0].node_id not in apart_switches]
+        if not on_compute:
+            for ca in cas:
+                report.kept_apart.append(_apart(ctx, ca, attach, "host not in the site file"))
+            continue
+        where = ", ".join(_where(ctx, ca, attach) for ca in on_compute[:3])
+        more = f" and {len(on_compute) - 3} more" if len(on_compute) > 3 else ""
+        ctx.add("unknown-node", host,
+                f"host {host} ({len(on_compute)} HCAs) is not in the site file but is cabled "
+                f"into the compute fabric at {where}{more}",
+                "add it to the site file, unplug it, or exclude it with --hca-filter")
+
+    # Storage HCAs that landed on compute leaves.
+    for ca_id in sorted(apart_ids):
+        at = attach.get(ca_id)
+        if at and at[0].node_id in ctx.to_plan:
+            ca = nodes[ca_id]
+            ctx.add("storage-on-compute", ca.desc or ca_id,
+                    f"{ca.desc or ca_id} is kept apart from compute but is cabled into "
+                    f"{ctx.role(ctx.name(at[0]))} port {at[1].num}",
+                    f"move it to the storage fabric and free {ctx.name(at[0])} port {at[1].num}")
+
+    missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
+    gone = {s.name for s in missing_switches}
+    _check_node_links(ctx, compute, attach, gone)
+    _check_switch_links(ctx, switch_ports, apart_switches, gone)
+    for sw in missing_switches:
+        ctx.add("switch-missing", sw.name,
+                f"{ctx.role(sw.name)} is not in the fabric: powered off, or every link of it is "
+                "down", f"power on / reach {sw.name} and rerun ibnetdiscover; its cables were not "
+                "checked")
+    for sw in fabric.switches():
+        if sw.node_id in ctx.to_plan or sw.node_id in apart_switches:
+            continue
+        ctx.add("unknown-switch", sw.name or sw.node_id,
+                f"switch {sw.name or '(no name)'} ({sw.node_id}) is in the compute fabric but not "
+                "in the plan", "remove it, or describe it in the site file (fabric radix, SUs)")
+
+    report.findings = ctx.findings
+    report.stats = {
+        "nodes_planned": len(inv.nodes),
+        "hca_links_planned": len(plan.node_links),
+        "hca_links_seen": len(compute),
+        "switches_planned": len(plan.switches),
+        "switches_seen": sum(1 for _ in fabric.switches()),
+        "switch_links_planned": len(plan.switch_links),
+        "kept_apart": len(report.kept_apart),
+        "findings": len(ctx.findings),
+    }
+    renamed = [(sid, n) for sid, n in ctx.to_plan.items() if nodes[sid].name != n]
+    if renamed:
+        report.notes.append(
+            f"{len(renamed)} switches were matched to the plan by their cables, not their names "
+            f"(e.g. {nodes[renamed[0][0]].name or renamed[0][0]} -> {renamed[0][1]}); name them "
+            "as the plan does to make findings easier to read")
+    return report
+
+
+def _where(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]) -> str:
+    at = attach.get(ca.node_id)
+    return f"{ctx.name(at[0])} port {at[1].num}" if at else "no switch port"
+
+
+def _apart(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]],
+           reason: str) -> dict[str, str]:
+    return {"what": "hca", "name": ca.desc or ca.node_id, "id": ca.node_id,
+            "at": _where(ctx, ca, attach), "reason": reason}
+
+
+def _match_switches(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
+                    attach: dict[str, tuple[FabricNode, Port]],
+                    switch_ports: list[tuple[FabricNode, Port, FabricNode]]) -> None:
+    planned = ctx.planned
+    unmatched: list[FabricNode] = []
+    for sw in ctx.fabric.switches():
+        if sw.name in planned and sw.name not in ctx.to_fabric:
+            ctx.map(sw, sw.name)
+        else:
+            unmatched.append(sw)
+    if not unmatched:
+        return
+    # Leaves: the planned leaf most of its compute HCAs belong on.
+    votes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    node_port = ctx.plan.node_port
+    for key, ca in compute.items():
+        at = attach.get(ca.node_id)
+        if at is not None and at[0].node_id not in ctx.to_plan:
+            votes[at[0].node_id][node_port[key].leaf] += 1
+    _elect(ctx, votes)
+    # Spines, then cores: the planned upper switch their ports lead to from named switches.
+    upper_of = {(sl.lower, sl.lower_port): sl.upper for sl in ctx.plan.switch_links}
+    for _tier in range(2):
+        votes = defaultdict(lambda: defaultdict(int))
+        for sw, port, peer in switch_ports:
+            if sw.node_id in ctx.to_plan or peer.node_id not in ctx.to_plan:
+                continue
+            up = upper_of.get((ctx.to_plan[peer.node_id], port.remote_port))
+            if up is not None:
+                votes[sw.node_id][up] += 1
+        _elect(ctx, votes)
+
+
+def _elect(ctx: _Ctx, votes: dict[str, dict[str, int]]) -> None:
+    ranked = sorted(((n, name, sw) for sw, tally in votes.items() for name, n in tally.items()),
+                    key=lambda t: (-t[0], t[1], t[2]))
+    for _n, name, sw_id in ranked:
+        if sw_id in ctx.to_plan or name in ctx.to_fabric:
+            continue
+        ctx.map(ctx.fabric.nodes[sw_id], name)
+
+
+def _slow(gbps: float | None, planned: int) -> bool:
+    return gbps is not None and gbps + 0.5 < planned
+
+
+def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
+                      attach: dict[str, tuple[FabricNode, Port]], gone: set[str]) -> None:
+    plan = ctx.plan
+    want = plan.link_gbps
+    missing: dict[str, list] = defaultdict(list)
+    per_node: dict[str, int] = defaultdict(int)
+    misplaced: dict[tuple[str, str], tuple[Pos, Pos, int | None]] = {}
+    slow: list[tuple[str, str, Pos, Port]] = []
+    for nl in plan.node_links:
+        per_node[nl.node] += 1
+        ca = compute.get((nl.node, nl.hca))
+        at = attach.get(ca.node_id) if ca is not None else None
+        if at is None:
+            if nl.leaf not in gone:
+                missing[nl.node].append(nl)
+            continue
+        sw, port = at
+        actual = (ctx.to_plan.get(sw.node_id) or (sw.name or sw.node_id), port.num)
+        if _slow(port.gbps, want):
+            slow.append((nl.node, nl.hca, actual, port))
+        if actual != (nl.leaf, nl.port):
+            misplaced[(nl.node, nl.hca)] = (actual, (nl.leaf, nl.port), nl.rail)
+
+    for node, links in missing.items():
+        if len(links) == per_node[node] and len(links) > 1:
+            ctx.add("node-missing", node,
+                    f"none of the {len(links)} compute HCAs of {node} is in the fabric",
+                    f"check that {node} is powered on and its HCAs are up (`ibstat`), then rerun")
+            continue
+        for nl in links:
+            rail = "" if nl.rail is None else f" (rail {nl.rail})"
+            ctx.add("missing-link", f"{nl.node} {nl.hca}",
+                    f"{nl.node} {nl.hca}{rail} has no link to {nl.leaf} port {nl.port}",
+                    f"reseat or replace the cable {nl.node} {nl.hca} <-> {nl.leaf} port "
+                    f"{nl.port} (port down on either end)")
+
+    occupant = {actual: key for key, (actual, _e, _r) in misplaced.items()}
+    done: set[tuple[str, str]] = set()
+    _whole_node_moves(ctx, misplaced, per_node, done)
+    for key, (actual, expected, rail) in sorted(misplaced.items()):
+        if key in done:
+            continue
+        other = occupant.get(expected)
+        if other is not None and other != key and misplaced[other][1] == actual:
+            done.update((key, other))
+            o_rail = misplaced[other][2]
+            a, b = sorted([(key, actual, rail), (other, expected, o_rail)])
+            ctx.add("swapped-cables", f"{a[0][0]} {a[0][1]} / {b[0][0]} {b[0][1]}",
+                    f"{_hca(a[0], a[2])} and {_hca(b[0], b[2])} are in each other's ports: "
+                    f"{a[1][0]} port {a[1][1]} and {b[1][0]} port {b[1][1]}",
+                    f"swap the cables in {a[1][0]} port {a[1][1]} and {b[1][0]} port {b[1][1]}")
+            continue
+        _misplaced_hca(ctx, key, actual, expected, rail)
+
+    if slow and len(slow) == len(plan.node_links) - sum(len(v) for v in missing.values()) > 10:
+        rates = sorted({p.rate for *_x, p in slow})
+        ctx.add("degraded-link", "all HCA links",
+                f"all {len(slow)} HCA links run at {', '.join(rates)}, below fabric.link_gbps = "
+                f"{want} ({speed_name(want)})",
+                "if the fabric really runs at that rate, set fabric.link_gbps; otherwise check "
+                "the subnet manager's speed settings")
+        return
+    for node, hca, actual, port in slow:
+        ctx.add("degraded-link", f"{node} {hca}",
+                f"{node} {hca} on {actual[0]} port {actual[1]} runs at {port.rate} "
+                f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
+                f"reseat or replace the cable/transceiver at {actual[0]} port {actual[1]}")
+
+
+def _whole_node_moves(ctx: _Ctx, misplaced: dict[tuple[str, str], tuple[Pos, Pos, int | None]],
+                      per_node: dict[str, int], done: set[tuple[str, str]]) -> None:
+    """A node whose every compute HCA sits on the same-rail leaves of one other SU: one finding."""
+    by_node: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for key in misplaced:
+        by_node[key[0]].append(key)
+    inv = ctx.site.inventory
+    for node, keys in sorted(by_node.items()):
+        if len(keys) != per_node[node] or len(keys) < 2:
+            continue
+        got = [ctx.planned.get(misplaced[k][0][0]) for k in keys]
+        exp = [ctx.planned[misplaced[k][1][0]] for k in keys]
+        pairs = zip(got, exp, strict=True)
+        if any(g is None or g.su is None or g.rail != e.rail for g, e in pairs):
+            continue
+        sus = {g.su for g in got if g is not None}
+        if len(sus) != 1 or exp[0].su in sus:
+            continue
+        other = inv.su_names[sus.pop()]
+        home = inv.su_names[exp[0].su or 0]
+        ports = sorted({misplaced[k][0][1] for k in keys})
+        want = sorted({misplaced[k][1][1] for k in keys})
+        ctx.add("wrong-su", node,
+                f"all {len(keys)} compute HCAs of {node} (a {home} node) are on the rail leaves of "
+                f"{other} (port {','.join(map(str, ports))}), so Slurm's {home} switch and the "
+                "fabric disagree",
+                f"move its {len(keys)} cables to the {home} rail leaves, port "
+                f"{','.join(map(str, want))} (same rail, same port on each leaf)")
+        done.update(keys)
+
+
+def _hca(key: tuple[str, str], rail: int | None) -> str:
+    return f"{key[0]} {key[1]}" + ("" if rail is None else f" (rail {rail})")
+
+
+def _misplaced_hca(ctx: _Ctx, key: tuple[str, str], actual: Pos, expected: Pos,
+                   rail: int | None) -> None:
+    got = ctx.planned.get(actual[0])
+    exp = ctx.planned[expected[0]]
+    fix = (f"move the cable of {key[0]} {key[1]} from {actual[0]} port {actual[1]} to "
+           f"{expected[0]} port {expected[1]}")
+    at = f"is in {ctx.role(actual[0])} port {actual[1]}; planned: {expected[0]} port {expected[1]}"
+    if actual[0] == expected[0]:
+        ctx.add("wrong-port", _hca(key, None), f"{_hca(key, rail)} {at}", fix,
+                severity="warning")
+    elif got is None or got.tier != "leaf":
+        ctx.add("wrong-leaf", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+    elif got.su is not None and exp.su is not None and got.su == exp.su:
+        ctx.add("wrong-rail", _hca(key, None),
+                f"{_hca(key, rail)} {at} — the rail-{got.rail} leaf now sees a rail-{rail} HCA, "
+                "which breaks SHARP's one-rail-per-leaf tree", fix)
+    elif got.su is not None and exp.su is not None:
+        ctx.add("wrong-su", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+    else:
+        ctx.add("wrong-leaf", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+
+
+def _check_switch_links(ctx: _Ctx, switch_ports: list[tuple[FabricNode, Port, FabricNode]],
+                        apart: set[str], gone: set[str]) -> None:
+    plan = ctx.plan
+    want = plan.link_gbps
+    expected: dict[Pos, Pos] = {(sl.lower, sl.lower_port): (sl.upper, sl.upper_port)
+                                for sl in plan.switch_links}
+    uppers = set(expected.values())
+    seen: dict[Pos, tuple[Pos, Port]] = {}  # lower end -> (upper end, port)
+    extra: dict[Pos, tuple[Pos, Port]] = {}  # unplanned links, keyed by their upper end
+    for sw, port, peer in switch_ports:
+        if sw.node_id in apart or peer.node_id in apart:
+            continue
+        a = (ctx.name(sw), port.num)
+        b = (ctx.name(peer), port.remote_port)
+        if a in expected:
+            seen[a] = (b, port)
+        elif b in expected:
+            continue  # printed again from the lower end, which is handled there
+        elif b in uppers or (a not in uppers and a < b):
+            extra[a] = (b, port)  # every link is printed from both ends: keyed by one of them
+        else:
+            extra[b] = (a, port)
+
+    misplaced: dict[Pos, tuple[Pos, Pos]] = {}
+    missing: dict[str, list[Pos]] = defaultdict(list)
+    slow: list[tuple[Pos, Pos, Port]] = []
+    uplinks: dict[str, int] = defaultdict(int)
+    for lower, upper in expected.items():
+        uplinks[lower[0]] += 1
+        if lower[0] in gone:
+            continue
+        got = seen.get(lower)
+        if got is None:
+            if upper[0] not in gone:
+                missing[lower[0]].append(lower)
+            continue
+        actual, port = got
+        if _slow(port.gbps, want):
+            slow.append((lower, actual, port))
+        if actual != upper:
+            misplaced[lower] = (actual, upper)
+
+    # A cable in the wrong port of the lower switch: missing at one port, extra at another,
+    # both ending on the same upper port.
+    by_upper = {b: a for a, (b, _p) in extra.items() if a[0] in ctx.planned}
+    for lower, ports in list(missing.items()):
+        for lo in list(ports):
+            up = expected[lo]
+            moved = by_upper.get(up)
+            if moved is not None and moved[0] == lo[0]:
+                ports.remove(lo)
+                extra.pop(moved, None)
+                ctx.add("wrong-port", f"{lo[0]} port {lo[1]}",
+                        f"the uplink planned from {lo[0]} port {lo[1]} to {up[0]} port {up[1]} "
+                        f"is in {lo[0]} port {moved[1]}",
+                        f"move it from {lo[0]} port {moved[1]} to {lo[0]} port {lo[1]}",
+                        severity="warning")
+        if not ports:
+            del missing[lower]
+    for lower, ports in sorted(missing.items()):
+        if len(ports) == uplinks[lower] and len(ports) > 1:
+            ctx.add("missing-link", lower,
+                    f"none of the {len(ports)} uplinks of {ctx.role(lower)} is up",
+                    f"check {lower}'s uplink cables and the switches above it")
+            continue
+        for lo in ports:
+            up = expected[lo]
+            ctx.add("missing-link", f"{lo[0]} port {lo[1]}",
+                    f"no link from {lo[0]} port {lo[1]} to {up[0]} port {up[1]}",
+                    f"reseat or replace the cable {lo[0]} port {lo[1]} <-> {up[0]} port {up[1]}")
+
+    occupant = {actual: lower for lower, (actual, _u) in misplaced.items()}
+    done: set[Pos] = set()
+    for lower, (actual, upper) in sorted(misplaced.items()):
+        if lower in done:
+            continue
+        other = occupant.get(upper)
+        if other is not None and other != lower and misplaced[other][1] == actual:
+            done.update((lower, other))
+            ctx.add("swapped-cables", f"{lower[0]} port {lower[1]} / {other[0]} port {other[1]}",
+                    f"the uplinks from {lower[0]} port {lower[1]} and {other[0]} port "
+                    f"{other[1]} are in each other's ports on {actual[0]} port {actual[1]} and "
+                    f"{upper[0]} port {upper[1]}",
+                    f"swap the cables in {actual[0]} port {actual[1]} and {upper[0]} port "
+                    f"{upper[1]}")
+            continue
+        lo_sw, got_sw = ctx.planned.get(lower[0]), ctx.planned.get(actual[0])
+        exp_sw = ctx.planned[upper[0]]
+        cross = (got_sw is not None and lo_sw is not None and got_sw.group != exp_sw.group
+                 and ctx.plan.spine_groups == "per_rail")
+        why = " — it crosses rail groups, so rail traffic leaves its rail" if cross else ""
+        ctx.add("wrong-uplink", f"{lower[0]} port {lower[1]}",
+                f"{lower[0]} port {lower[1]} goes to {actual[0]} port {actual[1]}; planned: "
+                f"{upper[0]} port {upper[1]}{why}",
+                f"move the cable's upper end from {actual[0]} port {actual[1]} to {upper[0]} "
+                f"port {upper[1]}")
+
+    for a, (b, _port) in sorted(extra.items()):
+        ctx.add("unexpected-link", f"{a[0]} port {a[1]}",
+                f"{a[0]} port {a[1]} is cabled to {b[0]} port {b[1]}, which the plan does not "
+                "have", "unplug it, or fix the plan if the cable is intended")
+
+    if slow and len(slow) == len(expected) > 10:
+        rates = sorted({p.rate for *_x, p in slow})
+        ctx.add("degraded-link", "all switch links",
+                f"all {len(slow)} switch-to-switch links run at {', '.join(rates)}, below "
+                f"fabric.link_gbps = {want}", "set fabric.link_gbps if that is the real rate")
+        return
+    for lower, actual, port in slow:
+        ctx.add("degraded-link", f"{lower[0]} port {lower[1]}",
+                f"{lower[0]} port {lower[1]} -> {actual[0]} port {actual[1]} runs at {port.rate} "
+                f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
+                f"reseat or replace the cable/transceiver {lower[0]} port {lower[1]}")

@@ -1,0 +1,299 @@
+"""Synthesize the `ibnetdiscover` output a site's fabric plan implies, with optional faults.
+
+Used by the tests and the benchmark, and by admins who want to rehearse `slurmpod topo check`
+before the cables are in:
+
+    python -m slurmpod.fabric.synth SITE -o fabric.txt \\
+        [--swap dgx0001:mlx5_0,dgx0001:mlx5_3] [--missing dgx0002:mlx5_4] \\
+        [--slow dgx0003:mlx5_5=4xHDR] [--move dgx0004=su2] [--unknown-node intruder01] [--storage]
+
+An endpoint is `NODE:HCA` (a node's verbs device) or `SWITCH:PORT` (a planned switch port).
+Faults: `swap` exchanges the far ends of two cables (a crossed pair), `missing` removes a cable
+(a down link looks exactly like that: ibnetdiscover prints connected ports only), `slow` sets a
+link's rate, `move` re-cables every compute HCA of a node into another SU's rail leaves, and
+`unknown-node` plugs a host that is not in the site file into a free leaf port. `--storage` adds
+the storage/management HCAs on their own leaves, as a converged fabric shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from slurmpod.errors import ConfigError, SlurmpodError
+from slurmpod.fabric.ibnetdiscover import LANE_GBPS, speed_name
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+    from slurmpod.topology.fabric_plan import FabricPlan
+
+FaultKind = Literal["swap", "missing", "slow", "move", "unknown-node"]
+
+_SWITCH_GUID = 0xB8CEF60300000000
+_CA_GUID = 0x0C42A10300000000
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault; `spec` is the CLI text (see the module docstring)."""
+
+    kind: FaultKind
+    spec: str
+
+
+class _Model:
+    """A mutable cable list: endpoint (name, port) -> far endpoint and rate.
+
+    Switches are named as in the plan; a CA is named by its node description `HOST DEVICE`
+    (port 1), the form ibnetdiscover prints.
+    """
+
+    def __init__(self, plan: FabricPlan, rate: str) -> None:
+        self.rate = rate
+        self.gbps = plan.link_gbps
+        self.switches: dict[str, int] = {s.name: s.radix for s in plan.switches}
+        self.tier = {s.name: s.tier for s in plan.switches}
+        self.cas: list[str] = []
+        self.far: dict[tuple[str, int], tuple[str, int]] = {}
+        self.rates: dict[frozenset[tuple[str, int]], str] = {}
+        for nl in plan.node_links:
+            ca = f"{nl.node} {nl.hca}"
+            self.cas.append(ca)
+            self.connect((ca, 1), (nl.leaf, nl.port))
+        for sl in plan.switch_links:
+            self.connect((sl.lower, sl.lower_port), (sl.upper, sl.upper_port))
+
+    def connect(self, a: tuple[str, int], b: tuple[str, int], rate: str | None = None) -> None:
+        self.far[a] = b
+        self.far[b] = a
+        if rate is not None:
+            self.rates[frozenset((a, b))] = rate
+
+    def cut(self, a: tuple[str, int]) -> tuple[str, int]:
+        b = self.far.pop(a)
+        del self.far[b]
+        self.rates.pop(frozenset((a, b)), None)
+        return b
+
+    def free_port(self, switch: str, last: int) -> int:
+        for port in range(1, last + 1):
+            if (switch, port) not in self.far:
+                return port
+        raise ConfigError(f"switch {switch} has no free port among 1..{last}",
+                          hint="pick another target for the fault")
+
+
+def synthesize(site: Site, plan: FabricPlan | None = None, faults: Sequence[Fault] = (),
+               storage: bool = False) -> str:
+    """The ibnetdiscover text of `site`'s planned fabric with `faults` applied (pure)."""
+    if plan is None:
+        from slurmpod.topology.fabric_plan import plan_fabric
+
+        plan = plan_fabric(site)
+    model = _Model(plan, speed_name(plan.link_gbps))
+    if storage:
+        _add_storage(site, plan, model)
+    for fault in faults:
+        _apply(site, plan, model, fault)
+    return _render(model, site.site.name)
+
+
+def _endpoint(model: _Model, spec: str) -> tuple[str, int]:
+    name, sep, port = spec.strip().rpartition(":")
+    if not sep or not name:
+        raise ConfigError(f"bad endpoint {spec!r}; use NODE:HCA or SWITCH:PORT")
+    if name in model.switches:
+        if not port.isdigit():
+            raise ConfigError(f"bad endpoint {spec!r}: {name} is a switch; use {name}:PORT")
+        return name, int(port)
+    ca = f"{name} {port}"
+    if ca not in model.far and ca not in model.cas:
+        raise ConfigError(f"no cable at {spec!r}: not a planned NODE:HCA or SWITCH:PORT")
+    return ca, 1
+
+
+def _apply(site: Site, plan: FabricPlan, model: _Model, fault: Fault) -> None:
+    spec = fault.spec
+    if fault.kind == "swap":
+        parts = spec.split(",")
+        if len(parts) != 2:
+            raise ConfigError(f"--swap {spec!r}: give two endpoints, A,B")
+        a, b = (_endpoint(model, p) for p in parts)
+        fa, fb = model.far.get(a), model.far.get(b)
+        if fa is None or fb is None:
+            raise ConfigError(f"--swap {spec!r}: both endpoints need a cable")
+        model.cut(a)
+        model.cut(b)
+        model.connect(a, fb)
+        model.connect(b, fa)
+    elif fault.kind == "missing":
+        ep = _endpoint(model, spec)
+        if ep not in model.far:
+            raise ConfigError(f"--missing {spec!r}: no cable there")
+        model.cut(ep)
+    elif fault.kind == "slow":
+        where, _, rate = spec.partition("=")
+        ep = _endpoint(model, where)
+        if ep not in model.far:
+            raise ConfigError(f"--slow {spec!r}: no cable there")
+        rate = rate or speed_name(plan.link_gbps / 2)
+        if rate[:1].isdigit() and "x" in rate and rate.split("x", 1)[1].upper() not in LANE_GBPS:
+            raise ConfigError(f"--slow {spec!r}: unknown rate; use e.g. 4xHDR or 2xNDR")
+        model.rates[frozenset((ep, model.far[ep]))] = rate
+    elif fault.kind == "move":
+        _move(site, plan, model, spec)
+    elif fault.kind == "unknown-node":
+        leaf = plan.leaves[0].name
+        port = model.free_port(leaf, plan.downlinks_per_leaf)
+        ca = f"{spec.strip()} mlx5_0"
+        model.cas.append(ca)
+        model.connect((ca, 1), (leaf, port))
+    else:  # pragma: no cover - Literal exhausts the kinds
+        raise ConfigError(f"unknown fault kind {fault.kind!r}")
+
+
+def _move(site: Site, plan: FabricPlan, model: _Model, spec: str) -> None:
+    node_name, _, target = spec.partition("=")
+    inv = site.inventory
+    node = inv.by_name.get(node_name.strip())
+    if node is None:
+        raise ConfigError(f"--move {spec!r}: no node {node_name!r} in the site")
+    target = target.strip()
+    su = (int(target) - 1) if target.isdigit() else (
+        inv.su_names.index(target) if target in inv.su_names else -1)
+    if not 0 <= su < len(inv.su_names) or su == node.su:
+        raise ConfigError(f"--move {spec!r}: give another SU of the site, by name or 1-based index")
+    leaf_of = {(s.su, s.rail): s.name for s in plan.leaves}
+    for nl in plan.node_links:
+        if nl.node != node.name:
+            continue
+        leaf = leaf_of.get((su, nl.rail))
+        if leaf is None:
+            raise ConfigError(f"--move {spec!r}: the site is not rail-optimised")
+        ca = (f"{nl.node} {nl.hca}", 1)
+        if ca in model.far:
+            model.cut(ca)
+        model.connect(ca, (leaf, model.free_port(leaf, plan.downlinks_per_leaf)))
+
+
+def _add_storage(site: Site, plan: FabricPlan, model: _Model) -> None:
+    """Storage/management HCAs on their own leaves under one storage spine."""
+    down = site.leaf_downlinks
+    leaf_idx = port = 0
+    spine = "storage-spine-1"
+    for node in site.inventory.nodes:
+        for hca in site.node_types[node.node_type].hcas:
+            if hca.role == "compute":
+                continue
+            if spine not in model.switches:
+                model.switches[spine] = site.fabric.spine_radix
+                model.tier[spine] = "spine"
+            if port == 0 or port == down:
+                leaf_idx += 1
+                port = 0
+                leaf = f"storage-leaf-{leaf_idx}"
+                model.switches[leaf] = site.fabric.leaf_radix
+                model.tier[leaf] = "leaf"
+                model.connect((leaf, down + 1), (spine, leaf_idx))
+            port += 1
+            ca = f"{node.name} {hca.device}"
+            model.cas.append(ca)
+            model.connect((ca, 1), (f"storage-leaf-{leaf_idx}", port))
+
+
+def _switch_model(gbps: float) -> str:
+    return {400: "MQM9700", 200: "MQM8700", 100: "MSB7800", 800: "Q3400"}.get(int(gbps), "SW")
+
+
+def _render(model: _Model, site_name: str) -> str:
+    sw_names = list(model.switches)
+    sw_id = {n: f"S-{_SWITCH_GUID + i:016x}" for i, n in enumerate(sw_names)}
+    ca_guid = {c: _CA_GUID + 2 * i for i, c in enumerate(model.cas)}
+    lid = {n: i + 1 for i, n in enumerate(sw_names)}
+    for i, c in enumerate(model.cas):
+        lid[c] = len(sw_names) + i + 1
+    hw = _switch_model(model.gbps)
+    sw_desc = {n: f"MF0;{n}:{hw}/U1" for n in sw_names}
+    by_node: dict[str, list[tuple[int, str, int]]] = {}
+    for (name, port), (rname, rport) in model.far.items():
+        by_node.setdefault(name, []).append((port, rname, rport))
+    rates = model.rates
+    default = model.rate
+
+    def ident(n: str) -> str:
+        return sw_id[n] if n in sw_id else f"H-{ca_guid[n]:016x}"
+
+    def desc(n: str) -> str:
+        return sw_desc.get(n, n)
+
+    out = [
+        "#",
+        f"# Topology file: synthesized by slurmpod from the fabric plan of site {site_name}",
+        "#",
+        f"# Initiated from node {ca_guid[model.cas[0]]:016x} port {ca_guid[model.cas[0]] + 1:016x}"
+        if model.cas else "# Initiated from node 0000000000000000 port 0000000000000000",
+    ]
+    for n in sw_names:
+        guid = sw_id[n][2:]
+        out += ["", "vendid=0x2c9", "devid=0xd2f2", f"sysimgguid=0x{guid}",
+                f"switchguid=0x{guid}({guid.lstrip('0')})",
+                f'Switch\t{model.switches[n]} "{sw_id[n]}"\t\t# "{sw_desc[n]}" enhanced port 0 '
+                f"lid {lid[n]} lmc 0"]
+        for port, rname, rport in sorted(by_node.get(n, ())):
+            rate = rates.get(frozenset(((n, port), (rname, rport))), default) if rates else default
+            if rname in sw_id:
+                out.append(f'[{port}]\t"{sw_id[rname]}"[{rport}]\t\t# "{sw_desc[rname]}" '
+                           f"lid {lid[rname]} {rate}")
+            else:
+                g = ca_guid[rname]
+                out.append(f'[{port}]\t"H-{g:016x}"[{rport}]({g + 1:x}) \t\t# "{rname}" '
+                           f"lid {lid[rname]} {rate}")
+    for c in model.cas:
+        g = ca_guid[c]
+        out += ["", "vendid=0x2c9", "devid=0x1021", f"sysimgguid=0x{g:x}", f"caguid=0x{g:x}",
+                f'Ca\t1 "H-{g:016x}"\t\t# "{c}"']
+        for port, rname, rport in sorted(by_node.get(c, ())):
+            rate = rates.get(frozenset(((c, port), (rname, rport))), default) if rates else default
+            out.append(f'[{port}]({g + 1:x}) \t"{ident(rname)}"[{rport}]\t\t# lid {lid[c]} lmc 0 '
+                       f'"{desc(rname)}" lid {lid[rname]} {rate}')
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m slurmpod.fabric.synth",
+        description="Write the ibnetdiscover output a site's fabric plan implies.")
+    ap.add_argument("site", help="site file or built-in site name")
+    ap.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
+    for kind, meta in (("swap", "A,B"), ("missing", "EP"), ("slow", "EP[=RATE]"),
+                       ("move", "NODE=SU"), ("unknown-node", "HOST")):
+        ap.add_argument(f"--{kind}", action="append", default=[], metavar=meta)
+    ap.add_argument("--storage", action="store_true", help="add storage/management HCAs")
+    args = ap.parse_args(argv)
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.fsutil import write_atomic
+
+    try:
+        site = load_site(resolve_site_path(args.site))
+        faults = [Fault(kind, spec) for kind in ("swap", "missing", "slow", "move", "unknown-node")
+                  for spec in getattr(args, kind.replace("-", "_"))]
+        text = synthesize(site, faults=faults, storage=args.storage)
+        if args.output == "-":
+            sys.stdout.write(text)
+        else:
+            write_atomic(Path(args.output), text)
+    except SlurmpodError as exc:
+        print(f"slurmpod: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
