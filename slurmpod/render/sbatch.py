@@ -42,13 +42,13 @@ _SLURM_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@/=+%^-]+$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def slurm_quote(value: object) -> str:
+def slurm_quote(value: object, key: str = "value") -> str:
     """Quote one value for sbatch's `#SBATCH` tokenizer (not for bash: those lines are comments
     to bash). Control characters cannot be carried on one line and are refused."""
     text = str(value)
     if _CONTROL.search(text):
-        raise ConfigError(f"{text!r} holds a newline or control character, which an #SBATCH "
-                          "line cannot carry; remove it")
+        raise ConfigError(f"--{key} {text!r} holds a newline, tab or control character, which "
+                          "an #SBATCH line cannot carry; remove it")
     if _SLURM_PLAIN.match(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -62,7 +62,7 @@ def sbatch_line(key: str, value: object = True) -> str | None:
         raise ValueError(f"not an sbatch long option: {key!r}")
     if value is True:
         return f"#SBATCH --{key}"
-    return f"#SBATCH --{key}={slurm_quote(value)}"
+    return f"#SBATCH --{key}={slurm_quote(value, key)}"
 
 
 @dataclass(frozen=True)

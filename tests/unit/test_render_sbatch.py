@@ -1,0 +1,292 @@
+"""Rendered sbatch scripts: #SBATCH quoting, placement by topology, the Megatron command line,
+golden scripts (SLURMPOD_UPDATE_GOLDEN=1 rewrites them) and `bash -n` on every one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmpod.config import builtin_site_path, load_site, read_toml, validate
+from slurmpod.errors import ConfigError
+from slurmpod.megatron.runspec import run_from_dict
+from slurmpod.model.site import Site
+from slurmpod.render import launch
+from slurmpod.render.sbatch import (
+    PlanFacts,
+    RenderOptions,
+    build_context,
+    render_script,
+    sbatch_line,
+    segment_size,
+)
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
+C_SPACE = " \t\n\v\f\r"
+
+
+def slurm_tokens(line: str) -> list[str]:
+    """sbatch's own reading of one `#SBATCH` line, ported from src/sbatch/opt.c
+    `_get_argument` (22.05): backslash escapes the next character even inside quotes,
+    '…' or "…" group, unquoted `#` ends the line, C-locale whitespace separates."""
+    assert line.startswith("#SBATCH")
+    s, i, out = line[len("#SBATCH"):], 0, []
+    while True:
+        while i < len(s) and s[i] in C_SPACE:
+            i += 1
+        if i >= len(s):
+            return out
+        arg: list[str] = []
+        quoted, q, esc = False, "", False
+        while i < len(s) and (quoted or s[i] not in C_SPACE):
+            c = s[i]
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc, i = True, i + 1
+                continue
+            elif quoted:
+                if c == q:
+                    quoted, i = False, i + 1
+                    continue
+            elif c in "\"'":
+                quoted, q, i = True, c, i + 1
+                continue
+            elif c == "#":
+                return [*out, "".join(arg)] if arg else out
+            arg.append(c)
+            i += 1
+        assert not quoted, f"unmatched quote in {line!r}"
+        if not arg:
+            return out
+        out.append("".join(arg))
+
+
+def sandbox() -> Site:
+    return load_site(builtin_site_path("sandbox"))
+
+
+def site_variant(**changes: Any) -> Site:
+    """The sandbox site with some tables changed (roce fabric, NVL block topology, …)."""
+    data = read_toml(builtin_site_path("sandbox"))
+    for path, value in changes.items():
+        node = data
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return validate(Site, data, "variant.toml")
+
+
+def run_spec(job: dict[str, Any] | None = None, **megatron: Any) -> Any:
+    mg = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,
+          "vocab_size": 1000, "tensor_model_parallel_size": 8, "global_batch_size": 16,
+          "train_iters": 100}
+    mg.update(megatron)
+    return run_from_dict({"job": {"name": "golden", "nodes": 2, **(job or {})},
+                          "megatron": mg}, "run.toml")
+
+
+def facts(nodes: int, min_sus: int = 1, gpn: int = 8) -> PlanFacts:
+    return PlanFacts(nodes=nodes, gpus_per_node=gpn, min_sus=min_sus, min_blocks=1,
+                     flops_per_iteration=1.25e15, peak_tflops=989.0, formula="test-1")
+
+
+# -- #SBATCH lines ---------------------------------------------------------------------------
+
+def test_sbatch_line_forms() -> None:
+    assert sbatch_line("exclusive", True) == "#SBATCH --exclusive"
+    assert sbatch_line("account", None) is None
+    assert sbatch_line("requeue", False) is None
+    assert sbatch_line("nodes", 4) == "#SBATCH --nodes=4"
+    assert sbatch_line("signal", "B:TERM@300") == "#SBATCH --signal=B:TERM@300"
+    with pytest.raises(ValueError):
+        sbatch_line("--nodes", 1)
+
+
+HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/x)", "`id`", "a;b", "x # y", "back\\slash",
+           "\\\"'", "ünïcode ✓", "", "%j-%x", "-N 999"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_sbatch_line_round_trips_through_slurms_tokenizer(value: str) -> None:
+    line = sbatch_line("job-name", value)
+    assert line is not None
+    assert slurm_tokens(line) == [f"--job-name={value}"]
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_sbatch_line_property(value: str) -> None:
+    line = sbatch_line("comment", value)
+    assert line is not None and "\n" not in line
+    assert slurm_tokens(line) == [f"--comment={value}"]
+
+
+@pytest.mark.parametrize("bad", ["two\nlines", "cr\r", "nul\x00", "tab\there"])
+def test_control_characters_refused(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        sbatch_line("job-name", bad)
+
+
+# -- placement and derived values ------------------------------------------------------------
+
+def _directives(site: Site, nodes: int, min_sus: int, **opts: Any) -> dict[str, str | bool]:
+    ctx = build_context(run_spec({"nodes": nodes}), site, facts(nodes, min_sus),
+                        RenderOptions(run_dir="/r", **opts))
+    out: dict[str, str | bool] = {}
+    for line in ctx.directives:
+        (tok,) = slurm_tokens(line)
+        key, sep, value = tok[2:].partition("=")
+        out[key] = value if sep else True
+    return out
+
+
+def test_whole_node_directives_and_tree_placement() -> None:
+    d = _directives(sandbox(), 8, 2, switch_wait="01:00:00")
+    assert d["nodes"] == "8" and d["ntasks-per-node"] == "8" and d["gpus-per-node"] == "8"
+    assert d["exclusive"] is True and d["mem"] == "0" and d["requeue"] is True
+    assert d["switches"] == "2@01:00:00"
+    assert d["signal"] == "B:TERM@300"
+    assert "USR1" not in str(d["signal"])
+    assert "segment" not in d and "nodelist" not in d
+
+
+def test_block_topology_uses_segment_never_nodelist() -> None:
+    # 4 emulated nodes of 8 GPUs share one 32-GPU NVLink domain; Slurm 24.11 block topology.
+    site = site_variant(node_types__emu8__nvlink_domain_gpus=32, su_groups=[
+        {"node_type": "emu8", "sus": 4, "nodes_per_su": 4, "nodes_per_rack": 4}],
+        slurm={"version": "24.11", "cluster_name": "nvl", "topology": "block"})
+    assert site.topology_plugin == "block"
+    d = _directives(site, 8, 2)
+    assert d["segment"] == "4"
+    assert "switches" not in d and "nodelist" not in d
+    assert _directives(site, 3, 1)["segment"] == "3"
+
+
+@pytest.mark.parametrize(("nodes", "domain", "want"), [(36, 18, 18), (8, 18, 8), (20, 18, 10),
+                                                       (17, 4, 1), (24, 18, 12)])
+def test_segment_size_divides_nodes_and_fits_domain(nodes: int, domain: int, want: int) -> None:
+    seg = segment_size(nodes, domain)
+    assert seg == want and nodes % seg == 0 and seg <= max(domain, 1)
+
+
+def test_spares_chain_and_comment() -> None:
+    d = _directives(sandbox(), 4, 1, spares=2, chain=3, token="abc")
+    assert d["nodes"] == "6" and d["no-kill"] is True and d["dependency"] == "singleton"
+    import json
+
+    comment = json.loads(str(d["comment"]))
+    assert comment["run"] == "golden" and comment["gpus"] == 32 and comment["token"] == "abc"
+    assert comment["flops_per_iter"] == 1.25e15 and comment["peak_tflops"] == 989.0
+
+
+@pytest.mark.parametrize(("limit", "minutes"), [("30", 30), ("1:30", 1), ("02:00:00", 120),
+                                                ("1-00:00:00", 1440), ("2-12", 3600),
+                                                ("INFINITE", None)])
+def test_time_limit_minutes(limit: str, minutes: int | None) -> None:
+    assert launch.parse_time_limit_min(limit) == minutes
+
+
+def test_exit_duration_leaves_signal_lead_and_save_margin() -> None:
+    ctx = build_context(run_spec({"time_limit": "04:00:00"}), sandbox(), facts(2),
+                        RenderOptions(run_dir="/r", signal_lead_s=600, save_margin_min=5))
+    cmd = list(ctx.command)
+    assert cmd[cmd.index("--exit-duration-in-mins") + 1] == str(240 - 10 - 5)
+
+
+def test_megatron_argv_flags_lists_store_false_and_passthrough() -> None:
+    argv = launch.megatron_argv({
+        "num_layers": 2, "swiglu": True, "bf16": False, "masked_softmax_fusion": False,
+        "add_bias_linear": True, "lr": 3e-4, "data_path": ["1.0", "a b"], "eval_iters": None,
+        "my_new_arg": "x",
+    })
+    assert argv == ["--num-layers", "2", "--swiglu", "--no-masked-softmax-fusion", "--lr",
+                    "0.0003", "--data-path", "1.0", "a b", "--my-new-arg", "x"]
+
+
+def test_user_checkpoint_args_win_and_derived_added() -> None:
+    ctx = build_context(run_spec(save="/mine"), sandbox(), facts(2),
+                        RenderOptions(run_dir="/r"))
+    cmd = list(ctx.command)
+    assert cmd[cmd.index("--save") + 1] == "/mine"
+    assert cmd[cmd.index("--load") + 1] == "/r/checkpoints"
+    for flag in ("--log-throughput", "--exit-signal-handler"):
+        assert cmd.count(flag) == 1
+
+
+# -- golden scripts --------------------------------------------------------------------------
+
+def _golden_cases() -> dict[str, str]:
+    superpod = load_site(builtin_site_path("dgx-h100-superpod"))
+    roce = site_variant(fabric={"kind": "roce", "rails": 8, "link_gbps": 400,
+                                "leaf_radix": 16, "spine_radix": 16})
+    block = site_variant(node_types__emu8__nvlink_domain_gpus=32, su_groups=[
+        {"node_type": "emu8", "sus": 4, "nodes_per_su": 4, "nodes_per_rack": 4}],
+        slurm={"version": "24.11", "cluster_name": "nvl", "topology": "block"})
+    cases = {
+        "sandbox-2su": (sandbox(), run_spec({"nodes": 8, "time_limit": "00:30:00"}),
+                        facts(8, 2), RenderOptions(run_dir="/scratch/runs/sandbox-2su")),
+        "superpod-sharp-container": (
+            superpod,
+            run_spec({"nodes": 64, "partition": "batch", "account": "ml", "qos": "high",
+                      "time_limit": "2-00:00:00",
+                      "container_image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                      "container_mounts": ["/lustre:/lustre", "/home/me/data:/data"],
+                      "checkpoint_dir": "/lustre/ckpt/gpt", "env": {"WANDB_MODE": "offline"}},
+                     tensor_model_parallel_size=8, pipeline_model_parallel_size=4),
+            facts(64, 2), RenderOptions(site_label="dgx-h100-superpod",
+                                        run_dir="/lustre/runs/gpt", nccl_version="2.21.5")),
+        "roce-debug": (roce, run_spec({"nodes": 2}), facts(2),
+                       RenderOptions(run_dir="/r/roce", nccl_debug=True, nccl_version="2.19.3",
+                                     cpu_bind="slurm")),
+        "block-spares-chain": (block, run_spec({"nodes": 8}), facts(8, 2),
+                               RenderOptions(run_dir="/r/nvl", spares=1, chain=3,
+                                             max_restarts=5, monitor=False)),
+    }
+    return {name: render_script(build_context(run, site, f, o))
+            for name, (site, run, f, o) in cases.items()}
+
+
+def test_golden_scripts() -> None:
+    rendered = _golden_cases()
+    update = os.environ.get("SLURMPOD_UPDATE_GOLDEN") == "1"
+    for name, text in rendered.items():
+        path = GOLDEN / f"{name}.sbatch"
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        assert path.exists(), f"missing golden {path}; run with SLURMPOD_UPDATE_GOLDEN=1"
+        assert text == path.read_text(), f"{name} differs from {path}"
+
+
+def test_every_golden_script_parses_in_bash() -> None:
+    files = sorted(GOLDEN.glob("*.sbatch"))
+    assert len(files) >= 4
+    for f in files:
+        proc = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{f.name}: {proc.stderr}"
+        lines = f.read_text().splitlines()
+        assert lines[0] == "#!/bin/bash" and "Generated by slurmpod" in lines[1]
+        # sbatch stops reading directives at the first command: all must come before it.
+        first_cmd = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
+        assert all(i < first_cmd for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
+
+
+def test_site_template_dir_overrides_a_block(tmp_path: Path) -> None:
+    (tmp_path / "sbatch").mkdir()
+    (tmp_path / "sbatch" / "megatron.sbatch.j2").write_text(
+        '{% extends "sbatch/megatron-base.sbatch.j2" %}\n'
+        "{% block accounting_monitor %}\n# site monitor\n"
+        "start_monitor() { true; }\nstop_monitor() { true; }\n{% endblock %}\n")
+    ctx = build_context(run_spec(), sandbox(), facts(2), RenderOptions(run_dir="/r"))
+    text = render_script(ctx, template_dirs=[tmp_path])
+    assert "# site monitor" in text and "hook monitor" not in text
+    assert "#SBATCH --exclusive" in text
+    with pytest.raises(ConfigError, match="not found"):
+        render_script(ctx, template="sbatch/nope.j2")
