@@ -166,12 +166,40 @@ class Naming(_Strict):
     first_node: int = Field(1, ge=0)
 
 
+# PartitionName options of slurm.conf(5) (Slurm 22.05 - 25.05) accepted in `partitions.extra`.
+PARTITION_KEYS = (
+    "AllocNodes", "AllowAccounts", "AllowGroups", "AllowQos", "Alternate", "CpuBind",
+    "DefCpuPerGPU", "DefMemPerCPU", "DefMemPerGPU", "DefMemPerNode", "DefaultTime",
+    "DenyAccounts", "DenyQos", "DisableRootJobs", "ExclusiveTopo", "ExclusiveUser", "GraceTime",
+    "Hidden", "LLN", "MaxCPUsPerNode", "MaxCPUsPerSocket", "MaxMemPerCPU", "MaxMemPerNode",
+    "MaxNodes", "MinNodes", "OverSubscribe", "OverTimeLimit", "PowerDownOnIdle", "PreemptMode",
+    "PriorityJobFactor", "PriorityTier", "QOS", "ReqResv", "ResumeTimeout", "RootOnly",
+    "SelectTypeParameters", "State", "SuspendTime", "SuspendTimeout", "TRESBillingWeights",
+    "Topology",
+)
+
+
 class Partition(_Strict):
     name: SlurmName
     default: bool = False
     max_time: str = Field("INFINITE", pattern=r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
     sus: list[int] | Literal["all"] = "all"
     extra: dict[str, str] = Field(default_factory=dict, description="more PartitionName options")
+
+    @model_validator(mode="after")
+    def _extra_is_slurm(self) -> Partition:
+        known = {k.lower(): k for k in PARTITION_KEYS}
+        for key, value in self.extra.items():
+            if key.lower() in ("nodes", "partitionname", "default", "maxtime"):
+                raise ValueError(
+                    f"extra: set {key!r} through the partition's own keys (sus, default, "
+                    "max_time), not extra"
+                )
+            if key.lower() not in known:
+                raise ValueError(f"extra: {key!r} is not a PartitionName option of slurm.conf(5)")
+            if not value or re.search(r"[\s#=]", value):
+                raise ValueError(f"extra.{key}: {value!r} must be one word without '#' or '='")
+        return self
 
 
 class SlurmTarget(_Strict):
