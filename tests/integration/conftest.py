@@ -1,0 +1,221 @@
+"""Integration tests run against a real Slurm: slurmpod's own sandbox, started once per session.
+
+Every test under tests/integration/ gets the `slurm` marker automatically.
+
+Fixture `sandbox` (session scope) -> `SandboxFixture`, with:
+
+- `sb`: the `slurmpod.sandbox.cluster.Sandbox` (its `state_dir`, `slurm_conf`, `spool_dir`,
+  `log_dir`, `status()`); the built-in `sandbox` site, 16 nodes of 8 emulated GPUs in 4 SUs.
+- `env`: a full environment dict for subprocesses (os.environ without inherited SLURM_* job
+  variables, plus SLURM_CONF and SLURMPOD_SANDBOX; sbin directories on PATH).
+- `site`, `inventory`: the site model and its nodes (`inventory.nodes_in_su(i)`, `su_names`).
+- `etc(name)`: text of a file Slurm reads (`slurm.conf`, `nodes.conf`, `gres.conf`,
+  `topology.conf`, …) as installed in the sandbox.
+- `run(argv, timeout_s=60, check=True)`: run any command with `env`, always under a timeout;
+  returns `CompletedProcess[str]`; a non-zero exit fails the test with stderr when `check`.
+- `sbatch(*args, timeout_s=30) -> job id`: `sbatch --parsable` with your args (output goes to
+  a file in `tmp_dir` unless you pass `-o`).
+- `wait_job(job_id, timeout_s=120) -> dict`: waits until the job has finished *and* slurmdbd
+  has its complete record (see the method), then returns that job's `sacct --json` entry.
+- `wait_running(job_id, timeout_s=60)`: waits until the job runs.
+- `nodes_of(job_id) -> list[str]`: the job's expanded node list (from squeue/sacct).
+- `cancel(*job_ids)`: scancel and wait until they are gone from the running set.
+- `tmp_dir`: a session scratch directory under /tmp readable by the Slurm daemons.
+
+Rules for tests that share it: leave the cluster idle (cancel what you start), do not change
+its configuration, and keep every command under a timeout.
+
+When Slurm, munge or MariaDB are not installed the tests skip locally, but FAIL when `CI` is
+set (CI must run them; `bash .ci/install` installs the packages). `SLURMPOD_KEEP_SANDBOX=1`
+keeps the state directory (logs) after the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmpod.errors import ConfigError, SlurmpodError
+from slurmpod.model.hostlist import expand
+from slurmpod.model.site import Inventory, Site
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+def require_sandbox_tools() -> None:
+    """Skip when the system packages are missing, but fail under CI (they must run there)."""
+    from slurmpod.sandbox.prereqs import find_tools
+
+    try:
+        find_tools()
+    except ConfigError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the real-Slurm tests: {exc.message}", pytrace=False)
+        pytest.skip(f"real Slurm not available: {exc.message}")
+
+
+def new_state_dir(prefix: str) -> Path:
+    """A fresh directory under /tmp (never the repository): concurrent runs do not clash."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@dataclass
+class SandboxFixture:
+    sb: Any  # slurmpod.sandbox.cluster.Sandbox
+    site: Site
+    tmp_dir: Path
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.site.inventory
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.sb.client_env()
+
+    def etc(self, name: str) -> str:
+        return (self.sb.slurm_conf.parent / name).read_text()
+
+    def run(self, argv: Sequence[str], timeout_s: float = 60, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        try:
+            cp = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                                env=self.env, stdin=subprocess.DEVNULL, check=False,
+                                cwd=self.tmp_dir)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`{' '.join(argv)}` did not finish within {timeout_s} s", pytrace=False)
+        if check and cp.returncode != 0:
+            pytest.fail(f"`{' '.join(argv)}` exited {cp.returncode}: {cp.stderr.strip()}",
+                        pytrace=False)
+        return cp
+
+    def sbatch(self, *args: str, timeout_s: float = 30) -> str:
+        argv = ["sbatch", "--parsable", *args]
+        if not any(a in ("-o", "--output") or a.startswith("--output=") for a in args):
+            argv.insert(2, f"--output={self.tmp_dir}/slurm-%j.out")
+        return self.run(argv, timeout_s=timeout_s).stdout.strip().split(";")[0]
+
+    def squeue_state(self, job_id: str) -> str:
+        cp = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+        return cp.stdout.strip()
+
+    def wait_running(self, job_id: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.squeue_state(job_id)
+            if state == "RUNNING":
+                return
+            if state in TERMINAL:
+                pytest.fail(f"job {job_id} ended ({state}) before it was seen running")
+            time.sleep(0.2)
+        pytest.fail(f"job {job_id} not running after {timeout_s} s "
+                    f"(state {self.squeue_state(job_id)!r})")
+
+    def sacct_job(self, job_id: str) -> dict[str, Any] | None:
+        cp = self.run(["sacct", "--json", "-j", job_id], check=False, timeout_s=30)
+        if cp.returncode != 0:
+            return None
+        for job in json.loads(cp.stdout).get("jobs", []):
+            if str(job.get("job_id")) == job_id:
+                return job
+        return None
+
+    def wait_job(self, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
+        """The job's sacct --json record once it has finished and is complete.
+
+        slurmdbd can store a job's end before its start (Slurm 22.05): for about a second sacct
+        then shows a terminal state with name "allocation", no partition and only the first
+        node. A complete record has its partition.
+        """
+        deadline = time.monotonic() + timeout_s
+        job: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            job = self.sacct_job(job_id)
+            if job is not None and _sacct_state(job) in TERMINAL and job.get("partition"):
+                return job
+            time.sleep(0.3)
+        pytest.fail(f"job {job_id} not finished in accounting after {timeout_s} s "
+                    f"(squeue: {self.squeue_state(job_id)!r}, sacct: "
+                    f"{_sacct_state(job) if job else 'no record'})")
+
+    def nodes_of(self, job_id: str) -> list[str]:
+        cp = self.run(["squeue", "-h", "-j", job_id, "-o", "%N"], check=False)
+        text = cp.stdout.strip()
+        if not text:
+            job = self.sacct_job(job_id)
+            text = str((job or {}).get("nodes", ""))
+        return expand(text) if text and text != "None assigned" else []
+
+    def cancel(self, *job_ids: str) -> None:
+        if not job_ids:
+            return
+        self.run(["scancel", *job_ids], check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cp = self.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], check=False)
+            if not cp.stdout.strip():
+                return
+            time.sleep(0.2)
+
+
+def _sacct_state(job: dict[str, Any]) -> str:
+    state = job.get("state", {})
+    # 22.05 (dbv0.0.38): {"current": "COMPLETED"}; 24.11: {"current": ["COMPLETED"]}.
+    cur = state.get("current") if isinstance(state, dict) else state
+    if isinstance(cur, list):
+        cur = cur[0] if cur else ""
+    return str(cur)
+
+
+def start_sandbox(state_dir: Path, site: Path | str | None = None, **kw: Any) -> Any:
+    """Bring a sandbox up for a test; on failure, fail with the error and its hint."""
+    from slurmpod.sandbox.cluster import Sandbox
+
+    sb = Sandbox(state_dir, site, **kw)
+    try:
+        sb.up()
+    except SlurmpodError as exc:
+        with contextlib.suppress(Exception):
+            sb.down()
+        pytest.fail(f"sandbox up failed: {exc.message}\n{exc.hint or ''}", pytrace=False)
+    return sb
+
+
+def finish_sandbox(sb: Any) -> None:
+    sb.down()
+    if not os.environ.get("SLURMPOD_KEEP_SANDBOX"):
+        shutil.rmtree(sb.state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[SandboxFixture]:
+    require_sandbox_tools()
+    from slurmpod.config import load_site, resolve_site_path
+
+    state = new_state_dir("slurmpod-it-")
+    scratch = state / "work"
+    scratch.mkdir()
+    sb = start_sandbox(state)
+    try:
+        yield SandboxFixture(sb, load_site(resolve_site_path(None)), scratch)
+    finally:
+        finish_sandbox(sb)
