@@ -149,12 +149,14 @@ class Spool:
         finally:
             os.close(fd)
 
-    def flush(self, deliver: Deliver, *, blocking: bool = True) -> FlushResult:
+    def flush(self, deliver: Deliver, *, blocking: bool = True,
+              stop_after_failures: int | None = None) -> FlushResult:
         """Try every pending update once; delivered ones are removed, others stay queued.
 
         `put` takes no lock (an epilog must never wait on a slow flush), so a pending file is
         first renamed to `*.inflight`: a `put` during the delivery creates a fresh pending file
         that the flush must not delete. A failed one is linked back only when no newer exists.
+        `stop_after_failures` bounds the time spent when Slurm is down (an epilog uses 1).
         """
         result = FlushResult()
         with self.locked(blocking) as got:
@@ -163,6 +165,8 @@ class Spool:
             for stale in sorted(self.pending.glob("*.json.inflight")):
                 self._restore(stale)  # left by a flush that crashed mid-delivery
             for path in sorted(self.pending.glob("*.json")):
+                if stop_after_failures is not None and len(result.failed) >= stop_after_failures:
+                    break
                 inflight = path.with_name(path.name + ".inflight")
                 try:
                     os.rename(path, inflight)

@@ -1,0 +1,246 @@
+"""`slurmpod hook epilog`: the EpilogSlurmctld hook that stores a job's final MFU summary.
+
+Runs as SlurmUser on the controller after every job (Slurm 22.05: the job is already COMPLETING,
+so slurmctld refuses updates to it; the AdminComment goes to slurmdbd through sacctmgr). It
+
+1. reads the job's log, safely (safeio: no symlinks, owner must be the job's uid, size-capped);
+2. computes the summary (slurmpod's FLOPs model, the peak from the Comment or the site);
+3. writes a per-job record (summary + time series) into the spool, atomically;
+4. sets the AdminComment through `sacctmgr -i modify job where jobid=N set AdminComment=...`; if
+   slurmdbd does not take it, the update is queued in the spool and the next epilog (or
+   `slurmpod hook flush`) delivers it;
+5. delivers whatever earlier epilogs left queued.
+
+It never fails the epilog: every error is logged to `<spool>/hook.log` and it returns 0. A slow
+slurmdbd cannot hold it past `PrologEpilogTimeout`: every command has a timeout and the flush
+stops at the first failure (slurmdbd is down; the rest waits for the next run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slurmpod.accounting import hooks
+from slurmpod.accounting.safeio import (
+    DEFAULT_HEAD_BYTES,
+    DEFAULT_TAIL_BYTES,
+    UnsafeFileError,
+    expand_output_pattern,
+    read_job_file,
+)
+from slurmpod.accounting.spool import Deliver, DeliveryError, Spool, safe_job_id
+
+log = logging.getLogger("slurmpod.hook")
+SPOOL_ENV = "SLURMPOD_SPOOL"
+DEFAULT_SPOOL = "/var/spool/slurmpod"
+COMMAND_TIMEOUT_S = 20.0
+# sacctmgr/scontrol stderr when slurmdbd or slurmctld cannot be reached (22.05 – 24.11)
+_UNREACHABLE = ("Connection refused", "Problem talking to the database", "PersistInit",
+                "Unable to contact slurm controller", "Socket timed out", "timed out")
+
+
+def setup_logging(spool_root: Path) -> logging.Handler | None:
+    """Log to `<spool>/hook.log` (and stderr, which the epilog wrapper may redirect)."""
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s")
+    handler: logging.Handler | None = None
+    try:
+        handler = logging.FileHandler(spool_root / "hook.log", encoding="utf-8")
+    except OSError:
+        handler = None
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    if handler is not None:
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    err = logging.StreamHandler()
+    err.setFormatter(fmt)
+    log.addHandler(err)
+    return handler
+
+
+def slurm_deliver(run: Callable[[list[str], float], tuple[int, str, str]]) -> Deliver:
+    """Deliver updates with Slurm's commands. `run(argv, timeout_s) -> (rc, stdout, stderr)`."""
+
+    def deliver(job_id: str, kind: str, value: str) -> None:
+        if kind == "admin_comment":
+            # One argv element: sacctmgr takes everything after `AdminComment=`; no shell.
+            argv = ["sacctmgr", "-i", "modify", "job", "where", f"JobID={job_id}", "set",
+                    f"AdminComment={value}"]
+        elif kind == "comment":
+            argv = ["scontrol", "update", f"JobId={job_id}", f"Comment={value}"]
+        else:
+            raise DeliveryError(f"unknown update kind {kind!r}", retry=False)
+        try:
+            rc, out, err = run(argv, COMMAND_TIMEOUT_S)
+        except OSError as exc:
+            raise DeliveryError(f"{argv[0]}: {exc}") from None
+        text = f"{out}\n{err}".strip()
+        # sacctmgr 22.05 exits 1 with " Nothing modified" when the job is not (yet) in slurmdbd:
+        # slurmctld may still hold the job's start record in its queue. Keep it for later.
+        if rc != 0 or "Nothing modified" in text or "Error" in text:
+            last = text.splitlines()[-1].strip() if text else f"exit {rc}"
+            raise DeliveryError(f"{argv[0]} exited {rc}: {last}",
+                                retry=rc != 0 or "Nothing modified" in text)
+
+    return deliver
+
+
+def local_run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """Run a Slurm command here (argv list, never a shell) through slurmpod's LocalRunner."""
+    from slurmpod.errors import CommandError
+    from slurmpod.transport.local import LocalRunner
+
+    try:
+        res = LocalRunner().run(argv, timeout_s=timeout_s, check=False)
+    except CommandError as exc:  # not found, or timed out
+        return exc.returncode, "", exc.stderr or exc.message
+    return res.returncode, res.stdout, res.stderr
+
+
+def job_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The EpilogSlurmctld environment (Slurm 22.05 `job_common_env_vars`), typed."""
+
+    def _int(name: str) -> int | None:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            return None
+
+    return {
+        "job_id": env.get("SLURM_JOB_ID", ""),
+        "uid": _int("SLURM_JOB_UID"),
+        "user": env.get("SLURM_JOB_USER", ""),
+        "name": env.get("SLURM_JOB_NAME", ""),
+        "nodelist": env.get("SLURM_JOB_NODELIST", ""),
+        "n_nodes": _int("SLURM_JOB_NUM_NODES"),
+        "restart": _int("SLURM_JOB_RESTART_COUNT") or 0,
+        "exit_code": env.get("SLURM_JOB_EXIT_CODE2", ""),
+        "derived_ec": _int("SLURM_JOB_DERIVED_EC"),
+        "partition": env.get("SLURM_JOB_PARTITION", ""),
+        "comment": env.get("SLURM_JOB_COMMENT", ""),
+        # Not set by 22.05; set by later releases (and by tests): used when present.
+        "start_time": _int("SLURM_JOB_START_TIME"),
+        "end_time": _int("SLURM_JOB_END_TIME"),
+        "gpus": env.get("SLURM_JOB_GPUS", ""),
+        "work_dir": env.get("SLURM_JOB_WORK_DIR", ""),
+    }
+
+
+def build_record(job: Mapping[str, Any], log_path: str, read_info: Mapping[str, Any],
+                 summary: Mapping[str, Any], series: Mapping[str, Any], admin_comment: str,
+                 now_s: float) -> dict[str, Any]:
+    """The spool record (v1): what the AdminComment says, plus the time series and provenance."""
+    return {
+        "v": hooks.RECORD_V,
+        "job": {k: job.get(k) for k in ("job_id", "uid", "user", "name", "nodelist", "n_nodes",
+                                        "restart", "exit_code", "derived_ec", "partition",
+                                        "start_time", "end_time")},
+        "comment": hooks.decode_field(job.get("comment")) or {},
+        "log": {"path": log_path, **read_info},
+        "summary": dict(summary),
+        "admin_comment": admin_comment,
+        "series": dict(series),
+        "written": int(now_s),
+    }
+
+
+def run_epilog(
+    env: Mapping[str, str],
+    spool_dir: Path | str,
+    *,
+    deliver: Deliver | None = None,
+    summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None = None,
+    head_bytes: int = DEFAULT_HEAD_BYTES,
+    tail_bytes: int = DEFAULT_TAIL_BYTES,
+    peak_tflops: float | None = None,
+    now: Callable[[], float] = time.time,
+) -> int:
+    """Do everything the module docstring lists. Returns 0, always."""
+    try:
+        spool = Spool(spool_dir)
+    except OSError as exc:
+        logging.getLogger("slurmpod.hook").error("spool %s unusable: %s", spool_dir, exc)
+        return 0
+    handler = setup_logging(spool.root)
+    try:
+        _epilog(env, spool, deliver or slurm_deliver(local_run), summarise, head_bytes,
+                tail_bytes, peak_tflops, now)
+    except Exception:  # never fail the epilog: record the bug and go on
+        log.exception("epilog for job %s failed", env.get("SLURM_JOB_ID", "?"))
+    finally:
+        if handler is not None:
+            handler.close()
+            log.removeHandler(handler)
+    return 0
+
+
+def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
+            summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
+            head_bytes: int, tail_bytes: int, peak_tflops: float | None,
+            now: Callable[[], float]) -> None:
+    job = job_from_env(env)
+    try:
+        job_id = safe_job_id(job["job_id"])
+    except ValueError:
+        log.error("no usable SLURM_JOB_ID (%r): nothing to do", job["job_id"])
+        return
+    log_path = expand_output_pattern(env.get("SLURM_JOB_STDOUT", ""), env)
+    summary: dict[str, Any]
+    series: dict[str, Any] = {}
+    read_info: dict[str, Any] = {}
+    if job["uid"] is None:
+        summary = {"err": "no-uid"}
+        log.error("job %s: SLURM_JOB_UID missing; log not read", job_id)
+    else:
+        try:
+            got = read_job_file(log_path, job["uid"], head_bytes=head_bytes,
+                                tail_bytes=tail_bytes)
+        except UnsafeFileError as exc:
+            summary = {"err": exc.reason}
+            read_info = {"refused": exc.reason}
+            log.warning("job %s: log %s refused (%s)%s; no data read", job_id, log_path,
+                        exc.reason, f": {exc.detail}" if exc.detail else "")
+        except OSError as exc:
+            summary = {"err": "unreadable"}
+            read_info = {"refused": "unreadable"}
+            log.warning("job %s: log %s unreadable: %s", job_id, log_path, exc)
+        else:
+            read_info = {"bytes": got.size, "truncated": got.truncated}
+            if summarise is None:
+                from slurmpod.accounting.figures import summarise_log as summarise
+            try:
+                summary, series = summarise(got.data, job, peak_tflops=peak_tflops)
+            except Exception as exc:  # a parser bug must not cost the record
+                log.exception("job %s: summarising %s failed", job_id, log_path)
+                summary = {"err": f"summary-{type(exc).__name__}"}
+    admin = hooks.build_admin_comment(summary)
+    record = build_record(job, log_path, read_info, summary, series, admin, now())
+    try:
+        path = spool.write_record(job_id, job["restart"], record)
+        log.info("job %s: record %s, admin comment %s", job_id, path, admin)
+    except OSError as exc:
+        log.error("job %s: cannot write record: %s", job_id, exc)
+    try:
+        deliver(job_id, "admin_comment", admin)
+        log.info("job %s: admin comment delivered", job_id)
+        delivered = True
+    except DeliveryError as exc:
+        spool.put(job_id, "admin_comment", admin, error=str(exc))
+        log.warning("job %s: admin comment queued in the spool (%s)", job_id, exc)
+        delivered = False
+    if delivered and spool.list_pending():
+        result = spool.flush(deliver, blocking=False, stop_after_failures=1)
+        if result.delivered or result.failed:
+            log.info("flush: delivered %s, still pending %s", result.delivered, result.failed)
+
+
+def default_spool(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get(SPOOL_ENV) or DEFAULT_SPOOL)

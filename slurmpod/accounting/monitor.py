@@ -1,0 +1,229 @@
+"""`slurmpod hook monitor`: follow a running job's log and keep its Comment showing live MFU.
+
+Started in the background by the rendered sbatch script on the batch host, as the job's user.
+Every `interval_s` it parses what the log gained since the last look (a fresh incremental parser
+per chunk, so memory stays bounded by one chunk plus a window of recent iterations, whatever the
+job's length), and sets the job's Comment (Comment v1, see `hooks.build_comment`) with
+`scontrol update JobId=N Comment=...` through the CLI backend. It stops when the job is no longer
+RUNNING, when the batch script that started it is gone, or on SIGTERM/SIGINT (the sbatch script's
+`stop_monitor`) after one last update. Failing updates are logged and retried next interval; the
+monitor never fails the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmpod.accounting import hooks
+from slurmpod.accounting.figures import JobParams, LiveWindow, job_params
+
+log = logging.getLogger("slurmpod.hook.monitor")
+FIRST_POLL_HEAD_BYTES = 1 << 20  # the arguments dump is near the start
+MAX_CHUNK_BYTES = 64 << 20  # a poll reads at most this much; a bigger backlog is skipped to its end
+
+
+class LogTail:
+    """Follows a growing file by offset; notices truncation or replacement (same path, new inode).
+
+    `read_new()` returns only complete lines; a partial last line waits for the next call.
+    """
+
+    def __init__(self, path: str | Path, max_chunk_bytes: int = MAX_CHUNK_BYTES,
+                 head_bytes: int = FIRST_POLL_HEAD_BYTES) -> None:
+        self.path = Path(path)
+        self.max_chunk_bytes = max_chunk_bytes
+        self.head_bytes = head_bytes
+        self.offset = 0
+        self.ino: tuple[int, int] | None = None
+        self._partial = b""
+        self.skipped_bytes = 0
+
+    def read_new(self) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return b""  # not created yet (the trainer has not printed anything)
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino)
+            if ident != self.ino or st.st_size < self.offset:  # new file or truncated
+                self.ino, self.offset, self._partial = ident, 0, b""
+            size = st.st_size
+            if size <= self.offset:
+                return b""
+            head = b""
+            if size - self.offset <= self.max_chunk_bytes:
+                data = os.pread(fd, size - self.offset, self.offset)
+                self.offset += len(data)
+                return self._complete(data)
+            # A backlog bigger than one chunk (monitor started late, or a burst): parse only the
+            # newest chunk; from a fresh start keep the head too (the arguments dump).
+            if self.offset == 0:
+                raw = os.pread(fd, min(self.head_bytes, size), 0)
+                head = raw[: raw.rfind(b"\n") + 1]
+            done = max(self.offset, len(head))
+            start = max(size - self.max_chunk_bytes, done)
+            self.skipped_bytes += start - done
+            data = os.pread(fd, size - start, start)
+            if start > done:  # starts mid-line: drop the fragment
+                nl = data.find(b"\n")
+                data = data[nl + 1:] if nl >= 0 else b""
+                self._partial = b""
+            self.offset = size
+            return head + self._complete(data)
+        finally:
+            os.close(fd)
+
+    def _complete(self, data: bytes) -> bytes:
+        data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:][-(1 << 20):]  # a runaway line cannot grow without bound
+        return data[:cut]
+
+
+@dataclass
+class MonitorState:
+    window: LiveWindow = field(default_factory=LiveWindow)
+    args: Mapping[str, Any] | None = None
+    updates: int = 0
+    failures: int = 0
+    last_comment: str | None = None
+
+
+def parse_chunk(data: bytes, state: MonitorState) -> None:
+    """Feed one chunk of complete lines to a fresh parser; keep arguments and the last rows."""
+    from slurmpod.accounting.logparse import LogParser
+
+    if not data:
+        return
+    parser = LogParser()
+    parser.feed(data)
+    s = parser.close()
+    if s.args is not None:
+        state.args = s.args
+    it = s.iterations
+    n = len(it)
+    first = max(0, n - (state.window.rows.maxlen or n))
+    state.window.add(
+        (int(it.iteration[i]), float(it.elapsed_ms[i]), int(it.global_batch_size[i]),
+         float(it.tflops_reported[i])) for i in range(first, n))
+
+
+def find_log(job_id: str, parent_pid: int | None,
+             show_job: Callable[[str], Mapping[str, str]] | None) -> str | None:
+    """The job's stdout file: the batch script's fd 1 (where srun's output goes by default),
+    else `scontrol show job`'s StdOut (expanded by scontrol)."""
+    if parent_pid:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{parent_pid}/fd/1")
+            if target.startswith("/") and Path(target).is_file():
+                return target
+    if show_job is not None:
+        with contextlib.suppress(Exception):
+            out = show_job(job_id).get("StdOut")
+            if out and out.startswith("/"):
+                return out
+    return None
+
+
+def parent_alive(pid: int | None) -> bool:
+    """True while `pid` lives. For our own parent the test is exact (we are re-parented when it
+    exits, so a recycled pid cannot fool it); for another pid, `kill(pid, 0)`."""
+    if not pid:
+        return True
+    if pid == _START_PPID:
+        return os.getppid() == pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_START_PPID = os.getppid()
+
+
+@dataclass
+class MonitorIO:
+    """What the monitor does to the outside world (injected, so tests need no Slurm)."""
+
+    get_comment: Callable[[str], str | None]  # the job's current Comment (None: unknown)
+    set_comment: Callable[[str, str], None]
+    job_running: Callable[[str], bool | None]  # None: could not tell
+    sleep: Callable[[float], bool]  # returns True when woken early (stop requested)
+    now: Callable[[], float] = time.time
+
+
+def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float = 180.0,
+                peak_hint: float | None = None, gpus_hint: int | None = None,
+                parent_pid: int | None = None, stop: threading.Event | None = None,
+                max_cycles: int | None = None) -> MonitorState:
+    """The monitor loop. Returns its final state (for tests and the exit log line)."""
+    stop = stop or threading.Event()
+    state = MonitorState()
+    tail = LogTail(log_path)
+    base_comment = io.get_comment(job_id)
+    initial = hooks.parse_initial_comment(base_comment)
+    raw = hooks.decode_field(base_comment) or {}
+    if "formula" in raw:
+        initial["formula"] = raw["formula"]
+    cycles = 0
+    while True:
+        parse_chunk(tail.read_new(), state)
+        params: JobParams = job_params(initial, state.args, gpus_hint=gpus_hint,
+                                       peak_hint=peak_hint)
+        live = state.window.figures(params)
+        if live.get("iter") is not None:
+            _update(job_id, base_comment, live, state, io)
+        cycles += 1
+        if stop.is_set() or (max_cycles is not None and cycles >= max_cycles):
+            break
+        if not parent_alive(parent_pid):
+            log.info("job %s: the batch script is gone; last update done", job_id)
+            break
+        running = io.job_running(job_id)
+        if running is False:
+            log.info("job %s is no longer running; monitor exits", job_id)
+            break
+        if io.sleep(interval_s):  # woken by SIGTERM: one last look at the log, then exit
+            stop.set()
+    return state
+
+
+def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
+            state: MonitorState, io: MonitorIO) -> None:
+    try:
+        text = hooks.build_comment(base_comment, live, now_s=io.now())
+    except ValueError as exc:
+        log.error("job %s: comment does not fit: %s", job_id, exc)
+        return
+    if text == state.last_comment:
+        return
+    try:
+        io.set_comment(job_id, text)
+    except Exception as exc:  # slurmctld busy/restarting: try again next interval
+        state.failures += 1
+        log.warning("job %s: comment update failed: %s", job_id, exc)
+        return
+    state.updates += 1
+    state.last_comment = text
+    log.info("job %s: comment %s", job_id, text)
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)

@@ -1,0 +1,154 @@
+"""`slurmpod hook monitor|epilog|flush`: the accounting hooks run by jobs and by slurmctld."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurmpod.errors import SlurmError, UsageError
+
+
+def _site_peak(site: str | None) -> float | None:
+    """Peak dense BF16 TFLOP/s of the site's (first) GPU type."""
+    if not site:
+        return None
+    from slurmpod.config import load_site, resolve_site_path
+
+    s = load_site(resolve_site_path(site))
+    return s.node_types[s.su_groups[0].node_type].gpu.peak_tflops_bf16
+
+
+@click.group()
+def hook() -> None:
+    """Accounting hooks: live MFU in the job's Comment, final summary in its AdminComment."""
+
+
+@hook.command()
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="The job's log; default: the batch script's stdout, else scontrol's StdOut.")
+@click.option("--job-id", envvar="SLURM_JOB_ID", required=True, help="Default: $SLURM_JOB_ID.")
+@click.option("--interval-s", type=click.FloatRange(min=1.0), default=180.0, show_default=True,
+              help="Seconds between Comment updates.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0.0, min_open=True),
+              help="Peak per GPU, if the Comment has none (default: --site's GPU).")
+@click.option("--site", help="Site file or built-in name, for the GPU peak.")
+@click.option("--parent-pid", type=int, help="Exit when this process ends (default: parent).")
+@click.option("--max-cycles", type=click.IntRange(min=1), hidden=True)
+def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: float | None,
+            site: str | None, parent_pid: int | None, max_cycles: int | None) -> None:
+    """Follow the job's log; every interval set its Comment to live MFU (Comment v1 JSON)."""
+    import logging
+
+    from slurmpod.accounting import monitor as mon
+    from slurmpod.backends.cli import CliBackend
+    from slurmpod.backends.parse import parse_scontrol_kv
+    from slurmpod.model.jobs import JobState
+    from slurmpod.transport.local import LocalRunner
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s slurmpod-monitor %(levelname)s %(message)s")
+    backend = CliBackend(LocalRunner(), retries=1, timeout_s=30.0)
+    peak = peak_tflops or _site_peak(site)
+    ppid = parent_pid if parent_pid is not None else os.getppid()
+
+    def show_job(jid: str) -> dict[str, str]:
+        out = backend.runner.run(["scontrol", "--oneliner", "show", "job", jid],
+                                 timeout_s=30.0).stdout
+        return parse_scontrol_kv(out.strip().splitlines()[0]) if out.strip() else {}
+
+    path = log_path or os.environ.get("SLURMPOD_LOG") or mon.find_log(job_id, ppid, show_job)
+    if not path:
+        raise UsageError(f"cannot find the log of job {job_id}", hint="pass --log FILE")
+
+    def status(jid: str) -> Any:
+        try:
+            return backend.status([jid]).get(jid)
+        except SlurmError:
+            return None
+
+    def get_comment(jid: str) -> str | None:
+        st = status(jid)
+        return st.comment if st is not None else None
+
+    def job_running(jid: str) -> bool | None:
+        st = status(jid)
+        return None if st is None else st.state in (JobState.RUNNING, JobState.CONFIGURING)
+
+    stop = threading.Event()
+    mon.install_signal_handlers(stop)
+    io = mon.MonitorIO(get_comment=get_comment, set_comment=backend.update_comment,
+                       job_running=job_running, sleep=stop.wait)
+    state = mon.run_monitor(job_id, path, io, interval_s=interval_s, peak_hint=peak,
+                            parent_pid=ppid, stop=stop, max_cycles=max_cycles)
+    logging.getLogger("slurmpod.hook.monitor").info(
+        "job %s: monitor done (%d updates, %d failed)", job_id, state.updates, state.failures)
+
+
+@hook.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("--spool", envvar="SLURMPOD_SPOOL", help="Spool directory (default "
+              "$SLURMPOD_SPOOL, else /var/spool/slurmpod).")
+@click.option("--site", help="Site file or built-in name, for the GPU peak.")
+@click.option("--peak-tflops", help="Peak per GPU when neither the Comment nor --site has one.")
+@click.option("--head-mb", default="1", show_default=True, help="Read at most this from the start")
+@click.option("--tail-mb", default="64", show_default=True, help="… and this from the end.")
+def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb: str,
+           tail_mb: str) -> None:
+    """EpilogSlurmctld hook: final summary to AdminComment and the spool. Always exits 0."""
+    from slurmpod.accounting.epilog import default_spool, log, run_epilog
+
+    root = Path(spool) if spool else default_spool()
+    peak: float | None = None
+    try:
+        peak = float(peak_tflops) if peak_tflops else _site_peak(site)
+        head, tail = int(float(head_mb) * (1 << 20)), int(float(tail_mb) * (1 << 20))
+    except Exception as exc:  # a bad option must not fail the epilog: log it, use defaults
+        print(f"slurmpod hook epilog: ignoring bad option: {exc}", file=sys.stderr)
+        head, tail = 1 << 20, 64 << 20
+    try:
+        run_epilog(os.environ, root, peak_tflops=peak, head_bytes=head, tail_bytes=tail)
+    except BaseException as exc:  # run_epilog catches everything; this is the last resort
+        log.error("epilog crashed: %r", exc)
+    sys.exit(0)
+
+
+@hook.command()
+@click.option("--spool", envvar="SLURMPOD_SPOOL", help="Spool directory (default "
+              "$SLURMPOD_SPOOL, else /var/spool/slurmpod).")
+@click.option("--list", "list_only", is_flag=True, help="Only list what is pending.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def flush(spool: str | None, list_only: bool, as_json: bool) -> None:
+    """Deliver AdminComment updates queued while slurmctld/slurmdbd were unreachable."""
+    from slurmpod.accounting.epilog import default_spool, local_run, slurm_deliver
+    from slurmpod.accounting.spool import Spool
+    from slurmpod.cli.output import emit_json, table
+
+    root = Path(spool) if spool else default_spool()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such spool directory",
+                         hint="pass --spool DIR or set SLURMPOD_SPOOL")
+    sp = Spool(root)
+    if list_only:
+        rows = [(d.get("job_id"), d.get("kind"), d.get("attempts"), d.get("last_error", ""))
+                for d in sp.list_pending()]
+        if as_json:
+            emit_json([dict(zip(("job_id", "kind", "attempts", "last_error"), r, strict=True))
+                       for r in rows])
+        else:
+            click.echo(table(["job", "kind", "attempts", "last error"], rows) if rows
+                       else "nothing pending")
+        return
+    result = sp.flush(slurm_deliver(local_run))
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(f"delivered {len(result.delivered)}, pending {len(result.failed)}")
+        for key, err in result.errors.items():
+            click.echo(f"  {key}: {err}")
+    if result.failed:
+        raise SlurmError(f"{len(result.failed)} update(s) still pending in {root}",
+                         hint="is slurmdbd running? `sacctmgr show cluster`; then run again")

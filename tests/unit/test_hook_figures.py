@@ -1,0 +1,148 @@
+"""Figures of the hooks: live window and final summary, checked against hand arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slurmpod.accounting.figures import (
+    SERIES_MAX_POINTS,
+    WARMUP_RECORDS,
+    LiveWindow,
+    job_params,
+    per_iteration,
+    summarise_log,
+)
+
+SAMPLE = Path("/work/shared/data/megatron-logs/mixtral-8x7b-h100x16.log")
+
+
+def iteration_line(i: int, n: int, ms: float, gbs: int = 128, ts: str | None = None,
+                   tflops: float | None = None) -> str:
+    head = f" [{ts}]" if ts else ""
+    thr = f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |" if tflops is not None else ""
+    return (f"{head} iteration {i:8d}/{n:8d} | consumed samples: {i * gbs:12d} | elapsed time "
+            f"per iteration (ms): {ms:.1f} |{thr} learning rate: 1.0E-05 | global batch size: "
+            f"{gbs:5d} | lm loss: 2.0E+00 | loss scale: 1.0 | grad norm: 1.0 | number of skipped "
+            f"iterations:   0 | number of nan iterations:   0 |\n")
+
+
+def comment(**kw: object) -> str:
+    base = {"slurmpod": "0.1.0", "fmt": 1, "run": "t", "flops_per_iter": 8.0e15,
+            "peak_tflops": 1000.0, "gpus": 16, "formula": "megatron-core-0.14-main"}
+    base.update(kw)
+    return json.dumps(base)
+
+
+def test_summary_matches_hand_arithmetic() -> None:
+    times = [9000.0, 7000.0, 2000.0, 2500.0, 2000.0, 1600.0]  # two warm-up records first
+    log = "".join(iteration_line(i + 1, 100, ms) for i, ms in enumerate(times)).encode()
+    summary, series = summarise_log(log, {"comment": comment()})
+    steady = times[WARMUP_RECORDS:]
+    med_ms = float(np.median(steady))  # (2000 + 2000) / 2
+    assert med_ms == 2000.0
+    # 8e15 FLOPs / 2.0 s / 16 GPUs = 250 TFLOP/s per GPU; MFU = 250 / 1000
+    assert summary["iter_ms"] == med_ms
+    assert summary["tflops"] == pytest.approx(250.0)
+    assert summary["mfu"] == pytest.approx(0.25)
+    per_mfu = sorted(8e15 / (ms / 1000) / 16 / 1e12 / 1000 for ms in steady)
+    assert summary["mfu_p10"] == pytest.approx(np.percentile(per_mfu, 10))
+    assert summary["mfu_p90"] == pytest.approx(np.percentile(per_mfu, 90))
+    assert summary["iters"] == 6 and summary["last_iter"] == 6 and summary["restarts"] == 0
+    assert summary["src"] == "comment" and summary["fv"] == "megatron-core-0.14-main"
+    assert summary["gpus"] == 16 and summary["peak"] == 1000.0
+    assert "tokens_per_s" not in summary  # no seq_length without the arguments dump
+    assert series["iter"] == [1, 2, 3, 4, 5, 6]
+    assert series["mfu"][-1] == pytest.approx(8e15 / 1.6 / 16 / 1e12 / 1000, abs=1e-5)
+
+
+def test_flops_from_arguments_dump_when_comment_has_none() -> None:
+    args = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 128,
+            "max_position_embeddings": 128, "padded_vocab_size": 1024, "global_batch_size": 8,
+            "micro_batch_size": 1, "world_size": 8}
+    dump = ["------------------------ arguments ------------------------\n"]
+    dump += [f"  {k} {'.' * (48 - len(k))} {v}\n" for k, v in args.items()]
+    dump += ["-------------------- end of arguments ---------------------\n"]
+    body = "".join(iteration_line(i, 10, 500.0, gbs=8) for i in range(1, 6))
+    summary, _ = summarise_log(("".join(dump) + body).encode(), {"comment": ""},
+                               peak_tflops=989.0)
+    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_iteration
+
+    flops = flops_per_iteration(args)
+    assert summary["src"] == "args" and summary["fv"] == FLOPS_FORMULA_VERSION
+    assert summary["tflops"] == pytest.approx(flops / 0.5 / 8 / 1e12)
+    assert summary["mfu"] == pytest.approx(flops / 0.5 / 8 / 1e12 / 989.0)
+    assert summary["tokens_per_s"] == pytest.approx(8 * 128 / 0.5)
+    assert summary["peak"] == 989.0
+
+
+def test_real_sample_without_flops_keeps_megatron_figure() -> None:
+    if not SAMPLE.exists():
+        pytest.skip("shared sample logs not present")
+    summary, series = summarise_log(SAMPLE.read_bytes(), {"comment": ""})
+    assert summary["iters"] == 3 and summary["last_iter"] == 73
+    assert summary["src"] == "none" and "mfu" not in summary
+    # the log starts mid-run (iteration 71, no launch seen): no warm-up is dropped
+    assert summary["tflops_mlm"] == pytest.approx(np.median([243.6, 238.7, 224.0]))
+    assert summary["iter_ms"] == pytest.approx(5470.7)
+    assert series["tflops_mlm"] == [243.6, 238.7, 224.0]
+
+
+def test_batch_ramp_up_scales_flops() -> None:
+    p = job_params({"flops_per_iter": 1e15, "gpus": 1, "peak_tflops": 1000},
+                   {"global_batch_size": 100, "seq_length": 10})
+    assert p.flops_at(50) == 5e14 and p.flops_at(None) == 1e15
+    per = per_iteration(np.array([1000.0, 1000.0, 500.0]), np.array([50, 100, -1]), p)
+    # 1e15 * 50/100 / 1 s / 1 GPU = 500 TFLOP/s; full batch 1000; unknown batch = planned, 0.5 s
+    assert per["tflops"].tolist() == pytest.approx([500.0, 1000.0, 2000.0])
+    assert per["mfu"].tolist() == pytest.approx([0.5, 1.0, 2.0])
+    assert per["tokens_per_s"].tolist() == pytest.approx([500.0, 1000.0, 2000.0])
+    # without the arguments dump the planned batch is unknown: every iteration counts 1e15
+    q = job_params({"flops_per_iter": 1e15, "gpus": 1}, None)
+    assert per_iteration(np.array([1000.0]), np.array([50]), q)["tflops"].tolist() == [1000.0]
+
+
+def test_no_iterations_is_reported() -> None:
+    summary, series = summarise_log(b"hello\nworld\n", {"comment": comment()})
+    assert summary["err"] == "no-iterations" and summary["iters"] == 0 and series == {}
+
+
+def test_series_is_bounded() -> None:
+    log = "".join(iteration_line(i, 5000, 1000.0 + (i % 7)) for i in range(1, 3001)).encode()
+    summary, series = summarise_log(log, {"comment": comment()})
+    assert summary["iters"] == 3000
+    assert len(series["iter"]) == SERIES_MAX_POINTS
+    assert series["iter"][0] == 1 and series["iter"][-1] == 3000
+
+
+def test_restart_segments_each_lose_their_warm_up() -> None:
+    first = [iteration_line(i, 20, ms) for i, ms in zip(range(1, 5), [9e3, 9e3, 1e3, 1e3],
+                                                          strict=True)]
+    second = [iteration_line(i, 20, ms) for i, ms in zip(range(3, 7), [8e3, 8e3, 2e3, 2e3],
+                                                           strict=True)]
+    summary, _ = summarise_log("".join(first + second).encode(), {"comment": comment()})
+    assert summary["restarts"] == 1
+    assert summary["iter_ms"] == pytest.approx(np.median([1e3, 1e3, 2e3, 2e3]))
+
+
+def test_live_window_median_and_bound() -> None:
+    w = LiveWindow(size=4)
+    w.add([(i, 1000.0 * (1 + (i == 3)), 128, math.nan) for i in range(1, 7)])
+    assert len(w.rows) == 4  # iterations 3..6 kept
+    p = job_params({"flops_per_iter": 4e15, "gpus": 4, "peak_tflops": 1000}, None)
+    got = w.figures(p)
+    # times 2000, 1000, 1000, 1000 -> median 1.0 s: 4e15 / 1 / 4 = 1000 TFLOP/s = MFU 1.0
+    assert got == {"iter": 6, "tflops": pytest.approx(1000.0), "mfu": pytest.approx(1.0),
+                   "peak": 1000}
+
+
+def test_live_window_without_model_uses_megatron_figure() -> None:
+    w = LiveWindow()
+    w.add([(10, 900.0, 64, 300.0), (11, 950.0, 64, 310.0)])
+    got = w.figures(job_params({}, None))
+    assert got == {"iter": 11, "tflops": 305.0}
+    assert LiveWindow().figures(job_params({}, None, peak_hint=989)) == {"peak": 989}
