@@ -81,6 +81,9 @@ def from_megatron_args(text: str | Iterable[str]) -> dict[str, Any]:
     before the first flag (a `torchrun ... pretrain_gpt.py` prefix) are ignored.
     """
     tokens = shlex.split(text, comments=True) if isinstance(text, str) else list(text)
+    script = next((k for k, t in enumerate(tokens) if t.endswith(".py")), None)
+    if script is not None:
+        tokens = tokens[script + 1:]
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens) and not tokens[i].startswith("--"):
@@ -120,9 +123,25 @@ _ASSIGN = re.compile(r"^\s*(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-
 _VAR = re.compile(r"\$\{([A-Za-z_]\w*)(\[@\]|\[\*\])?(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
 
 
+def _strip_comment(line: str) -> str:
+    """Drop a shell comment: `#` at the start of a word, outside quotes."""
+    quote = ""
+    prev = " "
+    for k, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and prev.isspace():
+            return line[:k]
+        prev = ch
+    return line
+
+
 def _logical_lines(text: str) -> list[str]:
     """Join backslash continuations and multi-line `NAME=( ... )` arrays into single lines."""
-    joined = re.sub(r"\\\r?\n", " ", text)
+    joined = re.sub(r"\\\r?\n", " ", "\n".join(_strip_comment(x) for x in text.splitlines()))
     lines: list[str] = []
     buf: str | None = None
     depth = 0
@@ -148,7 +167,6 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def _paren_delta(s: str) -> int:
-    s = re.sub(r"#.*$", "", s) if "#" in s and "'" not in s and '"' not in s else s
     return s.count("(") - s.count(")")
 
 
@@ -187,13 +205,15 @@ def from_launch_script(text: str) -> dict[str, Any]:
         m = _ASSIGN.match(line)
         if m and not re.search(r"\s\S+\.py\b", m.group(2)):
             name, value = m.group(1), m.group(2).strip()
-            if value.startswith("(") and value.endswith(")"):
+            is_array = value.startswith("(") and value.endswith(")")
+            if is_array:
                 value = value[1:-1]
             try:
                 parts = shlex.split(_expand(value, env), comments=True)
             except ValueError:
                 parts = [value]
-            env[name] = " ".join(shlex.quote(p) for p in parts)
+            # An array keeps its words; a scalar is word-split where it is used unquoted.
+            env[name] = " ".join(shlex.quote(p) for p in parts) if is_array else " ".join(parts)
             continue
         if re.search(r"\S+\.py\b", stripped) and ("--" in stripped or "$" in stripped):
             launch = stripped

@@ -1,0 +1,177 @@
+"""Layout validation: table of violations with their fixes, and properties: every accepted layout
+satisfies Megatron's equations, every layout satisfying them is accepted, every fix is valid."""
+
+import re
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.megatron.validate import (
+    SiteShape,
+    layout_errors,
+    layout_warnings,
+    memory_bytes,
+    suggest_layout,
+)
+
+DGX = SiteShape("dgx-h100", 8, 8, 72 * 1024**3, 128)
+NVL72 = SiteShape("gb200-nvl72", 4, 72, 170 * 1024**3, 1152)
+
+BASE = dict(num_layers=32, hidden_size=4096, num_attention_heads=32, group_query_attention=True,
+            num_query_groups=8, ffn_hidden_size=14336, swiglu=True, seq_length=4096,
+            vocab_size=32000, global_batch_size=64, micro_batch_size=1,
+            sequence_parallel=True, use_distributed_optimizer=True)
+
+
+def c(**over) -> ModelConfig:
+    return ModelConfig.from_args(BASE | over)
+
+
+VIOLATIONS = [
+    (dict(tensor_model_parallel_size=16), 16, "tensor_model_parallel_size", "exceeds the 8-GPU"),
+    (dict(tensor_model_parallel_size=3, num_attention_heads=48, num_query_groups=6), 24,
+     "tensor_model_parallel_size", "does not divide the 8-GPU"),
+    (dict(pipeline_model_parallel_size=3), 16, "tensor_model_parallel_size", "does not divide"),
+    (dict(num_attention_heads=20, num_query_groups=4, tensor_model_parallel_size=8,
+          kv_channels=128), 16, "num_attention_heads", "not divisible by TP=8"),
+    (dict(tensor_model_parallel_size=8, num_query_groups=4), 16, "num_query_groups",
+     "not divisible by TP=8"),
+    (dict(pipeline_model_parallel_size=5, num_layers=32), 40, "num_layers", "PP=5"),
+    (dict(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=3), 32,
+     "num_layers", "PP×VPP"),
+    (dict(virtual_pipeline_model_parallel_size=2), 8, "virtual_pipeline_model_parallel_size",
+     "PP > 1"),
+    (dict(global_batch_size=60), 16, "global_batch_size", "micro_batch_size×DP"),
+    (dict(context_parallel_size=4, seq_length=4100), 16, "context_parallel_size", "2×CP"),
+    (dict(num_experts=6, expert_model_parallel_size=4), 16, "expert_model_parallel_size",
+     "num_experts=6"),
+    (dict(num_experts=8, expert_model_parallel_size=8, pipeline_model_parallel_size=2,
+          tensor_model_parallel_size=2, expert_tensor_parallel_size=2), 24,
+     "expert_model_parallel_size", "parallel folding"),
+    (dict(num_experts=8, tensor_model_parallel_size=2, sequence_parallel=False), 16,
+     "sequence_parallel", "requires sequence_parallel"),
+    (dict(expert_model_parallel_size=2), 16, "expert_model_parallel_size", "needs num_experts"),
+    (dict(recompute_granularity="full"), 16, "recompute_method", "recompute_method"),
+    (dict(global_batch_size=None), 16, "global_batch_size", "required"),
+]
+
+
+@pytest.mark.parametrize(("over", "world", "key", "text"), VIOLATIONS)
+def test_violation_named(over, world, key, text):
+    errs = layout_errors(c(**over), world, DGX)
+    assert any(k == key and text in m for k, m in errs), errs
+
+
+def test_tp_beyond_domain_fix_keeps_model_parallel_size():
+    cfg = c(tensor_model_parallel_size=16)
+    fix = suggest_layout(cfg, 16, DGX)
+    assert fix == "TP=8, PP=2"
+
+
+def test_nvlink_domain_of_nvl72():
+    """On NVL72 (4 GPUs per node, 72 per domain) TP=8 crosses nodes but not the domain;
+    TP=16 does not divide 72, so some TP group would straddle two racks."""
+    assert layout_errors(c(tensor_model_parallel_size=8, global_batch_size=144), 144, NVL72) == []
+    errs = layout_errors(c(tensor_model_parallel_size=16, global_batch_size=144), 144, NVL72)
+    assert any("does not divide the 72-GPU NVLink domain" in m for _, m in errs)
+
+
+def test_warnings():
+    w = layout_warnings(c(sequence_parallel=True), 8, DGX)
+    assert any("no effect with TP=1" in x for x in w)
+    w = layout_warnings(c(use_distributed_optimizer=False), 16, DGX)
+    assert any("18 bytes/param" in x for x in w)
+    w = layout_warnings(c(pipeline_model_parallel_size=8, global_batch_size=4), 8, DGX)
+    assert any("never fills" in x for x in w)
+
+
+# --- properties --------------------------------------------------------------------------------
+
+layouts = st.fixed_dictionaries({
+    "tensor_model_parallel_size": st.sampled_from([1, 2, 3, 4, 8, 16]),
+    "pipeline_model_parallel_size": st.sampled_from([1, 2, 3, 4, 6, 8]),
+    "context_parallel_size": st.sampled_from([1, 2, 4]),
+    "virtual_pipeline_model_parallel_size": st.sampled_from([None, 2, 4]),
+    "num_layers": st.sampled_from([12, 24, 30, 32, 48]),
+    "num_attention_heads": st.sampled_from([12, 16, 32, 48]),
+    "num_query_groups": st.sampled_from([2, 4, 8]),
+    "global_batch_size": st.sampled_from([16, 48, 64, 96, 256]),
+    "micro_batch_size": st.sampled_from([1, 2]),
+    "seq_length": st.sampled_from([2048, 4096, 4100]),
+    "moe": st.booleans(),
+    "num_experts": st.sampled_from([8, 16, 64]),
+    "expert_model_parallel_size": st.sampled_from([1, 2, 4, 8]),
+    "expert_tensor_parallel_size": st.sampled_from([1, 2]),
+    "nodes": st.integers(1, 64),
+})
+
+
+def _cfg(d: dict) -> tuple[ModelConfig, int]:
+    args = dict(BASE, hidden_size=128 * d["num_attention_heads"], kv_channels=128, vocab_size=1000)
+    moe = d.pop("moe")
+    n = d.pop("nodes")
+    args.update(d)
+    if not moe:
+        args.pop("num_experts")
+        args["expert_model_parallel_size"] = 1
+        args.pop("expert_tensor_parallel_size")
+    return ModelConfig.from_args(args), n * 8
+
+
+def _equations_hold(cfg: ModelConfig, world: int) -> bool:
+    mp = cfg.tp * cfg.cp * cfg.pp
+    if world % mp:
+        return False
+    dp = world // mp
+    ok = (cfg.tp <= 8 and 8 % cfg.tp == 0 and cfg.tp * cfg.cp * cfg.pp * dp == world
+          and cfg.num_attention_heads % cfg.tp == 0 and cfg.num_query_groups % cfg.tp == 0
+          and cfg.num_layers % (cfg.pp * (cfg.vpp or 1)) == 0 and (cfg.vpp is None or cfg.pp > 1)
+          and cfg.global_batch_size % (cfg.micro_batch_size * dp) == 0
+          and cfg.seq_length % (2 * cfg.cp) == 0)
+    if cfg.num_experts is not None:
+        edp, rem = divmod(world, cfg.etp * cfg.ep * cfg.pp)
+        ok = ok and rem == 0 and cfg.etp * cfg.ep * cfg.pp * edp == world
+        ok = ok and cfg.num_experts % cfg.ep == 0 and (cfg.tp == 1 or cfg.sequence_parallel)
+    else:
+        ok = ok and cfg.ep == 1
+    return ok
+
+
+@settings(max_examples=400, deadline=None)
+@given(layouts)
+def test_accepted_iff_equations_hold(d):
+    cfg, world = _cfg(d)
+    errs = layout_errors(cfg, world, DGX)
+    assert (errs == []) == _equations_hold(cfg, world), errs
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts)
+def test_suggested_fix_is_valid_and_fits(d):
+    cfg, world = _cfg(d)
+    if cfg.num_experts is None and not layout_errors(cfg, world, DGX):
+        return
+    fix = suggest_layout(cfg, world, DGX)
+    if fix is None or fix == "the current layout":
+        return
+    tp = re.search(r"TP=(\d+)", fix)
+    pp = re.search(r"PP=(\d+)", fix)
+    vpp = re.search(r"VPP=(\d+)", fix)
+    gbs = re.search(r"global_batch_size=(\d+)", fix)
+    new = replace(cfg, tp=int(tp.group(1)) if tp else cfg.tp,
+                  pp=int(pp.group(1)) if pp else cfg.pp,
+                  vpp=(int(vpp.group(1)) if vpp else None) if (tp or pp) else cfg.vpp,
+                  global_batch_size=int(gbs.group(1)) if gbs else cfg.global_batch_size,
+                  use_distributed_optimizer=cfg.use_distributed_optimizer
+                  or "use_distributed_optimizer" in fix,
+                  sequence_parallel=cfg.sequence_parallel or "sequence_parallel" in fix)
+    if tp and cfg.etp == cfg.tp:
+        new = replace(new, etp=new.tp)
+    if "recompute_granularity" in fix:
+        new = replace(new, recompute_granularity="full", recompute_method="uniform",
+                      recompute_num_layers=1)
+    assert layout_errors(new, world, DGX) == []
+    assert memory_bytes(new, world) <= DGX.usable_hbm_bytes
