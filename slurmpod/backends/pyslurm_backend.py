@@ -37,7 +37,12 @@ def load_pyslurm(slurm_version: str) -> Any:
             hint="install pyslurm built for this Slurm, or use the CLI backend (--backend cli)",
         ) from None
     have = str(getattr(pyslurm, "__version__", "") or pyslurm.version())
-    if _major_minor(have)[0] < 23 or _major_minor(have) != _major_minor(slurm_version):
+    if 0 <= _major_minor(have)[0] < 23:
+        raise SlurmError(
+            f"pyslurm {have} predates the object API slurmpod uses (pyslurm ≥ 23.2)",
+            hint="use the CLI backend (--backend cli)",
+        )
+    if _major_minor(have) != _major_minor(slurm_version):
         raise SlurmError(
             f"pyslurm {have} does not match the running Slurm {slurm_version}",
             hint="pyslurm's major.minor must equal Slurm's; use the CLI backend (--backend cli)",
