@@ -42,10 +42,9 @@ def scale_site(nodes: int, su_nodes: int = 32, spine_groups: str = "per_rail") -
     groups = [{"node_type": "dgx-h100", "sus": full, "nodes_per_su": su_nodes,
                "nodes_per_rack": 4}] if full else []
     if rest:
-        if rest % 4:
-            raise ValueError("nodes must leave a whole number of 4-node racks")
+        # The partial SU: 4-node racks where they fit, else one rack holding the rest.
         groups.append({"node_type": "dgx-h100", "sus": 1, "nodes_per_su": rest,
-                       "nodes_per_rack": 4})
+                       "nodes_per_rack": 4 if rest % 4 == 0 else rest})
     width = max(4, len(str(nodes)))
     data = variant("dgx-h100-superpod", su_groups=groups,
                    naming={"hostname": f"dgx{{n:0{width}d}}"},
