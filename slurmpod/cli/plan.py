@@ -21,11 +21,18 @@ if TYPE_CHECKING:
 
 
 def _gib(b: float) -> str:
-    return f"{b / 1024**3:.1f} GiB"
+    if b >= 1024**3:
+        return f"{b / 1024**3:.1f} GiB"
+    return f"{b / 1024**2:.1f} MiB"
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
 def _si(x: float) -> str:
-    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6),
+                        ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
     return f"{x:.3g} "
@@ -81,8 +88,9 @@ def render_summary(plan: Plan) -> str:
         out.append(f"  batch      {p.global_batch_size} × {p.seq_length} = "
                    f"{p.tokens_per_iteration:,} tokens/iteration; micro batch "
                    f"{p.micro_batch_size}, {p.num_microbatches} microbatches per DP rank")
-    out.append(f"  model      {p.params_total / 1e9:.2f} B parameters "
-               f"({p.params_active / 1e9:.2f} B active), padded vocab {p.padded_vocab_size:,}")
+    out.append(f"  model      {_count(p.params_total)} parameters "
+               f"({_count(p.params_active)} active), "
+               f"padded vocab {p.padded_vocab_size:,}")
     flops = (f"{_si(p.flops_per_iteration)}FLOP/iteration, " if p.flops_per_iteration else "")
     out.append(f"  flops      {flops}{_si(p.flops_per_token)}FLOP/token "
                f"({FLOPS_FORMULA_VERSION})")
@@ -92,7 +100,7 @@ def render_summary(plan: Plan) -> str:
                f"{_gib(p.total_bytes_per_gpu)} per GPU of {_gib(p.usable_bytes_per_gpu)} usable "
                f"({_gib(p.hbm_bytes_per_gpu)} HBM, 10% headroom): {verdict}")
     ideal = p.ideal_seconds_per_iteration
-    out.append(f"  peak       {p.peak_pflops_job:.1f} PFLOP/s for the job "
+    out.append(f"  peak       {_si(p.peak_pflops_job * 1e15)}FLOP/s for the job "
                f"({p.peak_tflops_per_gpu:g} TFLOP/s per GPU)"
                + (f"; ≥ {ideal:.3g} s/iteration at 100% MFU" if ideal else ""))
     if p.placement:
