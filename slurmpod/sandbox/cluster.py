@@ -262,6 +262,7 @@ class Sandbox:
         ports = self._choose_ports(len(nodes), state)
         settings = SandboxSettings(self.layout, ports, _user(), version, self.accounting)
         files = render_files(site, settings, generated_artefacts(site, settings))
+        self._rotate_logs()
         self._prepare_dirs(nodes)
         write_tree_atomic(self.layout.root, files)
         self.layout.epilog_slurmctld.chmod(0o755)
@@ -313,6 +314,14 @@ class Sandbox:
                 return ports
         raise SandboxError(f"found no {n_nodes + 3} consecutive free ports on 127.0.0.1 in "
                            f"{PORT_RANGE[0]}-{PORT_RANGE[1]}", hint="pass --base-port")
+
+    def _rotate_logs(self) -> None:
+        """Keep the previous run's logs in log.1, so errors quote only this run's lines."""
+        lay = self.layout
+        if lay.log.is_dir() and any(lay.log.iterdir()):
+            prev = lay.root / "log.1"
+            shutil.rmtree(prev, ignore_errors=True)
+            lay.log.rename(prev)
 
     def _prepare_dirs(self, nodes: Sequence[str]) -> None:
         lay = self.layout
@@ -370,13 +379,13 @@ class Sandbox:
 
     def _check_alive(self, rec: procs.ProcRecord) -> None:
         assert self._launcher is not None
-        code = self._launcher.exit_code(rec)
-        if code is None and procs.is_ours(rec):
+        if self._launcher.running(rec):
             return
-        text = procs.tail(rec.log) or procs.tail(rec.out)
-        where = rec.log if procs.tail(rec.log) else rec.out
-        raise SandboxError(f"{rec.name} exited during start-up (exit code {code}); last lines "
-                           f"of {where}:\n{text or '(empty log)'}")
+        code = self._launcher.exit_code(rec)
+        shown = [f"last lines of {path}:\n{text}" for path in dict.fromkeys((rec.log, rec.out))
+                 if (text := procs.tail(path))]
+        raise SandboxError(f"{rec.name} exited during start-up (exit code {code}); "
+                           + ("\n".join(shown) or f"its log {rec.log} is empty"))
 
     def _timed(self, what: str, t: float) -> None:
         self.progress(f"  {what} ({time.monotonic() - t:.2f} s)")

@@ -88,8 +88,16 @@ class Launcher:
                                     stderr=subprocess.STDOUT, env=dict(self.env), cwd=self.cwd,
                                     start_new_session=True, close_fds=True)
         self.children[proc.pid] = proc
+        # Popen returns after the exec: /proc now shows the program's own command line (for a
+        # script that is the interpreter's), which is what is_ours compares later.
         ticks = start_ticks(proc.pid)
-        return ProcRecord(name, proc.pid, tuple(argv), ticks, str(log or out), str(out))
+        shown = _proc_argv(proc.pid) or tuple(argv)
+        return ProcRecord(name, proc.pid, shown, ticks, str(log or out), str(out))
+
+    def running(self, rec: ProcRecord) -> bool:
+        """Alive? Children started here are asked directly; others are checked in /proc."""
+        proc = self.children.get(rec.pid)
+        return proc.poll() is None if proc is not None else is_ours(rec)
 
     def exit_code(self, rec: ProcRecord) -> int | None:
         """The exit status of a child started here (None if running or not ours)."""
