@@ -1,0 +1,827 @@
+"""Streaming parser for Megatron-LM job logs (a job's stdout/stderr file, or a `progress.txt`).
+
+Public API (used by `slurmpod mfu` and by the accounting hooks):
+
+- `parse_log(source) -> LogSummary`: `source` is a binary file object (read in 1 MiB chunks) or
+  any iterable of lines (`bytes` or `str`, trailing newline optional).
+- `LogParser`: the incremental form, for tailing a growing file. `feed(chunk)` takes whatever
+  bytes arrived (a line may be split across chunks); `summary()` is a consistent snapshot at any
+  time (the unfinished last line is left out); `close()` at end of file parses that last line too.
+- `LogSummary`: iteration records (columnar numpy arrays, `IterationTable`), restarts
+  (`Segment`), checkpoint saves (`CheckpointSave`), `progress.txt` entries (`ProgressEntry`) and
+  the recovered `arguments` dump of each launch.
+
+What is understood, by Megatron-LM release:
+- iteration lines `[ts] iteration I/ N | key: value | ... |`. No timestamp before 2024-01;
+  `[%Y-%m-%d %H:%M:%S]` from 2024-01 (core 0.5/0.6); `.%f` microseconds from 2026-01. Throughput
+  (`throughput per GPU (TFLOP/s/GPU)`) only with `--log-throughput` (2023-11 on); Megatron-
+  DeepSpeed's `TFLOPs:` is read as the same self-reported figure. Unknown fields are skipped.
+- the start-up dump between `--- arguments ---` and `--- end of arguments ---` (values typed:
+  int/float/bool/None/list; strings otherwise). Parsed by `slurmpod.megatron.args.
+  parse_arguments_dump` when that is importable, else by the fallback here.
+- `[label] datetime: ts` markers, `time to initialize megatron (seconds): X`, checkpoint lines
+  (`saving checkpoint at iteration N`, `successfully saved checkpoint at/from iteration N`,
+  `successfully loaded checkpoint ... at iteration N`, timestamped or not), the timer line
+  `save-checkpoint ....: (min, max)`, and `progress.txt` lines (tab-separated, `Job ID:`).
+- restarts within one log (requeue with `--open-mode=append`, an auto-resume loop): a second
+  arguments dump, or an iteration number that does not increase, opens a new `Segment`.
+- `srun --label` rank prefixes (`0: `) and other text before a line's payload.
+
+Speed: the input is scanned as bytes with `bytes.find` for a few marker words; only lines that
+contain one are split and matched. Memory: one unfinished line (capped at `MAX_LINE_BYTES`) plus
+about 100 bytes per logged iteration (typed arrays) and a small record per checkpoint/restart.
+
+Garbage: lines that do not parse completely are counted (`n_rejected`) and dropped, never
+guessed at. An iteration line must end with `|` and every field slurmpod reads must convert;
+when two lines are glued together (no newline between them), the last iteration header on the
+line is used.
+
+Times: Megatron prints the node's local wall-clock time without a zone. Times here are "log
+clock" seconds: that wall-clock read as if it were UTC. Differences are exact; to compare with
+Slurm's epoch times, add the node's UTC offset to the epoch value (`epoch_to_log_clock`).
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as _dt
+import re
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+MAX_LINE_BYTES = 256 * 1024
+MAX_ARGS_LINES = 5000
+MAX_SEGMENTS = 1000
+MAX_EVENTS = 100_000
+CHUNK_BYTES = 1 << 20
+
+# Marker words of the rare lines (besides iteration headers); a line is looked at only if it
+# contains one. A tab finds progress.txt lines (memchr-fast; Megatron's own output has none).
+_MARKERS = (b" arguments ---", b"] datetime: ", b" checkpoint ", b"\t")
+
+_ITER_HDR = re.compile(rb"iteration\s+(\d{1,12})\s*/\s*(\d{1,12})\s*\|")
+_TS_RE = rb"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?)"
+_TS_BRACKET = re.compile(rb"\[" + _TS_RE + rb"\]")
+_DATETIME = re.compile(rb"\[([^\]\[]{1,200})\] datetime: " + _TS_RE)
+_INIT_S = re.compile(rb"time to initialize megatron \(seconds\): (\d{1,9}(?:\.\d{1,9})?)")
+_SAVE_START = re.compile(rb"saving checkpoint at iteration\s+(\d{1,12}) to ")
+_SAVE_DONE = re.compile(rb"successfully saved checkpoint (?:at|from) iteration\s+(\d{1,12})")
+_LOADED = re.compile(rb"(?:successfully )?loaded checkpoint from .* at iteration\s+(\d{1,12})\s*$")
+_TIMER = re.compile(rb"save-checkpoint(-non-persistent)?\s*\.*\s*:\s*"
+                    rb"(?:\(\s*([0-9.]+)\s*,\s*([0-9.]+)\s*\)|([0-9.]+))\s*$")
+_EXITING = re.compile(rb"exiting program|after training is done")
+_BANNER = re.compile(rb"-{3,} (end of )?arguments -{3,}")
+_LABEL = re.compile(rb"^\s*\d{1,6}:\s")
+_PROGRESS = re.compile(rb"(?:^|\s)" + _TS_RE
+                       + rb"\tJob ID: ([^\t]*)\t# GPUs: (\d{1,9})\t([^\t]+)(.*)$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$")
+_INT = re.compile(r"^[+-]?\d+$")
+
+# Iteration-line field -> (column, kind). Keys as Megatron prints them (training_log()).
+_F, _I = "f", "i"
+_FIELDS: dict[bytes, tuple[str, str]] = {
+    b"consumed samples": ("consumed_samples", _I),
+    b"elapsed time per iteration (ms)": ("elapsed_ms", _F),
+    b"throughput per GPU (TFLOP/s/GPU)": ("tflops_reported", _F),
+    b"TFLOPs": ("tflops_reported", _F),  # Megatron-DeepSpeed
+    b"global batch size": ("global_batch_size", _I),
+    b"lm loss": ("lm_loss", _F),
+    b"loss scale": ("loss_scale", _F),
+    b"grad norm": ("grad_norm", _F),
+    b"number of skipped iterations": ("skipped_iters", _I),
+    b"number of nan iterations": ("nan_iters", _I),
+}
+_FLOAT_COLS = ("elapsed_ms", "time_s", "tflops_reported", "lm_loss", "loss_scale", "grad_norm")
+_INT_COLS = ("iteration", "train_iters", "consumed_samples", "global_batch_size", "skipped_iters",
+             "nan_iters", "segment", "offset")
+_NAN = float("nan")
+
+# The usual layout (core 0.5 .. main 2026) in one regex: whole `key: value |` fields, the ones
+# read are strict, anything between them must still be whole fields. Other layouts take the
+# generic path; both give the same row for the same line (tested).
+_GAP = rb"(?:[^|]*\|)*?"
+_VAL = rb"\s*([^|\s]+)\s*\|"
+_FAST = re.compile(
+    rb"\s*consumed samples:\s*(\d+)\s*\|" + _GAP
+    + rb"\s*elapsed time per iteration \(ms\):" + _VAL
+    + rb"(?:\s*throughput per GPU \(TFLOP/s/GPU\):" + _VAL + rb")?" + _GAP
+    + rb"\s*global batch size:\s*(\d+)\s*\|"
+    + rb"(?:" + _GAP + rb"\s*lm loss:" + _VAL + rb")?" + _GAP
+    + rb"\s*loss scale:" + _VAL
+    + rb"(?:\s*grad norm:" + _VAL + rb")?" + _GAP
+    + rb"\s*number of skipped iterations:\s*(\d+)\s*\|\s*number of nan iterations:\s*(\d+)\s*\|"
+    + rb"\s*$")
+_ROW_KEYS = ("consumed_samples", "elapsed_ms", "tflops_reported", "global_batch_size", "lm_loss",
+             "loss_scale", "grad_norm", "skipped_iters", "nan_iters")
+
+
+def _generic_fields(fields: bytes) -> tuple[Any, ...]:
+    """Any layout: `key: value |` fields in any order; raises ValueError on a bad value."""
+    vals: dict[str, Any] = {}
+    for part in fields.split(b"|")[:-1]:
+        key, sep, raw = part.partition(b":")
+        spec = _FIELDS.get(key.strip()) if sep else None
+        if spec is not None:
+            vals[spec[0]] = float(raw) if spec[1] == _F else int(raw)
+    if "elapsed_ms" not in vals:
+        raise ValueError("no elapsed time")
+    return tuple(vals.get(k, -1 if k in _INT_COLS else _NAN) for k in _ROW_KEYS)
+
+
+def epoch_to_log_clock(epoch_s: float, utc_offset_s: float) -> float:
+    """Slurm epoch seconds -> the log clock of a node whose local time is UTC+utc_offset_s."""
+    return epoch_s + utc_offset_s
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One iteration line. Unknown numbers are None (ints) or NaN (floats)."""
+
+    iteration: int
+    train_iters: int
+    elapsed_ms: float
+    time_s: float  # log clock; NaN before 2024 releases (no timestamp)
+    consumed_samples: int | None
+    global_batch_size: int | None
+    tflops_reported: float  # Megatron's own TFLOP/s/GPU (--log-throughput); NaN if absent
+    lm_loss: float
+    loss_scale: float
+    grad_norm: float
+    skipped_iters: int | None
+    nan_iters: int | None
+    segment: int
+    offset: int  # byte offset of the line in the stream
+
+
+@dataclass(frozen=True)
+class IterationTable:
+    """All iteration records as parallel numpy arrays (ints: -1 = unknown; floats: NaN)."""
+
+    iteration: np.ndarray
+    train_iters: np.ndarray
+    consumed_samples: np.ndarray
+    global_batch_size: np.ndarray
+    skipped_iters: np.ndarray
+    nan_iters: np.ndarray
+    segment: np.ndarray
+    offset: np.ndarray
+    elapsed_ms: np.ndarray
+    time_s: np.ndarray
+    tflops_reported: np.ndarray
+    lm_loss: np.ndarray
+    loss_scale: np.ndarray
+    grad_norm: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.iteration.shape[0])
+
+    def record(self, i: int) -> IterationRecord:
+        def opt(col: np.ndarray) -> int | None:
+            v = int(col[i])
+            return None if v < 0 else v
+
+        return IterationRecord(
+            iteration=int(self.iteration[i]), train_iters=int(self.train_iters[i]),
+            elapsed_ms=float(self.elapsed_ms[i]), time_s=float(self.time_s[i]),
+            consumed_samples=opt(self.consumed_samples),
+            global_batch_size=opt(self.global_batch_size),
+            tflops_reported=float(self.tflops_reported[i]), lm_loss=float(self.lm_loss[i]),
+            loss_scale=float(self.loss_scale[i]), grad_norm=float(self.grad_norm[i]),
+            skipped_iters=opt(self.skipped_iters), nan_iters=opt(self.nan_iters),
+            segment=int(self.segment[i]), offset=int(self.offset[i]))
+
+    def __iter__(self) -> Iterator[IterationRecord]:
+        return (self.record(i) for i in range(len(self)))
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One launch of Megatron within the log (the first, or a restart)."""
+
+    index: int
+    offset: int
+    cause: str  # "start" | "arguments" (a dump) | "restart" (init marker) | "iteration-reset"
+    start_seen: bool  # the launch itself is in the log (dump, markers, or a restart)
+    args: Mapping[str, Any] | None
+    launch_time_s: float | None  # process start: "after megatron is initialized" − init time
+    train_start_time_s: float | None  # "[before the start of training step] datetime"
+    first_time_s: float | None
+    last_time_s: float | None
+    loaded_iteration: int | None  # checkpoint this launch resumed from
+    first_iteration: int | None
+    last_iteration: int | None
+    n_records: int
+    exit_marker: str | None  # "after training is done", "exiting program ...", or None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSave:
+    iteration: int
+    segment: int
+    offset: int
+    start_time_s: float | None  # timestamped save lines (2026 releases) only
+    end_time_s: float | None
+    timer_s: float | None  # `save-checkpoint` timer, max over ranks
+    succeeded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEntry:
+    """A `progress.txt` line (megatron/training/training.py `append_to_progress_log`)."""
+
+    time_s: float
+    job_id: str
+    n_gpus: int
+    event: str  # "Starting job", "Saved checkpoint", "Saving async checkpoint", ...
+    iteration: int | None
+    job_tflops: float | None
+    cumulative_tflops: float | None
+    flops: float | None
+    tokens_billions: float | None
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    iterations: IterationTable
+    segments: tuple[Segment, ...]
+    checkpoints: tuple[CheckpointSave, ...]
+    progress: tuple[ProgressEntry, ...]
+    n_bytes: int
+    n_rejected: int  # iteration-like lines that did not parse completely
+    n_duplicates: int  # iteration lines repeated verbatim (dropped)
+    first_time_s: float | None
+    last_time_s: float | None
+    complete: bool  # close() was called: the whole input is in
+
+    @property
+    def args(self) -> Mapping[str, Any] | None:
+        """The arguments of the latest launch that printed them."""
+        for seg in reversed(self.segments):
+            if seg.args is not None:
+                return seg.args
+        return None
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.segments) - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        """Counts and events (not the iteration series: see metrics.JobMetrics.to_json)."""
+        return {
+            "n_bytes": self.n_bytes, "n_records": len(self.iterations),
+            "n_rejected": self.n_rejected, "n_duplicates": self.n_duplicates,
+            "first_time_s": self.first_time_s, "last_time_s": self.last_time_s,
+            "segments": [{k: getattr(s, k) for k in Segment.__slots__ if k != "args"}
+                         | {"has_args": s.args is not None} for s in self.segments],
+            "checkpoints": [{k: getattr(c, k) for k in CheckpointSave.__slots__}
+                            for c in self.checkpoints],
+            "progress": [{k: getattr(p, k) for k in ProgressEntry.__slots__}
+                         for p in self.progress],
+        }
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+_day_cache: dict[bytes, float] = {}
+
+
+def parse_timestamp(ts: bytes) -> float | None:
+    """`2024-04-06 03:02:12[.ffffff]` -> log-clock seconds; None if not a real date/time."""
+    if (len(ts) < 19 or ts[4] != 45 or ts[7] != 45 or ts[10] not in (32, 84) or ts[13] != 58
+            or ts[16] != 58 or (len(ts) > 19 and (ts[19] != 46 or len(ts) > 29))):
+        return None  # the shape: '-' '-' ' '|'T' ':' ':' ['.' 1-9 digits]
+    day = ts[:10]
+    base = _day_cache.get(day)
+    try:
+        if base is None:
+            d = _dt.date(int(day[0:4]), int(day[5:7]), int(day[8:10]))
+            base = float((d - _dt.date(1970, 1, 1)).days * 86400)
+            if len(_day_cache) > 4096:
+                _day_cache.clear()
+            _day_cache[day] = base
+        h, mi, s = int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
+        frac = float(ts[19:]) if len(ts) > 19 else 0.0
+    except ValueError:
+        return None
+    if h > 23 or mi > 59 or s > 60:
+        return None
+    return base + h * 3600 + mi * 60 + s + frac
+
+
+def typed_value(raw: str) -> Any:
+    """A value as `_print_args` printed it (str() of the Python value) -> that value, where it
+    is a literal; anything else (`torch.bfloat16`, paths) stays a string."""
+    if raw == "None":
+        return None
+    if raw in ("True", "False"):
+        return raw == "True"
+    if _INT.match(raw):
+        return int(raw)
+    if _FLOAT.match(raw):
+        return float(raw)
+    if len(raw) <= 4096 and raw[:1] in "[({" and raw[-1:] in "])}":
+        try:
+            val = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return raw
+        return list(val) if isinstance(val, tuple) else val
+    return raw
+
+
+_DUMP_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) (?:\.+ | )(.*?)\s*$")
+
+
+def parse_dump_lines(lines: Iterable[str]) -> dict[str, Any]:
+    """Fallback dump parser over the lines *between* the banners. Megatron pads names with
+    `48 - len(name)` dots, so names of 48+ characters have no dots at all (`  name  value`)."""
+    out: dict[str, Any] = {}
+    for line in lines:
+        m = _DUMP_LINE.match(line)
+        if m:
+            out[m.group(1)] = typed_value(m.group(2))
+    return out
+
+
+def _arguments_from_dump(lines: list[str]) -> dict[str, Any]:
+    try:
+        from slurmpod.megatron.args import parse_arguments_dump
+    except ImportError:
+        return parse_dump_lines(lines)
+    try:
+        out = parse_arguments_dump(lines)
+    except Exception:  # a value the planner's reader rejects must not lose the whole dump
+        return parse_dump_lines(lines)
+    # Names of 48+ characters are printed without dots; keep them too.
+    for k, v in parse_dump_lines(lines).items():
+        out.setdefault(k, v)
+    return out
+
+
+class _Seg:
+    """Mutable segment state while parsing."""
+
+    __slots__ = ("args", "cause", "exit_marker", "first_iteration", "first_time_s", "index",
+                 "last_iteration", "last_key", "last_time_s", "launch_time_s", "loaded_iteration",
+                 "n_records", "offset", "start_seen", "train_start_time_s")
+
+    def __init__(self, index: int, offset: int, cause: str, start_seen: bool) -> None:
+        self.index, self.offset, self.cause, self.start_seen = index, offset, cause, start_seen
+        self.args: dict[str, Any] | None = None
+        self.launch_time_s: float | None = None
+        self.train_start_time_s: float | None = None
+        self.first_time_s: float | None = None
+        self.last_time_s: float | None = None
+        self.loaded_iteration: int | None = None
+        self.first_iteration: int | None = None
+        self.last_iteration: int | None = None
+        self.last_key: tuple[Any, ...] | None = None
+        self.n_records = 0
+        self.exit_marker: str | None = None
+
+    def freeze(self) -> Segment:
+        return Segment(
+            index=self.index, offset=self.offset, cause=self.cause, start_seen=self.start_seen,
+            args=None if self.args is None else dict(self.args),
+            launch_time_s=self.launch_time_s, train_start_time_s=self.train_start_time_s,
+            first_time_s=self.first_time_s, last_time_s=self.last_time_s,
+            loaded_iteration=self.loaded_iteration, first_iteration=self.first_iteration,
+            last_iteration=self.last_iteration, n_records=self.n_records,
+            exit_marker=self.exit_marker)
+
+
+class _Save:
+    __slots__ = ("end_time_s", "iteration", "offset", "segment", "start_time_s", "succeeded",
+                 "timer_s")
+
+    def __init__(self, iteration: int, segment: int, offset: int) -> None:
+        self.iteration, self.segment, self.offset = iteration, segment, offset
+        self.start_time_s: float | None = None
+        self.end_time_s: float | None = None
+        self.timer_s: float | None = None
+        self.succeeded = False
+
+    def freeze(self) -> CheckpointSave:
+        return CheckpointSave(self.iteration, self.segment, self.offset, self.start_time_s,
+                              self.end_time_s, self.timer_s, self.succeeded)
+
+
+# --- the parser ------------------------------------------------------------------------------
+
+
+class LogParser:
+    """Incremental Megatron log parser: `feed(chunk)` ..., `summary()`, `close()`."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._skip_line = False  # inside an over-long line: drop it up to the next newline
+        self._base = 0  # stream offset of the next byte fed
+        self._want_timer = False
+        self._n_rejected = 0
+        self._n_duplicates = 0
+        self._closed = False
+        self._ints = array("q")  # rows of _INT_COLS
+        self._floats = array("d")  # rows of _FLOAT_COLS
+        self._segs: list[_Seg] = [_Seg(0, 0, "start", False)]
+        self._saves: list[_Save] = []
+        self._progress: list[ProgressEntry] = []
+        self._first_time: float | None = None
+        self._last_time: float | None = None
+        self._dump: list[str] | None = None  # lines of an arguments dump being read
+
+    # -- input --
+
+    def feed(self, chunk: bytes | str) -> None:
+        """Consume the next piece of the stream (any size; lines may span pieces)."""
+        if self._closed:
+            raise ValueError("LogParser.feed() after close()")
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8", "surrogateescape")
+        if not chunk:
+            return
+        base = self._base - len(self._partial)
+        self._base += len(chunk)
+        if self._skip_line:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return
+            self._skip_line = False  # (the partial line is empty while skipping)
+            base += nl + 1
+            chunk = chunk[nl + 1:]
+        data = self._partial + chunk if self._partial else chunk
+        last = data.rfind(b"\n")
+        if last < 0:
+            self._partial = data
+        else:
+            self._partial = data[last + 1:]
+            self._scan(data, last + 1, base)
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._partial, self._skip_line = b"", True
+
+    def feed_lines(self, lines: Iterable[bytes | str]) -> None:
+        """Consume lines (a newline is added where missing), batched for the fast path."""
+        batch: list[bytes] = []
+        size = 0
+        for line in lines:
+            b = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+            if not b.endswith(b"\n"):
+                b += b"\n"
+            batch.append(b)
+            size += len(b)
+            if size >= CHUNK_BYTES:
+                self.feed(b"".join(batch))
+                batch, size = [], 0
+        if batch:
+            self.feed(b"".join(batch))
+
+    def close(self) -> LogSummary:
+        """End of input: parse an unterminated last line; return the final summary."""
+        if not self._closed:
+            if self._partial and not self._skip_line:
+                tail = self._partial
+                self._partial = b""
+                self._scan(tail + b"\n", len(tail) + 1, self._base - len(tail))
+            self._partial = b""
+            if self._dump is not None:
+                self._end_dump()
+            self._closed = True
+        return self.summary()
+
+    # -- scanning --
+
+    def _scan(self, data: bytes, end: int, base: int) -> None:
+        """Handle the complete lines in data[:end] (data[end-1] is a newline).
+
+        Iteration headers are found by one regex pass (a literal-prefix search in C); the rare
+        lines by `bytes.find` of a few marker words; only those lines are looked at.
+        """
+        pos = 0
+        if self._dump is not None:
+            pos = self._dump_lines(data, 0, end, base)
+        if self._want_timer:
+            self._timer_after(data, pos, end)
+        rare: list[int] = []
+        for marker in _MARKERS:
+            p = data.find(marker, pos, end)
+            while p >= 0:
+                rare.append(p)
+                p = data.find(marker, p + 1, end)
+        rare.sort()
+        ri = 0
+        hits = _ITER_HDR.finditer(data, pos, end)
+        m = next(hits, None)
+        while True:
+            rp = rare[ri] if ri < len(rare) else end
+            if m is not None and m.start() < rp:
+                nl = data.find(b"\n", m.end(), end)
+                nxt = next(hits, None)
+                while nxt is not None and nxt.start() < nl:  # glued lines: the last header wins
+                    m, nxt = nxt, next(hits, None)
+                ls = data.rfind(b"\n", 0, m.start()) + 1
+                self._iteration(data, m, ls, nl, base)
+                m = nxt
+                while ri < len(rare) and rare[ri] < nl:
+                    ri += 1
+                continue
+            if rp >= end:
+                return
+            ls = data.rfind(b"\n", 0, rp) + 1
+            nl = data.find(b"\n", rp, end)
+            while ri < len(rare) and rare[ri] < nl:
+                ri += 1
+            after = self._rare_line(data, ls, nl, base)
+            if after > nl + 1:  # an arguments dump was consumed: resume after it
+                hits = _ITER_HDR.finditer(data, after, end)
+                m = next(hits, None)
+                while ri < len(rare) and rare[ri] < after:
+                    ri += 1
+            elif m is not None and m.start() < nl:
+                m = next(hits, None)
+
+    def _rare_line(self, data: bytes, ls: int, nl: int, base: int) -> int:
+        """A line holding a marker word; returns where scanning continues."""
+        line = data[ls:nl].rstrip(b"\r")
+        if b" arguments ---" in line:
+            bm = _BANNER.search(line)
+            if bm and not bm.group(1):
+                self._start_dump(base + ls)
+                return self._dump_lines(data, nl + 1, data.rfind(b"\n") + 1, base)
+        elif b" checkpoint " in line:
+            self._checkpoint_line(line, base + ls)
+            if self._want_timer:
+                self._timer_after(data, nl, len(data))
+        elif b"] datetime: " in line:
+            self._datetime_line(line, base + ls, data, ls)
+        elif b"\t" in line:
+            self._progress_line(line)
+        return nl + 1
+
+    def _timer_after(self, data: bytes, pos: int, end: int) -> None:
+        """The `save-checkpoint` timer is logged right after a save (timers.log in
+        save_checkpoint_and_time); look for it in the next 64 KiB only."""
+        q = data.find(b"save-checkpoint", pos, min(end, pos + 65536))
+        if q < 0:
+            self._want_timer = pos + 65536 > end  # may still come in the next chunk
+            return
+        self._want_timer = False
+        nl = data.find(b"\n", q)
+        tm = _TIMER.search(data[q:nl if nl >= 0 else len(data)].rstrip(b"\r"))
+        if tm and self._saves:
+            try:
+                ms = float(tm.group(3) or tm.group(4))
+            except ValueError:
+                return
+            if self._saves[-1].timer_s is None:
+                self._saves[-1].timer_s = ms / 1000.0
+
+    def _see_time(self, t: float) -> None:
+        seg = self._segs[-1]
+        if seg.first_time_s is None:
+            seg.first_time_s = t
+        seg.last_time_s = t
+        if self._first_time is None:
+            self._first_time = t
+        self._last_time = t
+
+    def _new_segment(self, offset: int, cause: str) -> _Seg:
+        if len(self._segs) >= MAX_SEGMENTS:  # pathological input: stop splitting
+            return self._segs[-1]
+        seg = _Seg(len(self._segs), offset, cause, True)
+        self._segs.append(seg)
+        return seg
+
+    # -- iteration lines --
+
+    def _iteration(self, data: bytes, m: re.Match[bytes], ls: int, nl: int, base: int) -> None:
+        le = nl
+        while le > m.end() and data[le - 1] in b" \t\r":
+            le -= 1
+        if data[le - 1:le] != b"|":
+            self._n_rejected += 1
+            return
+        try:
+            iteration, train_iters = int(m.group(1)), int(m.group(2))
+            f = _FAST.match(data, m.end(), le)
+            if f is not None:  # the usual Megatron layout, matched in one go
+                g = f.groups()
+                row = (int(g[0]), float(g[1]), _NAN if g[2] is None else float(g[2]), int(g[3]),
+                       _NAN if g[4] is None else float(g[4]), float(g[5]),
+                       _NAN if g[6] is None else float(g[6]), int(g[7]), int(g[8]))
+            else:
+                row = _generic_fields(data[m.end():le])
+        except ValueError:
+            self._n_rejected += 1
+            return
+        consumed, elapsed, tfl, gbs, loss, scale, gnorm, skipped, nans = row
+        if not 0.0 < elapsed < 1e9 or min(consumed, gbs, skipped, nans) < -1:
+            self._n_rejected += 1
+            return
+        t = _NAN
+        s0 = m.start()
+        if data[s0 - 2:s0] == b"] ":  # ` [2024-04-06 03:02:12] iteration` (2024-01 on)
+            lb = data.rfind(b"[", max(ls, s0 - 40), s0)
+            ts = parse_timestamp(data[lb + 1:s0 - 2]) if lb >= 0 else None
+            if ts is None:
+                self._n_rejected += 1
+                return
+            t = ts
+        if not 0.0 <= tfl < 1e7:
+            tfl = _NAN
+
+        seg = self._segs[-1]
+        key = (iteration, elapsed, t)
+        if seg.last_iteration is not None and iteration <= seg.last_iteration:
+            if seg.last_key == key:
+                self._n_duplicates += 1
+                return
+            seg = self._new_segment(base + ls, "iteration-reset")
+        if t == t:
+            self._see_time(t)
+        if seg.first_iteration is None:
+            seg.first_iteration = iteration
+        seg.last_iteration = iteration
+        seg.last_key = key
+        seg.n_records += 1
+        self._ints.extend((iteration, train_iters, consumed, gbs, skipped, nans, seg.index,
+                           base + ls))
+        self._floats.extend((elapsed, t, tfl, loss, scale, gnorm))
+
+    # -- other lines --
+
+    def _line_time(self, line: bytes) -> float | None:
+        m = _TS_BRACKET.search(line)
+        if not m:
+            return None
+        t = parse_timestamp(m.group(1))
+        if t is not None:
+            self._see_time(t)
+        return t
+
+    def _checkpoint_line(self, line: bytes, offset: int) -> None:
+        seg = self._segs[-1]
+        m = _SAVE_START.search(line)
+        if m:
+            if len(self._saves) < MAX_EVENTS:
+                save = _Save(int(m.group(1)), seg.index, offset)
+                save.start_time_s = self._line_time(line)
+                self._saves.append(save)
+            return
+        m = _SAVE_DONE.search(line)
+        if m:
+            it = int(m.group(1))
+            save = self._saves[-1] if self._saves else None
+            if save is None or save.iteration != it or save.segment != seg.index:
+                if len(self._saves) >= MAX_EVENTS:
+                    return
+                save = _Save(it, seg.index, offset)  # the start line was lost or not printed
+                self._saves.append(save)
+            save.succeeded = True
+            self._want_timer = True
+            save.end_time_s = self._line_time(line)
+            return
+        m = _LOADED.search(line)
+        if m:
+            seg.loaded_iteration = int(m.group(1))
+            self._line_time(line)
+
+    def _datetime_line(self, line: bytes, offset: int, data: bytes, ls: int) -> None:
+        m = _DATETIME.search(line)
+        if not m:
+            return
+        t = parse_timestamp(m.group(2))
+        if t is None:
+            return
+        self._see_time(t)
+        label = m.group(1).strip()
+        seg = self._segs[-1]
+        if label == b"after megatron is initialized":
+            # A relaunch whose arguments dump was not in the log starts here.
+            if seg.n_records:
+                seg = self._new_segment(offset, "restart")
+            seg.start_seen = seg.start_seen or seg.n_records == 0
+            # `time to initialize megatron (seconds): X` is printed just before this marker
+            # (initialize_megatron, core 0.5 .. main); X runs from the start of the process.
+            q = data.rfind(b"time to initialize megatron (seconds): ", max(0, ls - 65536), ls)
+            if q >= 0 and seg.launch_time_s is None:
+                im = _INIT_S.match(data, q, data.find(b"\n", q))
+                if im:
+                    seg.launch_time_s = t - float(im.group(1))
+        elif label == b"before the start of training step":
+            seg.train_start_time_s = t
+            seg.start_seen = seg.start_seen or seg.n_records == 0
+        elif label.startswith((b"after training is done", b"exiting program")):
+            seg.exit_marker = label[:120].decode("utf-8", "replace")
+
+    def _progress_line(self, line: bytes) -> None:
+        m = _PROGRESS.search(line)
+        if not m or len(self._progress) >= MAX_EVENTS:
+            return
+        t = parse_timestamp(m.group(1))
+        if t is None:
+            return
+        fields: dict[bytes, bytes] = {}
+        for part in m.group(5).split(b"\t"):
+            k, sep, v = part.partition(b": ")
+            if sep:
+                fields[k.strip()] = v.strip()
+
+        def num(key: bytes, conv: type) -> Any:
+            raw = fields.get(key)
+            if raw is None:
+                return None
+            raw = raw.split(b" ")[0]  # "239.9 TFLOP/s/GPU"
+            try:
+                return conv(raw)
+            except ValueError:
+                return None
+
+        self._see_time(t)
+        self._progress.append(ProgressEntry(
+            time_s=t, job_id=m.group(2).decode("utf-8", "replace").strip(),
+            n_gpus=int(m.group(3)), event=m.group(4).decode("utf-8", "replace").strip(),
+            iteration=num(b"Iteration", int), job_tflops=num(b"Job throughput", float),
+            cumulative_tflops=num(b"Cumulative throughput", float),
+            flops=num(b"Floating-point operations", float),
+            tokens_billions=num(b"Tokens (in billions)", float)))
+
+    # -- the arguments dump --
+
+    def _start_dump(self, offset: int) -> None:
+        seg = self._segs[-1]
+        if seg.n_records or seg.args is not None:
+            seg = self._new_segment(offset, "arguments")
+        elif seg.index == 0 and seg.cause == "start":
+            seg.cause = "arguments"
+        seg.start_seen = True
+        self._dump = []
+
+    def _dump_lines(self, data: bytes, pos: int, end: int, base: int) -> int:
+        """Read dump lines from pos while a dump is open; returns where the dump stopped."""
+        while self._dump is not None and pos < end:
+            nl = data.find(b"\n", pos, end)
+            if nl < 0:
+                nl = end
+            line = data[pos:nl].rstrip(b"\r")
+            if b" arguments ---" in line and (bm := _BANNER.search(line)):
+                self._end_dump()
+                if not bm.group(1):  # a new start banner without an end: a truncated dump
+                    self._start_dump(base + pos)
+            elif b"|" in line and _ITER_HDR.search(line):  # cut short: training output follows
+                self._end_dump()
+                return pos
+            elif len(line) <= 16384:
+                lm = _LABEL.match(line)
+                self._dump.append(line[lm.end() if lm else 0:].decode("utf-8", "replace"))
+                if len(self._dump) >= MAX_ARGS_LINES:
+                    self._end_dump()
+            pos = nl + 1
+        return pos
+
+    def _end_dump(self) -> None:
+        lines, self._dump = self._dump or [], None
+        args = _arguments_from_dump(lines)
+        if args:
+            self._segs[-1].args = args
+
+    # -- output --
+
+    def summary(self) -> LogSummary:
+        """A snapshot of everything parsed so far (complete lines only, unless closed)."""
+        ints = np.array(self._ints, dtype=np.int64).reshape(-1, len(_INT_COLS))
+        floats = np.array(self._floats, dtype=np.float64).reshape(-1, len(_FLOAT_COLS))
+        arrays = {k: ints[:, j].copy() for j, k in enumerate(_INT_COLS)}
+        arrays.update({k: floats[:, j].copy() for j, k in enumerate(_FLOAT_COLS)})
+        return LogSummary(
+            iterations=IterationTable(**arrays),
+            segments=tuple(s.freeze() for s in self._segs),
+            checkpoints=tuple(s.freeze() for s in self._saves),
+            progress=tuple(self._progress),
+            n_bytes=self._base, n_rejected=self._n_rejected,
+            n_duplicates=self._n_duplicates, first_time_s=self._first_time,
+            last_time_s=self._last_time, complete=self._closed)
+
+
+def parse_log(source: IO[bytes] | Iterable[bytes | str]) -> LogSummary:
+    """Parse a whole log: a binary file object, or an iterable of lines."""
+    parser = LogParser()
+    read = getattr(source, "read", None)
+    if callable(read):
+        while True:
+            chunk = read(CHUNK_BYTES)
+            if not chunk:
+                break
+            parser.feed(chunk)
+    else:
+        parser.feed_lines(source)  # type: ignore[arg-type]
+    return parser.close()
+
+
+__all__ = ["CheckpointSave", "IterationRecord", "IterationTable", "LogParser", "LogSummary",
+           "ProgressEntry", "Segment", "epoch_to_log_clock", "parse_dump_lines", "parse_log",
+           "parse_timestamp", "typed_value"]

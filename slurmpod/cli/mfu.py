@@ -1,0 +1,188 @@
+"""`slurmpod mfu LOG`: MFU, throughput and goodput of any Megatron job from its log.
+
+The model comes from `--run RUN.toml` or from the log's own `arguments` dump; the GPU count from
+`--gpus`, else the dump's `world_size`, else the run spec's nodes × GPUs per node; the peak from
+the site (`--site`, default the built-in `dgx-h100-superpod`). FLOPs are slurmpod's own
+(`slurmpod.megatron.flops`), so jobs from different Megatron releases compare; Megatron's own
+TFLOP/s is shown next to them when the log has it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from slurmpod.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from slurmpod.accounting.metrics import JobMetrics, Stats
+    from slurmpod.model.site import Site
+
+
+def _read_log(path: Path) -> Any:
+    from slurmpod.accounting.logparse import parse_log
+
+    try:
+        with path.open("rb") as f:
+            return parse_log(f)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the log: {exc.strerror}") from None
+
+
+def _peak(site: Site, site_name: str, node_type: str | None) -> tuple[float, str]:
+    types = site.node_types
+    if node_type is not None:
+        if node_type not in types:
+            raise UsageError(f"--node-type {node_type!r}: not a node type of site {site_name}",
+                             hint=f"node types: {', '.join(sorted(types))}")
+        chosen = {node_type: types[node_type]}
+    else:
+        chosen = dict(types)
+    peaks = {nt.gpu.peak_tflops_bf16 for nt in chosen.values()}
+    if len(peaks) != 1:
+        listing = ", ".join(f"{k}: {v.gpu.model} {v.gpu.peak_tflops_bf16:g}"
+                            for k, v in sorted(chosen.items()))
+        raise UsageError(f"site {site_name} has GPUs with different peaks ({listing})",
+                         hint="choose the job's nodes with --node-type, or give --peak-tflops")
+    name = sorted(chosen)[0]
+    nt = chosen[name]
+    return float(nt.gpu.peak_tflops_bf16), f"{site_name}: {name}, {nt.gpu.name or nt.gpu.model}"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+@click.command("mfu")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--run", "run_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run spec (TOML) with the job's Megatron arguments [default: the log's "
+                   "arguments dump].")
+@click.option("--site", default=None,
+              help="Site file or built-in site name [default: dgx-h100-superpod].")
+@click.option("--node-type", default=None, help="The site node type the job ran on.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPUs of the job [default: world_size from the log].")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Dense BF16 peak per GPU, overriding the site's.")
+@click.option("--warmup-iters", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Iterations after each launch left out of the steady-state statistics.")
+@click.option("--series", is_flag=True, help="With --json: add the per-record series.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | None,
+        gpus: int | None, peak_tflops: float | None, warmup_iters: int, series: bool,
+        as_json: bool) -> None:
+    """MFU and throughput from a Megatron LOG (any release, submitted by slurmpod or not)."""
+    from slurmpod.accounting.metrics import flops_fn_for, job_metrics
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.megatron.runspec import ModelConfig, load_run
+
+    summary = _read_log(log)
+    if len(summary.iterations) == 0:
+        raise UsageError(f"{log}: no Megatron iteration lines found "
+                         f"({summary.n_rejected} malformed)",
+                         hint="is this the job's stdout? Megatron prints `iteration N/ M | ...` "
+                              "every --log-interval iterations")
+
+    site_path = resolve_site_path(site, default="dgx-h100-superpod")
+    site_obj = load_site(site_path)
+    site_name = site_obj.site.name
+
+    world_size: int | None = None
+    if run_file is not None:
+        run = load_run(run_file)
+        args: Any = run.megatron
+        source = f"run spec {run_file}"
+        nt_name = node_type or (next(iter(site_obj.node_types)) if len(site_obj.node_types) == 1
+                                else None)
+        if nt_name in site_obj.node_types:
+            world_size = run.job.nodes * site_obj.node_types[nt_name].gpus
+    else:
+        args = summary.args
+        source = "the log's arguments dump"
+        if args is None:
+            raise UsageError(f"{log}: the log has no Megatron `arguments` dump to take the model "
+                             "from", hint="pass the job's run spec with --run RUN.toml")
+        ws = args.get("world_size")
+        world_size = ws if isinstance(ws, int) and ws > 0 else None
+    n_gpus = gpus or world_size
+    if n_gpus is None:
+        raise UsageError("the number of GPUs is unknown (no world_size in the log)",
+                         hint="give it with --gpus N")
+
+    try:
+        cfg = ModelConfig.from_args(args)
+        flops_fn, formula = flops_fn_for(cfg)
+    except ConfigError as exc:
+        where = str(run_file) if run_file else f"{log} (arguments dump)"
+        raise ConfigError(exc.message, file=where, hint=exc.hint) from None
+
+    if peak_tflops is not None:
+        peak, peak_src = float(peak_tflops), "--peak-tflops"
+    else:
+        peak, peak_src = _peak(site_obj, site_name, node_type)
+
+    m = job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
+                    default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
+                    warmup_iters=warmup_iters)
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        out = {"log": str(log), "model_source": source, "peak_source": peak_src,
+               "log_summary": {"n_bytes": summary.n_bytes, "n_rejected": summary.n_rejected,
+                               "n_duplicates": summary.n_duplicates}}
+        emit_json(out | m.to_json(series=series))
+        return
+    click.echo(_text(log, summary, m, source, peak_src))
+
+
+def _text(log: Path, summary: Any, m: JobMetrics, source: str, peak_src: str) -> str:
+    from slurmpod.cli.output import table
+
+    lines = [
+        f"log            {log} ({m.n_records} iteration records, iterations "
+        f"{m.first_iteration}..{m.last_iteration} of {m.train_iters}, "
+        f"{summary.n_rejected} malformed lines skipped)",
+        f"model          from {source}",
+        f"GPUs           {m.n_gpus}; peak {m.peak_tflops:g} TFLOP/s per GPU, dense BF16 "
+        f"({peak_src})",
+        f"FLOPs model    {m.flops_formula}: {_fmt(m.flops_per_iteration, '.4g')} per iteration "
+        f"(sequence length {m.seq_length})",
+        "",
+        f"steady state: {m.iter_time_ms.n if m.iter_time_ms else 0} of {m.n_records} records "
+        f"(warm-up: first {m.warmup_iters} iterations of each launch"
+        f"{'; too few records, all used' if m.steady_fallback else ''})",
+    ]
+
+    def row(name: str, st: Stats | None, spec: str, scale: float = 1.0) -> list[str]:
+        if st is None:
+            return [name, "-", "-", "-"]
+        return [name, *(_fmt(v * scale, spec) for v in (st.median, st.p10, st.p90))]
+
+    rows = [row("iteration time (ms)", m.iter_time_ms, ".1f"),
+            row("tokens/s", m.tokens_per_s, ",.0f"),
+            row("model TFLOP/s per GPU", m.tflops_per_gpu, ".1f"),
+            row("MFU (%)", m.mfu, ".2f", 100.0)]
+    if m.tflops_reported is not None:
+        rows.append(row("Megatron's TFLOP/s/GPU", m.tflops_reported, ".1f"))
+    lines.append(table(["metric", "median", "p10", "p90"], rows))
+    if m.reported_ratio is not None:
+        lines.append(f"slurmpod ÷ Megatron-reported TFLOP/s: {m.reported_ratio:.3f} (Megatron "
+                     "counts with its own release's formula; see docs/accounting.md)")
+    lines.append("")
+    ttfi = m.time_to_first_iteration_s
+    lines.append(f"time to first iteration  {_fmt(ttfi, '.1f')} s"
+                 + (f" (from {m.time_to_first_iteration_ref.replace('_', ' ')})"
+                    if m.time_to_first_iteration_ref else ""))
+    lines.append(f"checkpoint saves         {len(m.checkpoint_stalls)} timed, "
+                 f"{m.checkpoint_stall_s:.1f} s in total")
+    lines.append(f"restarts                 {m.restarts}; work lost {m.lost_iters} iterations "
+                 f"({m.lost_s:.1f} s)")
+    if m.goodput is not None:
+        lines.append(f"goodput                  {m.goodput * 100:.1f} % (productive "
+                     f"{m.productive_s:.1f} s of {_fmt(m.wall_s, '.1f')} s in the log, "
+                     f"× {m.n_gpus} GPUs)")
+    return "\n".join(lines)
