@@ -11,6 +11,10 @@ so slurmctld refuses updates to it; the AdminComment goes to slurmdbd through sa
    `slurmpod hook flush`) delivers it;
 5. delivers whatever earlier epilogs left queued.
 
+Only jobs slurmpod knows (a slurmpod Comment) or whose log shows Megatron iterations get a record
+and an AdminComment; other jobs' AdminComment is left alone (a site may keep another tool's
+summary there), unless the site asks for every job (`--all-jobs`).
+
 It never fails the epilog: every error is logged to `<spool>/hook.log` and it returns 0. A slow
 slurmdbd cannot hold it past `PrologEpilogTimeout`: every command has a timeout and the flush
 stops at the first failure (slurmdbd is down; the rest waits for the next run).
@@ -92,16 +96,65 @@ def slurm_deliver(run: Callable[[list[str], float], tuple[int, str, str]]) -> De
     return deliver
 
 
-def local_run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
-    """Run a Slurm command here (argv list, never a shell) through slurmpod's LocalRunner."""
+def slurmctld_conf(proc: Path = Path("/proc"), start_pid: int | None = None) -> str | None:
+    """The slurm.conf of the slurmctld that runs this epilog.
+
+    EpilogSlurmctld gets only the job's variables (Slurm 22.05 `job_common_env_vars`: no PATH,
+    no SLURM_CONF), so sacctmgr would read the compiled-in default. Walk up the process tree
+    (wrapper script -> slurmscriptd -> slurmctld) and take SLURM_CONF from an ancestor's
+    environment, or `-f FILE` from slurmctld's command line.
+    """
+    pid = os.getppid() if start_pid is None else start_pid
+    for _ in range(8):
+        if pid <= 1:
+            return None
+        base = proc / str(pid)
+        try:
+            argv = (base / "cmdline").read_bytes().split(b"\0")
+            environ = (base / "environ").read_bytes().split(b"\0")
+            stat_fields = (base / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        name = os.path.basename(argv[0].decode(errors="replace")) if argv else ""
+        is_ctld = name.startswith("slurmctld")
+        for item in environ:
+            if item.startswith(b"SLURM_CONF=") and is_ctld:
+                return item[len(b"SLURM_CONF="):].decode(errors="replace") or None
+        if is_ctld:
+            for i, a in enumerate(argv[:-1]):
+                if a == b"-f":
+                    return argv[i + 1].decode(errors="replace") or None
+            if "slurmscriptd" not in name:
+                return None  # slurmctld itself, on its default configuration
+        pid = int(stat_fields[1])  # ppid
+    return None
+
+
+def local_runner(slurm_conf: str | None = None) -> Callable[[list[str], float],
+                                                            tuple[int, str, str]]:
+    """Run Slurm commands here (argv lists, never a shell) through slurmpod's LocalRunner,
+    with SLURM_CONF and a PATH set (the epilog's own environment has neither)."""
     from slurmpod.errors import CommandError
     from slurmpod.transport.local import LocalRunner
 
-    try:
-        res = LocalRunner().run(argv, timeout_s=timeout_s, check=False)
-    except CommandError as exc:  # not found, or timed out
-        return exc.returncode, "", exc.stderr or exc.message
-    return res.returncode, res.stdout, res.stderr
+    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"}
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    runner = LocalRunner(env=env)
+
+    def run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+        try:
+            res = runner.run(argv, timeout_s=timeout_s, check=False)
+        except CommandError as exc:  # not found, or timed out
+            return exc.returncode, "", exc.stderr or exc.message
+        return res.returncode, res.stdout, res.stderr
+
+    return run
+
+
+def local_run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """`local_runner()` with this process's SLURM_CONF (for `hook flush` run by an admin)."""
+    return local_runner(os.environ.get("SLURM_CONF"))(argv, timeout_s)
 
 
 def job_from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -160,9 +213,15 @@ def run_epilog(
     head_bytes: int = DEFAULT_HEAD_BYTES,
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     peak_tflops: float | None = None,
+    slurm_conf: str | None = None,
+    track_all: bool = False,
     now: Callable[[], float] = time.time,
 ) -> int:
-    """Do everything the module docstring lists. Returns 0, always."""
+    """Do everything the module docstring lists. Returns 0, always.
+
+    Jobs that are neither slurmpod's (no slurmpod Comment) nor Megatron (no iteration in the
+    log) get nothing stored unless `track_all`: their AdminComment is left alone.
+    """
     try:
         spool = Spool(spool_dir)
     except OSError as exc:
@@ -170,8 +229,11 @@ def run_epilog(
         return 0
     handler = setup_logging(spool.root)
     try:
-        _epilog(env, spool, deliver or slurm_deliver(local_run), summarise, head_bytes,
-                tail_bytes, peak_tflops, now)
+        if deliver is None:
+            conf = slurm_conf or env.get("SLURM_CONF") or slurmctld_conf()
+            deliver = slurm_deliver(local_runner(conf))
+        _epilog(env, spool, deliver, summarise, head_bytes, tail_bytes, peak_tflops, now,
+                track_all)
     except Exception:  # never fail the epilog: record the bug and go on
         log.exception("epilog for job %s failed", env.get("SLURM_JOB_ID", "?"))
     finally:
@@ -184,7 +246,7 @@ def run_epilog(
 def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
             head_bytes: int, tail_bytes: int, peak_tflops: float | None,
-            now: Callable[[], float]) -> None:
+            now: Callable[[], float], track_all: bool) -> None:
     job = job_from_env(env)
     try:
         job_id = safe_job_id(job["job_id"])
@@ -220,6 +282,12 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             except Exception as exc:  # a parser bug must not cost the record
                 log.exception("job %s: summarising %s failed", job_id, log_path)
                 summary = {"err": f"summary-{type(exc).__name__}"}
+    if not track_all and not is_tracked(job.get("comment")) and not summary.get("iters"):
+        # Not a slurmpod job and no Megatron output: leave its AdminComment alone (a site may
+        # keep other tools' summaries there) and keep no record.
+        log.info("job %s: not a slurmpod job and no Megatron iterations; nothing stored", job_id)
+        _flush_queue(spool, deliver)
+        return
     admin = hooks.build_admin_comment(summary)
     record = build_record(job, log_path, read_info, summary, series, admin, now())
     try:
@@ -235,10 +303,23 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         spool.put(job_id, "admin_comment", admin, error=str(exc))
         log.warning("job %s: admin comment queued in the spool (%s)", job_id, exc)
         delivered = False
-    if delivered and spool.list_pending():
-        result = spool.flush(deliver, blocking=False, stop_after_failures=1)
-        if result.delivered or result.failed:
-            log.info("flush: delivered %s, still pending %s", result.delivered, result.failed)
+    if delivered:
+        _flush_queue(spool, deliver)
+
+
+def _flush_queue(spool: Spool, deliver: Deliver) -> None:
+    """Deliver what earlier epilogs queued; stop at the first failure (Slurm still down)."""
+    if not spool.list_pending():
+        return
+    result = spool.flush(deliver, blocking=False, stop_after_failures=1)
+    if result.delivered or result.failed:
+        log.info("flush: delivered %s, still pending %s", result.delivered, result.failed)
+
+
+def is_tracked(comment: str | None) -> bool:
+    """A job slurmpod submitted (rendered Comment) or whose monitor wrote Comment v1."""
+    doc = hooks.decode_field(comment)
+    return bool(doc) and any(k in doc for k in ("slurmpod", "flops_per_iter", "mfu", "fmt"))
 
 
 def default_spool(env: Mapping[str, str] | None = None) -> Path:

@@ -33,7 +33,8 @@ def hook() -> None:
               help="The job's log; default: the batch script's stdout, else scontrol's StdOut.")
 @click.option("--job-id", envvar="SLURM_JOB_ID", required=True, help="Default: $SLURM_JOB_ID.")
 @click.option("--interval-s", type=click.FloatRange(min=1.0), default=180.0, show_default=True,
-              help="Seconds between Comment updates.")
+              envvar="SLURMPOD_MONITOR_INTERVAL_S",
+              help="Seconds between Comment updates [env SLURMPOD_MONITOR_INTERVAL_S].")
 @click.option("--peak-tflops", type=click.FloatRange(min=0.0, min_open=True),
               help="Peak per GPU, if the Comment has none (default: --site's GPU).")
 @click.option("--site", help="Site file or built-in name, for the GPU peak.")
@@ -96,8 +97,11 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
 @click.option("--peak-tflops", help="Peak per GPU when neither the Comment nor --site has one.")
 @click.option("--head-mb", default="1", show_default=True, help="Read at most this from the start")
 @click.option("--tail-mb", default="64", show_default=True, help="… and this from the end.")
+@click.option("--slurm-conf", help="slurm.conf for sacctmgr (default: slurmctld's own).")
+@click.option("--all-jobs", is_flag=True,
+              help="Store a summary for every job, not only slurmpod/Megatron ones.")
 def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb: str,
-           tail_mb: str) -> None:
+           tail_mb: str, slurm_conf: str | None, all_jobs: bool) -> None:
     """EpilogSlurmctld hook: final summary to AdminComment and the spool. Always exits 0."""
     from slurmpod.accounting.epilog import default_spool, log, run_epilog
 
@@ -110,7 +114,8 @@ def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb
         print(f"slurmpod hook epilog: ignoring bad option: {exc}", file=sys.stderr)
         head, tail = 1 << 20, 64 << 20
     try:
-        run_epilog(os.environ, root, peak_tflops=peak, head_bytes=head, tail_bytes=tail)
+        run_epilog(os.environ, root, peak_tflops=peak, head_bytes=head, tail_bytes=tail,
+                   slurm_conf=slurm_conf, track_all=all_jobs)
     except BaseException as exc:  # run_epilog catches everything; this is the last resort
         log.error("epilog crashed: %r", exc)
     sys.exit(0)

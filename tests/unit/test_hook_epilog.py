@@ -191,3 +191,46 @@ def test_epilog_cli_always_exits_zero(tmp_path: Path) -> None:
                                     "--head-mb", "lots", "--bogus"], env=env)
     assert res.exit_code == 0, res.output
     assert "no usable SLURM_JOB_ID" in (tmp_path / "sp" / "hook.log").read_text()
+
+
+def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], env: dict[str, str]) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
+    (d / "stat").write_text(f"{pid} ({argv[0][:15]}) S {ppid} 1 1 0 -1\n")
+
+
+def test_slurmctld_conf_found_in_ancestors(tmp_path: Path) -> None:
+    from slurmpod.accounting.epilog import slurmctld_conf
+
+    # wrapper sh (30) -> slurmscriptd (20, inherits slurmctld's environment) -> slurmctld (10)
+    fake_proc(tmp_path, 10, 1, ["/usr/sbin/slurmctld", "-D", "-f", "/etc/x/slurm.conf"], {})
+    fake_proc(tmp_path, 20, 10, ["slurmctld: slurmscriptd"], {"SLURM_CONF": "/sb/slurm.conf"})
+    fake_proc(tmp_path, 30, 20, ["/bin/sh", "/sb/hooks/epilog"], {"SLURM_CONF": "/evil"})
+    assert slurmctld_conf(tmp_path, 30) == "/sb/slurm.conf"  # the job-side env is not trusted
+    (tmp_path / "20" / "environ").write_bytes(b"PATH=/bin\0")
+    assert slurmctld_conf(tmp_path, 30) == "/etc/x/slurm.conf"  # slurmctld -f
+    (tmp_path / "10" / "cmdline").write_bytes(b"/usr/sbin/slurmctld\0-D\0")
+    assert slurmctld_conf(tmp_path, 30) is None  # default configuration
+    assert slurmctld_conf(tmp_path, 99) is None  # no such process
+
+
+def test_untracked_job_without_iterations_is_left_alone(tmp_path: Path) -> None:
+    env = job_env(tmp_path)
+    env["SLURM_JOB_COMMENT"] = "someone else's note"
+    log = tmp_path / "work" / "logs" / "train-42.out"
+    log.parent.mkdir(parents=True)
+    log.write_text("hello from a non-Megatron job\n")
+    slurm = Slurm()
+    run_epilog(env, tmp_path / "spool", deliver=slurm)
+    assert slurm.admin == {} and not list((tmp_path / "spool" / "records").iterdir())
+    # ...unless it printed Megatron iterations, or the site asks for every job
+    write_log(tmp_path)
+    run_epilog(env, tmp_path / "spool", deliver=slurm)
+    assert decode_field(slurm.admin["42"])["iters"] == 5
+    assert "mfu" not in decode_field(slurm.admin["42"])  # no FLOPs without Comment or arguments
+    log.write_text("hello again\n")
+    run_epilog(env, tmp_path / "spool2", deliver=slurm, track_all=True)
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none",
+                                               "err": "no-iterations"}
