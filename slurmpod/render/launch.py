@@ -85,7 +85,9 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
 
 
 def parse_time_limit_min(limit: str) -> int | None:
-    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) -> whole minutes; None = no limit."""
+    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) -> whole minutes.
+
+    None means no limit."""
     if limit.upper() in ("INFINITE", "UNLIMITED"):
         return None
     days = 0
@@ -94,7 +96,7 @@ def parse_time_limit_min(limit: str) -> int | None:
         d, rest = limit.split("-", 1)
         days = int(d)
         parts = [int(p) for p in rest.split(":")]
-        h, m, s = (parts + [0, 0])[:3]
+        h, m, s = [*parts, 0, 0][:3]
     else:
         parts = [int(p) for p in rest.split(":")]
         if len(parts) == 1:
@@ -106,7 +108,8 @@ def parse_time_limit_min(limit: str) -> int | None:
     return days * 1440 + h * 60 + m + s // 60
 
 
-def exit_duration_min(limit_min: int | None, signal_lead_s: int, save_margin_min: int) -> int | None:
+def exit_duration_min(limit_min: int | None, signal_lead_s: int,
+                      save_margin_min: int) -> int | None:
     """Minutes Megatron may train before it saves and exits on its own: the time limit minus the
     signal lead and a margin for the final checkpoint (at least 1 minute)."""
     if limit_min is None:

@@ -1,0 +1,225 @@
+"""Run rendered scripts under bash with stand-ins for srun/scontrol/sinfo and the trainer.
+
+Hostile values (quotes, `$()`, `;`, newlines) in the run spec must reach the trainer's argv and
+environment exactly; the auto-resume logic must requeue (bounded by SLURM_RESTART_COUNT),
+forward SIGTERM, skip finished runs and route around failed nodes when spares exist.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmpod.config import builtin_site_path, load_site
+from slurmpod.megatron.runspec import run_from_dict
+from slurmpod.render.sbatch import PlanFacts, RenderOptions, build_context, render_script
+
+SITE = load_site(builtin_site_path("sandbox"))
+
+SRUN = r"""#!/bin/bash
+printf '%s\0' "$@" > "$STUB_DIR/srun.args"
+while [ $# -gt 0 ] && [[ "$1" == --* ]]; do shift; done
+export SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2
+pids=()
+for t in 0 1; do SLURM_PROCID=$t SLURM_LOCALID=$t "$@" & pids+=($!); done
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM
+rc=0
+for p in "${pids[@]}"; do
+  while :; do
+    wait "$p"; r=$?
+    if [ $r -gt 128 ] && kill -0 "$p" 2>/dev/null; then continue; fi
+    break
+  done
+  [ $r -ne 0 ] && rc=$r
+done
+exit $rc
+"""
+SCONTROL = r"""#!/bin/bash
+echo "$*" >> "$STUB_DIR/scontrol.log"
+case "$1 $2" in
+  "show hostnames") printf 'gpu001\ngpu002\ngpu003\n' ;;
+  "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.${3: -1} NodeHostName=$3" ;;
+esac
+exit 0
+"""
+SINFO = r"""#!/bin/bash
+printf '%s\n' ${STUB_BAD_NODES:-}
+"""
+TRAINER = r"""#!/bin/bash
+printf '%s\0' "$@" > "$STUB_DIR/argv.$RANK"
+env -0 > "$STUB_DIR/env.$RANK"
+save=""; iters=""
+while [ $# -gt 0 ]; do
+  case "$1" in --save) save="$2"; shift ;; --train-iters) iters="$2"; shift ;; esac
+  shift
+done
+case "${STUB_MODE:-done}" in
+  done) [ "$RANK" = 0 ] && echo "$iters" > "$save/latest_checkpointed_iteration.txt"; exit 0 ;;
+  fail) exit 7 ;;
+  term)
+    on_term() {
+      echo term > "$STUB_DIR/term.$RANK"
+      [ "$RANK" = 0 ] && echo 3 > "$save/latest_checkpointed_iteration.txt"
+      exit 0
+    }
+    trap on_term TERM
+    touch "$STUB_DIR/started.$RANK"
+    for _ in $(seq 200); do sleep 0.05; done; exit 3 ;;
+esac
+"""
+
+
+def _stubs(tmp: Path) -> Path:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("sinfo", SINFO),
+                       ("trainer", TRAINER)):
+        p = bin_dir / name
+        p.write_text(text)
+        p.chmod(0o755)
+    return bin_dir
+
+
+def _render(tmp: Path, job: dict[str, Any] | None = None, megatron: dict[str, Any] | None = None,
+            **opts: Any) -> Path:
+    bin_dir = _stubs(tmp)
+    mg = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+          "vocab_size": 100, "tensor_model_parallel_size": 2, "train_iters": 5,
+          **(megatron or {})}
+    run = run_from_dict({"job": {"name": "stub", "nodes": 2,
+                                 "entrypoint": shlex.quote(str(bin_dir / "trainer")),
+                                 **(job or {})}, "megatron": mg}, "run.toml")
+    plan = PlanFacts(nodes=2, gpus_per_node=8, min_sus=1, min_blocks=1,
+                     flops_per_iteration=1.0, peak_tflops=1.0, formula="t")
+    o = {"run_dir": str(tmp / "run"), "topo_dir": "", "monitor": False, **opts}
+    script = tmp / "job.sbatch"
+    script.write_text(render_script(build_context(run, SITE, plan, RenderOptions(**o))))
+    return script
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": f"{tmp / 'bin'}:/usr/bin:/bin", "STUB_DIR": str(tmp), "HOME": str(tmp),
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-003]", **extra}
+
+
+def _run(tmp: Path, script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(script)], env=_env(tmp, **env), capture_output=True,
+                          text=True, timeout=60, cwd=tmp)
+
+
+def _nul_list(path: Path) -> list[str]:
+    return path.read_bytes().decode().split("\0")[:-1]
+
+
+def _requeued(tmp: Path) -> bool:
+    log = tmp / "scontrol.log"
+    return log.exists() and "requeue 4242" in log.read_text()
+
+
+# Shell metacharacters drawn often, plus any other character now and then.
+_META = st.sampled_from([*"'\"$`\\;&|<>(){}[] \n\t*?!#~%=-", "$(id)", "${X}", "é", "✓"])
+NASTY = st.one_of(
+    st.sampled_from(["", "$(touch pwned)", "a'b", 'a"b', "`id`", "x;y", "l1\nl2", "\\", "-x"]),
+    st.lists(st.one_of(_META, st.characters(blacklist_characters="\x00",
+                                            blacklist_categories=("Cs",))),
+             max_size=25).map("".join),
+)
+PATHY = st.text(alphabet=st.characters(blacklist_characters="/\x00",
+                                       blacklist_categories=("Cs", "Cc")), min_size=1,
+                max_size=20)
+
+
+@given(arg=NASTY, env_value=NASTY, mounts=NASTY, run_suffix=PATHY)
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_hostile_values_reach_trainer_exactly(tmp_path_factory: Any, arg: str, env_value: str,
+                                              mounts: str, run_suffix: str) -> None:
+    tmp = tmp_path_factory.mktemp("hostile")
+    run_dir = tmp / f"r-{run_suffix}"
+    script = _render(tmp, job={"env": {"MY_VALUE": env_value}},
+                     megatron={"data_path": arg, "tokenizer_type": "x'y\"z"},
+                     run_dir=str(run_dir), run_env={"OTHER": mounts})
+    proc = _run(tmp, script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in ("0", "1"):
+        argv = _nul_list(tmp / f"argv.{rank}")
+        assert argv[argv.index("--data-path") + 1] == arg
+        assert argv[argv.index("--tokenizer-type") + 1] == "x'y\"z"
+        assert argv[argv.index("--save") + 1] == f"{run_dir}/checkpoints"
+        env = dict(e.split("=", 1) for e in _nul_list(tmp / f"env.{rank}"))
+        assert env["MY_VALUE"] == env_value and env["OTHER"] == mounts
+        assert env["RANK"] == rank and env["LOCAL_RANK"] == rank and env["WORLD_SIZE"] == "2"
+        assert env["NCCL_IB_HCA"].startswith("=mlx5_0,")
+        assert env["SLURMPOD_NUMA_NODE"] == "0"  # GPUs 0 and 1 sit on NUMA node 0
+    assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "5\n"
+
+
+def test_finished_run_exits_zero_without_requeue(tmp_path: Path) -> None:
+    proc = _run(tmp_path, _render(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "training complete" in proc.stdout and not _requeued(tmp_path)
+    env = dict(e.split("=", 1) for e in _nul_list(tmp_path / "env.0"))
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == str(20000 + 4242)
+
+
+def test_failure_requeues_until_budget_is_spent(tmp_path: Path) -> None:
+    script = _render(tmp_path, max_restarts=2)
+    proc = _run(tmp_path, script, STUB_MODE="fail", SLURM_RESTART_COUNT="1")
+    assert proc.returncode == 0 and _requeued(tmp_path), proc.stderr
+    (tmp_path / "scontrol.log").unlink()
+    proc = _run(tmp_path, script, STUB_MODE="fail", SLURM_RESTART_COUNT="2")
+    assert proc.returncode == 7 and not _requeued(tmp_path)
+    assert "restart budget (2) used up" in proc.stderr
+
+
+def test_already_finished_checkpoint_skips_launch(tmp_path: Path) -> None:
+    script = _render(tmp_path)
+    ck = tmp_path / "run" / "checkpoints"
+    ck.mkdir(parents=True)
+    (ck / "latest_checkpointed_iteration.txt").write_text("5\n")
+    proc = _run(tmp_path, script)
+    assert proc.returncode == 0 and "nothing left to train" in proc.stdout
+    assert not (tmp_path / "srun.args").exists()
+
+
+def test_sigterm_is_forwarded_then_job_requeues(tmp_path: Path) -> None:
+    script = _render(tmp_path)
+    proc = subprocess.Popen(["bash", str(script)], env=_env(tmp_path, STUB_MODE="term"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"started.{r}").exists() for r in "01"):
+        assert time.monotonic() < deadline, "trainer never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # what --signal=B:TERM@lead delivers to the batch shell
+    out, err = proc.communicate(timeout=30)
+    assert "SIGTERM received" in err
+    assert (tmp_path / "term.0").exists() and (tmp_path / "term.1").exists()
+    assert _requeued(tmp_path) and proc.returncode == 0, out + err
+    ck = tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert ck.read_text() == "3\n"
+
+
+def test_spares_skip_failed_nodes(tmp_path: Path) -> None:
+    script = _render(tmp_path, spares=1)
+    proc = _run(tmp_path, script, STUB_BAD_NODES="gpu001")
+    assert proc.returncode == 0, proc.stderr
+    args = _nul_list(tmp_path / "srun.args")
+    assert "--nodelist=gpu002,gpu003" in args
+    env = dict(e.split("=", 1) for e in _nul_list(tmp_path / "env.0"))
+    assert env["MASTER_ADDR"] == "10.0.0.2"
+
+
+def test_cpu_bind_slurm_passes_locality_map(tmp_path: Path) -> None:
+    script = _render(tmp_path, cpu_bind="slurm")
+    assert _run(tmp_path, script).returncode == 0
+    assert "--cpu-bind=map_ldom:0,0,0,0,1,1,1,1" in _nul_list(tmp_path / "srun.args")
+    assert os.path.exists(tmp_path / "argv.1")
