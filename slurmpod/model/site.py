@@ -422,10 +422,15 @@ def build_inventory(site: Site) -> Inventory:
             domain_base += -(-grp.nodes_per_su // nodes_per_domain)
             su += 1
     domain_names = [site.naming.domain.format(domain=d + 1) for d in range(domain_base)]
+    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    # SU, rack and (rack-scale) domain names share one namespace: node features and switch or
+    # block names. Each must be unique and not reuse another kind's or a host's name.
+    taken: dict[str, int] = dict(seen)
     for key, pattern, names in (("naming.su", site.naming.su, su_names),
                                 ("naming.rack", site.naming.rack, rack_names),
-                                ("naming.domain", site.naming.domain, domain_names)):
-        _check_unique(key, pattern, names, seen)
+                                ("naming.domain", site.naming.domain, domain_names if nvl else [])):
+        _check_unique(key, pattern, names, taken)
+        taken.update(dict.fromkeys(names, 0))
     return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types),
                      tuple(domain_names))
 
@@ -438,7 +443,9 @@ def _check_unique(key: str, pattern: str, names: list[str], hosts: dict[str, int
         if name in seen:
             raise ValueError(f"{key}: {pattern!r} gives {name!r} twice; include its number field")
         if name in hosts:
-            raise ValueError(f"{key}: {name!r} is also a host name; choose a distinct pattern")
+            raise ValueError(
+                f"{key}: {name!r} is also a host, SU or rack name; choose a distinct pattern"
+            )
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", name):
             raise ValueError(f"{key}: {name!r} is not a valid Slurm name (start with a letter)")
         seen.add(name)
