@@ -16,7 +16,7 @@ from slurmpod.errors import ConfigError, SlurmpodError, UsageError
 
 _LAZY = {
     "check": "Check the real fabric (ibnetdiscover output) against the site's cabling plan.",
-    "discover": "Discover the fabric and summarise it against the site.",
+    "discover": "Draft a site file (and its artefacts) from ibnetdiscover output.",
 }
 
 
