@@ -1,0 +1,1 @@
+"""The sandbox training workload: a stand-in for Megatron-LM that runs on CPUs with numpy."""

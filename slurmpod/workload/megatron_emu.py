@@ -1,0 +1,440 @@
+"""A stand-in for Megatron-LM in the sandbox: Megatron's arguments, log lines and checkpoints,
+with real numpy matrix work per iteration instead of a GPU model.
+
+Run as `python -m slurmpod.workload.megatron_emu <megatron args>`. It accepts the flags slurmpod
+renders (unknown ones are tolerated), prints Megatron's `arguments` dump and iteration lines
+with measured timings, saves `iter_NNNNNNN/` checkpoints with `latest_checkpointed_iteration.txt`
+every `--save-interval`, resumes from `--load`, appends to `<save>/progress.txt`, and with
+`--exit-signal-handler` saves and exits on SIGTERM (as Megatron does).
+
+The work: each iteration performs this rank's share of the model's FLOPs (slurmpod's Megatron
+FLOPs formula ÷ world size) as the forward, data-gradient and weight-gradient GEMMs of a real
+least-squares model of width `hidden_size`, trained by SGD, so `lm loss` and `grad norm` are
+computed, not invented, and a resumed run continues exactly where the saved one stopped.
+Only rank 0 computes and logs; other ranks (srun tasks) idle until it finishes, so 16 tasks on
+a 2-core machine stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_DATA_ROWS = 4096  # rows of the synthetic dataset, cycled through by consumed samples
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron_emu", allow_abbrev=False,
+                                description="Megatron-LM stand-in for the slurmpod sandbox")
+    a = p.add_argument
+    a("--num-layers", type=int, required=True)
+    a("--hidden-size", type=int, required=True)
+    a("--num-attention-heads", type=int, required=True)
+    a("--ffn-hidden-size", type=int, default=None)
+    a("--kv-channels", type=int, default=None)
+    a("--group-query-attention", action="store_true")
+    a("--num-query-groups", type=int, default=1)
+    a("--swiglu", action="store_true")
+    a("--seq-length", type=int, required=True)
+    a("--max-position-embeddings", type=int, default=None)
+    a("--vocab-size", type=int, default=50257)
+    a("--make-vocab-size-divisible-by", type=int, default=128)
+    a("--micro-batch-size", type=int, default=1)
+    a("--global-batch-size", type=int, default=None)
+    a("--train-iters", type=int, required=True)
+    a("--log-interval", type=int, default=100)
+    a("--log-throughput", action="store_true")
+    a("--lr", type=float, default=1.0e-4)
+    a("--min-lr", type=float, default=0.0)
+    a("--lr-warmup-iters", type=int, default=0)
+    a("--lr-decay-style", default="cosine", choices=["constant", "linear", "cosine"])
+    a("--lr-decay-iters", type=int, default=None)
+    a("--save", default=None)
+    a("--load", default=None)
+    a("--save-interval", type=int, default=None)
+    a("--exit-duration-in-mins", type=float, default=None)
+    a("--exit-interval", type=int, default=None)
+    a("--exit-signal-handler", action="store_true")
+    a("--seed", type=int, default=1234)
+    a("--tensor-model-parallel-size", type=int, default=1)
+    a("--pipeline-model-parallel-size", type=int, default=1)
+    a("--context-parallel-size", type=int, default=1)
+    a("--expert-model-parallel-size", type=int, default=1)
+    a("--virtual-pipeline-model-parallel-size", type=int, default=None)
+    a("--sequence-parallel", action="store_true")
+    a("--use-distributed-optimizer", action="store_true")
+    a("--bf16", action="store_true")
+    a("--fp16", action="store_true")
+    a("--emu-report-env", action="store_true",
+      help="every rank prints one line with its rank, node and NCCL/CUDA variables")
+    return p
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    job_id: str
+    step_id: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ) -> Dist:
+        # torchrun sets RANK/WORLD_SIZE; srun sets SLURM_PROCID/SLURM_NTASKS.
+        rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+        world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+        local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
+        return cls(rank, max(world, 1), local, env.get("SLURM_JOB_ID", ""),
+                   env.get("SLURM_STEP_ID", "0"))
+
+
+def finish_args(args: argparse.Namespace, dist: Dist) -> argparse.Namespace:
+    """Derived values, as Megatron's validate_args does (the ones this stand-in needs)."""
+    tp, pp, cp = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+                  args.context_parallel_size)
+    model_parallel = tp * pp * cp
+    if dist.world_size % model_parallel:
+        raise SystemExit(f"world size ({dist.world_size}) is not divisible by tensor ({tp}) x "
+                         f"pipeline ({pp}) x context ({cp}) parallel size")
+    args.world_size = dist.world_size
+    args.rank = dist.rank
+    args.data_parallel_size = dist.world_size // model_parallel
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
+        raise SystemExit(f"global batch size ({args.global_batch_size}) is not divisible by "
+                         f"micro batch size ({args.micro_batch_size}) times data parallel size "
+                         f"({args.data_parallel_size})")
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = (int((4 * args.hidden_size * 2 / 3) / 64) * 64 if args.swiglu
+                                else 4 * args.hidden_size)
+    if args.kv_channels is None:
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    args.params_dtype = "torch.bfloat16" if args.bf16 else "torch.float16" if args.fp16 \
+        else "torch.float32"
+    return args
+
+
+def arguments_dump(args: argparse.Namespace, title: str = "arguments") -> str:
+    """Megatron's `_print_args`: `  name ..... value`, 48-column dots, sorted case-blind."""
+    rows = [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in vars(args).items()]
+    rows.sort(key=lambda r: r.lower())
+    return "\n".join([f"------------------------ {title} ------------------------", *rows,
+                      f"-------------------- end of {title} ---------------------"])
+
+
+def model_flops_per_iteration(args: argparse.Namespace) -> float:
+    """slurmpod's Megatron FLOPs formula, so the sandbox MFU uses the same arithmetic."""
+    from slurmpod.megatron.flops import flops_per_iteration
+
+    return float(flops_per_iteration(dict(vars(args))))
+
+
+def learning_rate(args: argparse.Namespace, iteration: int) -> float:
+    """Megatron's OptimizerParamScheduler: linear warm-up, then constant/linear/cosine decay."""
+    if args.lr_warmup_iters and iteration <= args.lr_warmup_iters:
+        return args.lr * iteration / args.lr_warmup_iters
+    if args.lr_decay_style == "constant":
+        return args.lr
+    span = max(args.lr_decay_iters - args.lr_warmup_iters, 1)
+    ratio = min(max((iteration - args.lr_warmup_iters) / span, 0.0), 1.0)
+    coeff = 1.0 - ratio if args.lr_decay_style == "linear" else 0.5 * (math.cos(math.pi * ratio)
+                                                                         + 1.0)
+    return args.min_lr + coeff * (args.lr - args.min_lr)
+
+
+class Trainer:
+    """Rank 0's model: W (h×h) fitted by SGD to Y = X·W* over a fixed synthetic dataset."""
+
+    def __init__(self, args: argparse.Namespace, rows_per_iteration: int) -> None:
+        self.args = args
+        h = args.hidden_size
+        rng = np.random.default_rng(args.seed)
+        self.x = rng.standard_normal((_DATA_ROWS, h), dtype=np.float32)
+        w_true = rng.standard_normal((h, h), dtype=np.float32) / np.float32(math.sqrt(h))
+        self.y = self.x @ w_true
+        self.w = np.zeros((h, h), dtype=np.float32)
+        self.rows = max(rows_per_iteration, 1)
+        self.iteration = 0
+        self.consumed_samples = 0
+        self.flops_done = 0.0  # FLOPs of GEMMs this rank actually ran, over all jobs
+        self.train_s = 0.0  # seconds spent in iterations, over all jobs (for progress.txt)
+
+    def _rows(self, start: int, count: int) -> np.ndarray:
+        idx = (start + np.arange(count)) % _DATA_ROWS
+        return idx
+
+    def step(self) -> tuple[float, float]:
+        """One iteration: micro-batch chunks of fwd, dgrad and wgrad GEMMs; returns (loss, ‖g‖)."""
+        args = self.args
+        h = args.hidden_size
+        grad = np.zeros_like(self.w)
+        loss = 0.0
+        start = (self.consumed_samples * 131) % _DATA_ROWS  # data order depends on progress only
+        done = 0
+        while done < self.rows:
+            m = min(self.rows - done, _DATA_ROWS)
+            idx = self._rows(start + done, m)
+            x, y = self.x[idx], self.y[idx]
+            err = x @ self.w - y              # forward GEMM   (2·m·h·h)
+            grad += x.T @ err                 # weight-gradient GEMM
+            _ = err @ self.w.T                # data-gradient GEMM (what backprop would pass on)
+            loss += float(np.einsum("ij,ij->", err, err))
+            done += m
+        self.flops_done += 6.0 * self.rows * h * h
+        grad /= np.float32(self.rows)
+        loss /= self.rows * h
+        gnorm = float(np.linalg.norm(grad))
+        # SGD on a unit-curvature problem: Megatron's lr schedule, rescaled to a stable step.
+        lr = learning_rate(args, self.iteration + 1)
+        self.w -= np.float32(0.5 * lr / args.lr if args.lr > 0 else 0.0) * grad
+        self.iteration += 1
+        self.consumed_samples += args.global_batch_size
+        return loss, gnorm
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, save_dir: Path) -> Path:
+        """Write iter_NNNNNNN/ into a temp dir and rename it; then the tracker, atomically."""
+        from slurmpod.fsutil import write_atomic
+
+        save_dir.mkdir(parents=True, exist_ok=True)
+        name = f"iter_{self.iteration:07d}"
+        final = save_dir / name
+        stage = Path(tempfile.mkdtemp(dir=save_dir, prefix=f".{name}."))
+        try:
+            (stage / "mp_rank_00").mkdir()
+            meta = {"iteration": self.iteration, "consumed_samples": self.consumed_samples,
+                    "flops_done": self.flops_done, "train_s": self.train_s,
+                    "hidden_size": self.args.hidden_size}
+            with open(stage / "mp_rank_00" / "model_optim_rng.npz", "wb") as fh:
+                np.savez(fh, w=self.w, meta=np.array(json.dumps(meta)))
+                fh.flush()
+                os.fsync(fh.fileno())
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(stage, final)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        write_atomic(save_dir / TRACKER, f"{self.iteration}\n")
+        return final
+
+    def load(self, load_dir: Path) -> int | None:
+        """Resume from the tracked iteration; None when there is no checkpoint yet."""
+        tracker = load_dir / TRACKER
+        if not tracker.is_file():
+            return None
+        iteration = int(tracker.read_text().strip())
+        path = load_dir / f"iter_{iteration:07d}" / "mp_rank_00" / "model_optim_rng.npz"
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta["hidden_size"] != self.args.hidden_size:
+                raise SystemExit(f"checkpoint {path} has hidden size {meta['hidden_size']}, "
+                                 f"not {self.args.hidden_size}")
+            self.w = z["w"].astype(np.float32)
+        self.iteration = meta["iteration"]
+        self.consumed_samples = meta["consumed_samples"]
+        self.flops_done = meta["flops_done"]
+        self.train_s = meta.get("train_s", 0.0)
+        return iteration
+
+
+def _now() -> str:
+    return datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def iteration_line(it: int, args: argparse.Namespace, consumed: int, elapsed_s: float,
+                   tflops: float | None, lr: float, loss: float, gnorm: float) -> str:
+    """Megatron's training_log line (megatron/training/training.py, core 0.8+ layout)."""
+    s = f" [{_now()}] iteration {it:8d}/{args.train_iters:8d} |"
+    s += f" consumed samples: {consumed:12d} |"
+    s += f" elapsed time per iteration (ms): {elapsed_s * 1000.0:.1f} |"
+    if tflops is not None:
+        # Megatron prints {:.1f}; CPU-scale figures (0.004) need significant digits instead.
+        shown = f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
+        s += f" throughput per GPU (TFLOP/s/GPU): {shown} |"
+    s += f" learning rate: {lr:.6E} |"
+    s += f" global batch size: {args.global_batch_size:5d} |"
+    s += f" lm loss: {loss:.6E} |"
+    s += " loss scale: 1.0 |"
+    s += f" grad norm: {gnorm:.3f} |"
+    s += " number of skipped iterations:   0 |"
+    s += " number of nan iterations:   0 |"
+    return s
+
+
+def append_progress(save: Path, dist: Dist, text: str) -> None:
+    """Megatron's append_to_progress_log: `time<TAB>Job ID: J<TAB># GPUs: G<TAB>text`."""
+    save.mkdir(parents=True, exist_ok=True)
+    with open(save / "progress.txt", "a", encoding="utf-8") as fh:
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        fh.write(f"{stamp}\tJob ID: {dist.job_id}\t# GPUs: {dist.world_size}\t{text}\n")
+
+
+class _Signals:
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+
+
+def done_marker(dist: Dist, env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """Where rank 0 says it has finished, for the idle ranks of the same step on this host
+    (the sandbox runs every "node" on one machine; ranks share TMPDIR)."""
+    return Path(env.get("TMPDIR") or "/tmp") / f"megatron_emu-{dist.job_id}.{dist.step_id}.done"
+
+
+def idle_rank(dist: Dist, poll_s: float = 0.5) -> int:
+    """Non-zero ranks: sleep until rank 0 finishes or a signal arrives (no CPU used)."""
+    sig = _Signals()
+    sig.install()
+    marker = done_marker(dist)
+    while sig.received is None and not marker.exists():
+        time.sleep(poll_s)
+    return 0
+
+
+def report_env(dist: Dist, out: TextIO) -> None:
+    keys = sorted(k for k in os.environ if k.startswith(("NCCL_", "CUDA_", "UCX_", "FI_")))
+    env = " ".join(f"{k}={os.environ[k]}" for k in keys)
+    node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
+    print(f"megatron_emu: rank {dist.rank}/{dist.world_size} node {node} local_rank "
+          f"{dist.local_rank} {env}", file=out, flush=True)
+
+
+def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int:
+    t_start = time.monotonic()
+    sig = _Signals()
+    if args.exit_signal_handler:
+        sig.install()
+    print(arguments_dump(args), file=out, flush=True)
+    flops_iter = model_flops_per_iteration(args)
+    rows = round(flops_iter / dist.world_size / (6.0 * args.hidden_size**2))
+    trainer = Trainer(args, rows)
+    save = Path(args.save) if args.save else None
+    if args.load:
+        loaded = trainer.load(Path(args.load))
+        if loaded is None:
+            print(f"WARNING: could not find the metadata file {Path(args.load) / TRACKER}",
+                  file=out)
+            print("    will not load any checkpoints and will start from random", file=out)
+        else:
+            print(f" successfully loaded checkpoint from {args.load} [ t 1/1, p 1/1 ] "
+                  f"at iteration {loaded}", file=out, flush=True)
+    if save is not None:
+        append_progress(save, dist, "Starting job")
+    print(f"time to initialize megatron (seconds): {time.monotonic() - t_start:.3f}", file=out)
+    print("training ...", file=out, flush=True)
+    job_flops = 0.0
+    job_t0 = time.monotonic()
+
+    def checkpoint() -> None:
+        if save is None:
+            return
+        print(f"saving checkpoint at iteration {trainer.iteration:7d} to {save} in torch format",
+              file=out, flush=True)
+        trainer.save(save)
+        print(f"  successfully saved checkpoint from iteration {trainer.iteration:7d} to {save} "
+              f"[ t 1/1, p 1/1 ]", file=out, flush=True)
+        wall = max(time.monotonic() - job_t0, 1e-9)
+        job_tp = job_flops / wall / dist.world_size / 1e12  # as Megatron: model FLOPs per GPU
+        cum_tp = trainer.iteration * flops_iter / max(trainer.train_s, 1e-9) \
+            / dist.world_size / 1e12
+        append_progress(save, dist, (
+            f"Saved checkpoint\tIteration: {trainer.iteration}\t"
+            f"Job throughput: {job_tp:.3g} TFLOP/s/GPU\t"
+            f"Cumulative throughput: {cum_tp:.3g} TFLOP/s/GPU\t"
+            f"Floating-point operations: {trainer.iteration * flops_iter:.2e}\t"
+            f"Tokens (in billions): "
+            f"{trainer.consumed_samples * args.seq_length / 1e9:.2f}"))
+
+    saved_at = trainer.iteration
+    interval_t0 = time.monotonic()
+    interval_iters = 0
+    losses: list[float] = []
+    while trainer.iteration < args.train_iters:
+        t_step = time.monotonic()
+        loss, gnorm = trainer.step()
+        trainer.train_s += time.monotonic() - t_step
+        job_flops += flops_iter
+        interval_iters += 1
+        losses.append(loss)
+        it = trainer.iteration
+        if it % args.log_interval == 0:
+            elapsed = (time.monotonic() - interval_t0) / interval_iters
+            tflops = flops_iter / (elapsed * 1e12 * dist.world_size) if args.log_throughput \
+                else None
+            print(iteration_line(it, args, trainer.consumed_samples, elapsed, tflops,
+                                 learning_rate(args, it), float(np.mean(losses)), gnorm),
+                  file=out, flush=True)
+            interval_t0, interval_iters, losses = time.monotonic(), 0, []
+        if args.save_interval and it % args.save_interval == 0:
+            checkpoint()
+            saved_at = it
+        if sig.received is not None:
+            if saved_at != it:
+                checkpoint()
+            print("exiting program after receiving SIGTERM.", file=out, flush=True)
+            return 0
+        if args.exit_duration_in_mins is not None and \
+                (time.monotonic() - t_start) / 60.0 > args.exit_duration_in_mins:
+            if saved_at != it:
+                checkpoint()
+            print(f"exiting program after {(time.monotonic() - t_start) / 60.0:.2f} minutes",
+                  file=out, flush=True)
+            return 0
+        if args.exit_interval and it % args.exit_interval == 0:
+            if saved_at != it:
+                checkpoint()
+            print(f"exiting program at iteration {it}", file=out, flush=True)
+            return 0
+    if save is not None and saved_at != trainer.iteration:
+        checkpoint()
+    print("after training is done", file=out, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, unknown = build_parser().parse_known_args(argv)
+    dist = Dist.from_env()
+    if args.emu_report_env:
+        report_env(dist, sys.stdout)
+    if dist.rank != 0:
+        return idle_rank(dist)
+    args = finish_args(args, dist)
+    if unknown:
+        print(f"megatron_emu: ignoring arguments it does not model: {' '.join(unknown)}",
+              flush=True)
+    try:
+        return train(args, dist)
+    finally:
+        if dist.world_size > 1:
+            done_marker(dist).touch()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
