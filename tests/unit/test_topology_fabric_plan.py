@@ -170,3 +170,31 @@ def test_cable_rows_cover_every_link_once():
     rows = list(iter_cables(plan))
     assert len(rows) == len(plan.node_links) + len(plan.switch_links)
     assert Counter(r[0] for r in rows) == {"node-leaf": 128, "leaf-spine": 128}
+
+
+@pytest.mark.parametrize("fabric", [
+    {"leaf_radix": 8, "spine_radix": 32, "spine_groups": "shared"},  # 48 leaves > 32
+    {"leaf_radix": 8, "spine_radix": 4, "rail_optimised": False},  # 12 rack leaves > 4
+])
+def test_other_three_tier_shapes_are_consistent(fabric):
+    from slurmpod.topology.layout import tree_switches
+
+    data = variant("sandbox", fabric=fabric, su_groups=[
+        {"node_type": "emu8", "sus": 6, "nodes_per_su": 4, "nodes_per_rack": 2}])
+    if not fabric.get("rail_optimised", True):
+        data["fabric"]["leaf_radix"] = 64  # a rack of 2 nodes x 8 HCAs needs 16 ports
+        data["fabric"]["spine_radix"] = 8
+        data["su_groups"][0]["nodes_per_rack"] = 1
+    site = build(data)
+    plan = plan_fabric(site)
+    assert plan.tiers == 3
+    _ports_unique(plan)
+    # A spine block never splits an SU's (or rack's) leaves: the logical tree stays a tree.
+    tree = tree_switches(site, plan)
+    leaves = [t for t in tree if t.nodes]
+    assert sorted(h for t in leaves for h in t.nodes) == sorted(site.inventory.by_name)
+    assert tree[-1].name == "core" and all(t.switches for t in tree[len(leaves):])
+    blocks_of_su = defaultdict(set)
+    for leaf in plan.leaves:
+        blocks_of_su[leaf.su if leaf.su is not None else leaf.rack].add(leaf.block)
+    assert all(len(b) == 1 for b in blocks_of_su.values())
