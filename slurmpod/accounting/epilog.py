@@ -137,7 +137,9 @@ def local_runner(slurm_conf: str | None = None) -> Callable[[list[str], float],
     from slurmpod.errors import CommandError
     from slurmpod.transport.local import LocalRunner
 
-    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"}
+    # Epoch seconds in scontrol/sacct output: no guessing at the controller's time zone.
+    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
+           "SLURM_TIME_FORMAT": "%s"}
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     runner = LocalRunner(env=env)
@@ -150,6 +152,27 @@ def local_runner(slurm_conf: str | None = None) -> Callable[[list[str], float],
         return res.returncode, res.stdout, res.stderr
 
     return run
+
+
+def job_times(run: Callable[[list[str], float], tuple[int, str, str]],
+              job_id: str) -> tuple[int | None, int | None]:
+    """StartTime and EndTime (epoch) from `scontrol show job`: Slurm 22.05 does not put them in
+    the EpilogSlurmctld environment (later releases set SLURM_JOB_START_TIME/END_TIME)."""
+    from slurmpod.backends.parse import parse_scontrol_kv
+
+    try:
+        rc, out, _ = run(["scontrol", "--oneliner", "show", "job", job_id], COMMAND_TIMEOUT_S)
+    except OSError:
+        return None, None
+    if rc != 0 or not out.strip():
+        return None, None
+    kv = parse_scontrol_kv(out.strip().splitlines()[0])
+
+    def epoch(key: str) -> int | None:
+        val = kv.get(key, "")
+        return int(val) if val.isdigit() and int(val) > 0 else None
+
+    return epoch("StartTime"), epoch("EndTime")
 
 
 def local_run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
@@ -229,11 +252,14 @@ def run_epilog(
         return 0
     handler = setup_logging(spool.root)
     try:
+        times: Callable[[str], tuple[int | None, int | None]] | None = None
         if deliver is None:
             conf = slurm_conf or env.get("SLURM_CONF") or slurmctld_conf()
-            deliver = slurm_deliver(local_runner(conf))
+            run = local_runner(conf)
+            deliver = slurm_deliver(run)
+            times = lambda jid: job_times(run, jid)  # noqa: E731
         _epilog(env, spool, deliver, summarise, head_bytes, tail_bytes, peak_tflops, now,
-                track_all)
+                track_all, times)
     except Exception:  # never fail the epilog: record the bug and go on
         log.exception("epilog for job %s failed", env.get("SLURM_JOB_ID", "?"))
     finally:
@@ -246,7 +272,8 @@ def run_epilog(
 def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
             head_bytes: int, tail_bytes: int, peak_tflops: float | None,
-            now: Callable[[], float], track_all: bool) -> None:
+            now: Callable[[], float], track_all: bool,
+            times: Callable[[str], tuple[int | None, int | None]] | None = None) -> None:
     job = job_from_env(env)
     try:
         job_id = safe_job_id(job["job_id"])
@@ -275,6 +302,8 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             log.warning("job %s: log %s unreadable: %s", job_id, log_path, exc)
         else:
             read_info = {"bytes": got.size, "truncated": got.truncated}
+            if times is not None and job["start_time"] is None:
+                job["start_time"], job["end_time"] = times(job_id)
             if summarise is None:
                 from slurmpod.accounting.figures import summarise_log as summarise
             try:

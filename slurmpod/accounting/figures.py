@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,6 @@ import numpy as np
 from slurmpod.accounting import hooks
 
 SERIES_MAX_POINTS = 512
-WARMUP_RECORDS = 2  # logged iterations per launch excluded as warm-up (compile, allocator, NCCL)
 
 
 @dataclass(frozen=True)
@@ -140,10 +139,23 @@ def _rounded(values: np.ndarray, decimals: int) -> list[float | None]:
     return [None if not math.isfinite(v) else round(float(v), decimals) for v in values]
 
 
+def _flops_fn(p: JobParams, args: Mapping[str, Any] | None) -> Callable[[int], float] | None:
+    """global batch size -> FLOPs of one iteration, from the Comment's figure or the model."""
+    if p.src == "comment" and p.flops_per_iter is not None:
+        return lambda gbs: p.flops_at(gbs) or 0.0
+    if p.src == "args" and args:
+        from slurmpod.accounting.metrics import flops_fn_for
+
+        return flops_fn_for(args)[0]
+    return None
+
+
 def summarise_log(data: bytes, job: Mapping[str, Any], *,
                   peak_tflops: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Final summary (AdminComment v1 keys) and time series from a job's log bytes."""
-    from slurmpod.accounting.logparse import LogParser
+    """Final summary (AdminComment v1 keys) and time series from a job's log bytes, with the
+    definitions of `slurmpod.accounting.metrics.job_metrics` (the same as `slurmpod mfu`)."""
+    from slurmpod.accounting.logparse import LogParser, epoch_to_log_clock
+    from slurmpod.accounting.metrics import job_metrics
 
     parser = LogParser()
     parser.feed(data)
@@ -152,53 +164,65 @@ def summarise_log(data: bytes, job: Mapping[str, Any], *,
     raw_comment = hooks.decode_field(job.get("comment")) or {}
     if "formula" in raw_comment:
         comment["formula"] = raw_comment["formula"]
-    gpus_hint = _gpus_from_env(job)
-    p = job_params(comment, s.args, gpus_hint=gpus_hint, peak_hint=peak_tflops)
-    it = s.iterations
-    summary: dict[str, Any] = {"iters": len(it), "restarts": s.restarts, "src": p.src,
-                               "gpus": p.gpus, "peak": p.peak_tflops, "fv": p.formula}
-    series: dict[str, Any] = {}
-    if len(it) == 0:
+    p = job_params(comment, s.args, gpus_hint=_gpus_from_env(job), peak_hint=peak_tflops)
+    summary: dict[str, Any] = {"iters": len(s.iterations), "restarts": s.restarts,
+                               "src": p.src, "gpus": p.gpus, "peak": p.peak_tflops,
+                               "fv": p.formula}
+    if len(s.iterations) == 0:
         summary["err"] = "no-iterations"
-        return summary, series
-    summary["last_iter"] = int(it.iteration[-1])
-    per = per_iteration(it.elapsed_ms, it.global_batch_size, p)
-    # Steady state: drop the first WARMUP_RECORDS logged iterations of every launch whose start
-    # is in the log (a log that begins mid-run has no warm-up to drop).
-    steady = np.ones(len(it), dtype=bool)
-    for seg in s.segments:
-        if seg.start_seen or seg.first_iteration == 1 or seg.loaded_iteration is not None:
-            where = np.flatnonzero(it.segment == seg.index)
-            steady[where[:WARMUP_RECORDS]] = False
-    if not steady.any():
-        steady = np.ones(len(it), dtype=bool)
-    summary["iter_ms"] = float(np.median(it.elapsed_ms[steady]))
-    for key in ("tflops", "tokens_per_s"):
-        if key in per:
-            vals = per[key][steady]
-            vals = vals[np.isfinite(vals)]
-            if len(vals):
-                summary[key] = float(np.median(vals))
-    if "mfu" in per:
-        vals = per["mfu"][steady]
-        vals = vals[np.isfinite(vals)]
-        if len(vals):
-            summary["mfu"] = float(np.median(vals))
-            summary["mfu_p10"] = float(np.percentile(vals, 10))
-            summary["mfu_p90"] = float(np.percentile(vals, 90))
-    mlm = it.tflops_reported[steady]
-    if np.isfinite(mlm).any():
-        summary["tflops_mlm"] = float(np.nanmedian(mlm))
-    idx = _downsample(np.arange(len(it)), SERIES_MAX_POINTS)
-    series = {"iter": [int(x) for x in it.iteration[idx]],
-              "t": _rounded(it.time_s[idx], 3),
-              "iter_ms": _rounded(it.elapsed_ms[idx], 2)}
-    for key, dec in (("tflops", 2), ("mfu", 5), ("tokens_per_s", 1)):
-        if key in per:
-            series[key] = _rounded(per[key][idx], dec)
-    if np.isfinite(it.tflops_reported).any():
-        series["tflops_mlm"] = _rounded(it.tflops_reported[idx], 2)
+        return summary, {}
+    # Slurm's epoch times -> the log's clock (the node's local wall clock read as UTC); the
+    # controller's offset stands in for the batch host's (same site, same time zone).
+    offset = _utc_offset_s()
+    start, end = job.get("start_time"), job.get("end_time")
+    start_s = epoch_to_log_clock(start, offset) if start else None
+    end_s = epoch_to_log_clock(end, offset) if end else None
+    alloc = (end - start) * p.gpus if start and end and end > start and p.gpus else None
+    gbs_default = p.global_batch_size
+    m = job_metrics(s, _flops_fn(p, s.args), p.peak_tflops or 1.0, p.gpus or 1,
+                    seq_length=p.seq_length, default_global_batch_size=gbs_default,
+                    flops_formula=p.formula or "none", job_start_s=start_s, job_end_s=end_s,
+                    allocated_gpu_s=alloc)
+    have_rate = p.gpus is not None and p.src != "none"
+    summary.update({
+        "iters": m.n_records, "last_iter": m.last_iteration, "restarts": m.restarts,
+        "iter_ms": m.iter_time_ms.median if m.iter_time_ms else None,
+        "tokens_per_s": m.tokens_per_s.median if m.tokens_per_s else None,
+        "tflops_mlm": m.tflops_reported.median if m.tflops_reported else None,
+        "goodput": m.goodput if p.gpus else None,
+        "ttfi_s": m.time_to_first_iteration_s,
+        "ckpt_s": m.checkpoint_stall_s if m.checkpoint_stalls else None,
+    })
+    if have_rate and m.tflops_per_gpu:
+        summary["tflops"] = m.tflops_per_gpu.median
+        if p.peak_tflops and m.mfu:
+            summary.update(mfu=m.mfu.median, mfu_p10=m.mfu.p10, mfu_p90=m.mfu.p90)
+    ser = m.series
+    idx = _downsample(np.arange(len(ser)), SERIES_MAX_POINTS)
+    series: dict[str, Any] = {
+        "iter": [int(x) for x in ser.iteration[idx]],
+        "segment": [int(x) for x in ser.segment[idx]],
+        "t": _rounded(ser.time_s[idx], 3),
+        "iter_ms": _rounded(ser.iter_time_ms[idx], 2),
+        "steady": [bool(x) for x in ser.steady[idx]],
+    }
+    if have_rate:
+        series["tflops"] = _rounded(ser.tflops_per_gpu[idx], 2)
+        if p.peak_tflops:
+            series["mfu"] = _rounded(ser.mfu[idx], 5)
+    if np.isfinite(ser.tokens_per_s).any():
+        series["tokens_per_s"] = _rounded(ser.tokens_per_s[idx], 1)
+    if np.isfinite(ser.tflops_reported).any():
+        series["tflops_mlm"] = _rounded(ser.tflops_reported[idx], 2)
+    summary["metrics"] = {k: v for k, v in m.to_json().items() if k not in ("segments",)}
     return summary, series
+
+
+def _utc_offset_s() -> float:
+    import time
+
+    lt = time.localtime()
+    return float(lt.tm_gmtoff or 0)
 
 
 def _gpus_from_env(job: Mapping[str, Any]) -> int | None:

@@ -26,6 +26,7 @@ COMMENT_V = 1
 ADMIN_V = 1
 RECORD_V = 1
 MAX_FIELD_BYTES = 1024
+SIG_DIGITS = 4
 SCHEMA_PREFIX = "slurmpod"
 
 # Live keys the monitor owns in the Comment; everything else there is preserved as found.
@@ -49,8 +50,8 @@ ADMIN_FIELDS: dict[str, tuple[str, int | None]] = {
     "gpus": ("GPUs of the job", None),
     "peak": ("peak dense BF16 TFLOP/s per GPU used for MFU", 1),
     "goodput": ("productive training time / allocated GPU time", 4),
-    "ttfi_s": ("time from job start to first logged iteration, s", 0),
-    "ckpt_s": ("time spent in checkpoint stalls, s", 0),
+    "ttfi_s": ("time from job start to first logged iteration, s", None),
+    "ckpt_s": ("time spent in checkpoint stalls, s", None),
     "restarts": ("restarts seen in the log", None),
     "fv": ("FLOPs formula version (see docs/accounting.md)", None),
     "src": ("where FLOPs came from: comment | args | none", None),
@@ -68,9 +69,13 @@ def _num(x: Any, decimals: int | None) -> int | float | None:
         return None
     if not math.isfinite(f):
         return None
-    if decimals is None or decimals == 0:
+    if decimals is None:
         return round(f)
-    return round(f, decimals)
+    # `decimals` places, but never fewer than SIG_DIGITS significant digits: a sandbox's CPU
+    # "GPU" peaks at 0.05 TFLOP/s, and 0.000491 TFLOP/s must not print as 0.0.
+    if f != 0 and abs(f) < 10 ** (SIG_DIGITS - 1 - decimals):
+        return float(f"{f:.{SIG_DIGITS}g}")
+    return round(f) if decimals == 0 else round(f, decimals)
 
 
 def _safe_str(x: Any) -> str | None:

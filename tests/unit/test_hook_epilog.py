@@ -234,3 +234,21 @@ def test_untracked_job_without_iterations_is_left_alone(tmp_path: Path) -> None:
     run_epilog(env, tmp_path / "spool2", deliver=slurm, track_all=True)
     assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none",
                                                "err": "no-iterations"}
+
+
+def test_job_times_from_scontrol() -> None:
+    from slurmpod.accounting.epilog import job_times
+
+    line = ("JobId=3 JobName=emu UserId=root(0) JobState=COMPLETED Reason=None "
+            "SubmitTime=1795977668 StartTime=1795977669 EndTime=1795977676 Comment={\"v\":1}\n")
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], t: float) -> tuple[int, str, str]:
+        seen.append(argv)
+        return 0, line, ""
+
+    assert job_times(run, "3") == (1795977669, 1795977676)
+    assert seen == [["scontrol", "--oneliner", "show", "job", "3"]]
+    assert job_times(lambda a, t: (1, "", "Invalid job id"), "3") == (None, None)
+    assert job_times(lambda a, t: (0, "JobId=3 StartTime=Unknown EndTime=0\n", ""), "3") == (
+        None, None)

@@ -11,7 +11,6 @@ import pytest
 
 from slurmpod.accounting.figures import (
     SERIES_MAX_POINTS,
-    WARMUP_RECORDS,
     LiveWindow,
     job_params,
     per_iteration,
@@ -39,25 +38,37 @@ def comment(**kw: object) -> str:
 
 
 def test_summary_matches_hand_arithmetic() -> None:
-    times = [9000.0, 7000.0, 2000.0, 2500.0, 2000.0, 1600.0]  # two warm-up records first
+    # Warm-up rule (metrics.job_metrics): records covering the first 10 iterations are excluded.
+    warm = [9000.0] * 10
+    steady = [2000.0, 2500.0, 2000.0, 1600.0, 2000.0, 2400.0]
+    times = warm + steady
     log = "".join(iteration_line(i + 1, 100, ms) for i, ms in enumerate(times)).encode()
     summary, series = summarise_log(log, {"comment": comment()})
-    steady = times[WARMUP_RECORDS:]
-    med_ms = float(np.median(steady))  # (2000 + 2000) / 2
-    assert med_ms == 2000.0
+    assert summary["iter_ms"] == float(np.median(steady)) == 2000.0
     # 8e15 FLOPs / 2.0 s / 16 GPUs = 250 TFLOP/s per GPU; MFU = 250 / 1000
-    assert summary["iter_ms"] == med_ms
     assert summary["tflops"] == pytest.approx(250.0)
     assert summary["mfu"] == pytest.approx(0.25)
-    per_mfu = sorted(8e15 / (ms / 1000) / 16 / 1e12 / 1000 for ms in steady)
+    per_mfu = [8e15 / (ms / 1000) / 16 / 1e12 / 1000 for ms in steady]
     assert summary["mfu_p10"] == pytest.approx(np.percentile(per_mfu, 10))
     assert summary["mfu_p90"] == pytest.approx(np.percentile(per_mfu, 90))
-    assert summary["iters"] == 6 and summary["last_iter"] == 6 and summary["restarts"] == 0
+    assert summary["iters"] == 16 and summary["last_iter"] == 16 and summary["restarts"] == 0
     assert summary["src"] == "comment" and summary["fv"] == "megatron-core-0.14-main"
     assert summary["gpus"] == 16 and summary["peak"] == 1000.0
-    assert "tokens_per_s" not in summary  # no seq_length without the arguments dump
-    assert series["iter"] == [1, 2, 3, 4, 5, 6]
-    assert series["mfu"][-1] == pytest.approx(8e15 / 1.6 / 16 / 1e12 / 1000, abs=1e-5)
+    assert "tokens_per_s" not in summary or summary["tokens_per_s"] is None  # no seq_length
+    # no timestamps in these lines and no Slurm start/end: nothing to divide goodput by
+    assert summary["goodput"] is None
+    assert series["iter"] == list(range(1, 17))
+    assert series["steady"] == [False] * 10 + [True] * 6
+    assert series["mfu"][-1] == pytest.approx(8e15 / 2.4 / 16 / 1e12 / 1000, abs=1e-5)
+
+
+def test_goodput_uses_slurm_allocation_when_known() -> None:
+    times = [1000.0] * 20  # 20 s of iterations
+    log = "".join(iteration_line(i + 1, 100, ms) for i, ms in enumerate(times)).encode()
+    summary, _ = summarise_log(log, {"comment": comment(gpus=16), "start_time": 1000,
+                                     "end_time": 1040})
+    # productive 20 s x 16 GPUs over an allocation of 40 s x 16 GPUs
+    assert summary["goodput"] == pytest.approx(0.5)
 
 
 def test_flops_from_arguments_dump_when_comment_has_none() -> None:
@@ -120,13 +131,13 @@ def test_series_is_bounded() -> None:
 
 
 def test_restart_segments_each_lose_their_warm_up() -> None:
-    first = [iteration_line(i, 20, ms) for i, ms in zip(range(1, 5), [9e3, 9e3, 1e3, 1e3],
-                                                          strict=True)]
-    second = [iteration_line(i, 20, ms) for i, ms in zip(range(3, 7), [8e3, 8e3, 2e3, 2e3],
-                                                           strict=True)]
+    first = [iteration_line(i, 50, 9e3 if i <= 10 else 1e3) for i in range(1, 15)]
+    # relaunch from iteration 12: its first record opens a new segment; warm-up again
+    second = [iteration_line(i, 50, 8e3 if i <= 22 else 2e3) for i in range(13, 27)]
     summary, _ = summarise_log("".join(first + second).encode(), {"comment": comment()})
     assert summary["restarts"] == 1
-    assert summary["iter_ms"] == pytest.approx(np.median([1e3, 1e3, 2e3, 2e3]))
+    steady = [1e3] * 4 + [2e3] * 4  # 11..14 of the first launch, 23..26 of the second
+    assert summary["iter_ms"] == pytest.approx(np.median(steady))
 
 
 def test_live_window_median_and_bound() -> None:

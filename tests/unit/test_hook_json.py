@@ -125,3 +125,18 @@ def test_parse_initial_comment_aliases() -> None:
 def test_validators_catch_bad_documents() -> None:
     assert validate_comment({"v": 2, "mfu": "high", "iter": 1.5})
     assert validate_admin_comment({"v": 1, "mfu": "x", "zzz": 1, "err": "UPPER"})
+
+
+@pytest.mark.parametrize(
+    ("live", "want"),
+    [
+        ({"tflops": 0.000491, "peak": 0.05, "mfu": 0.0111}, {"tflops": 0.000491, "peak": 0.05,
+                                                              "mfu": 0.0111}),
+        ({"tflops": 395.6321, "peak": 989.0, "tokens_per_s": 262144.4},
+         {"tflops": 395.6, "peak": 989.0, "tokens_per_s": 262144}),
+        ({"tokens_per_s": 781.66, "mfu": 0.000012345}, {"tokens_per_s": 781.7, "mfu": 1.234e-05}),
+    ],
+)
+def test_small_figures_keep_four_significant_digits(live: dict, want: dict) -> None:
+    doc = json.loads(build_comment(None, live))
+    assert {k: doc[k] for k in want} == want
