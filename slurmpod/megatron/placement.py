@@ -65,10 +65,11 @@ def _group_table(world: int, tp: int, cp: int, dp: int, pp: int, ep: int, etp: i
 
 
 def _distinct_per_row(values: np.ndarray) -> np.ndarray:
+    """Distinct values per row of a row-wise non-decreasing array (no sort needed: group
+    members are ascending ranks, and node, domain, rack and SU indices grow with the rank)."""
     if values.shape[1] == 1:
         return np.ones(values.shape[0], dtype=np.int64)
-    srt = np.sort(values, axis=1)
-    return 1 + np.count_nonzero(np.diff(srt, axis=1), axis=1)
+    return 1 + np.count_nonzero(values[:, 1:] != values[:, :-1], axis=1)
 
 
 def _rail_aligned(ranks: np.ndarray, gpus_per_node: int, n_nodes: np.ndarray) -> bool:
@@ -135,20 +136,27 @@ def rank_location(rank: int, gpus_per_node: int, nm: NodeMap) -> dict[str, int]:
 
 
 def place(*, tp: int, cp: int, pp: int, ep: int, etp: int, nodes: int, gpus_per_node: int,
-          node_map: NodeMap, block_nodes: int) -> Placement:
-    """Group placement for a layout that divides the world (the caller validates that)."""
+          node_map: NodeMap, block_nodes: int, moe: bool = True) -> Placement:
+    """Group placement for a layout that divides the world (the caller validates that).
+    Expert groups (ep, etp, edp) only when `moe`."""
     world = nodes * gpus_per_node
     dp = world // (tp * cp * pp)
     edp = world // (etp * ep * pp)
     kinds = _group_table(world, tp, cp, dp, pp, ep, etp, edp)
+    if not moe:
+        kinds = {k: v for k, v in kinds.items() if k in ("tp", "cp", "dp", "pp")}
     out: dict[str, GroupPlacement] = {}
     for kind, ranks in kinds.items():
         node = ranks // gpus_per_node
         n_nodes = _distinct_per_row(node)
         crossing = n_nodes > 1
-        n_dom = _distinct_per_row(node_map.domain[node])
-        n_su = _distinct_per_row(node_map.su[node])
-        aligned = _rail_aligned(np.sort(ranks, axis=1), gpus_per_node, n_nodes)
+        if not crossing.any():
+            n_dom = n_su = n_nodes
+        else:
+            n_dom = (n_nodes if node_map.nodes_per_domain == 1
+                     else _distinct_per_row(node_map.domain[node]))
+            n_su = _distinct_per_row(node_map.su[node])
+        aligned = _rail_aligned(ranks, gpus_per_node, n_nodes)
         out[kind] = GroupPlacement(
             size=ranks.shape[1], count=ranks.shape[0], max_nodes=int(n_nodes.max()),
             cross_node=int(np.count_nonzero(crossing)),

@@ -233,7 +233,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
                                            sa.nodes_per_rack, sa.nodes_per_domain)
         placement = place(tp=c.tp, cp=c.cp, pp=c.pp, ep=c.ep, etp=c.etp, nodes=n_nodes,
                           gpus_per_node=sa.gpus_per_node, node_map=nm,
-                          block_nodes=sa.block_nodes)
+                          block_nodes=sa.block_nodes, moe=c.is_moe)
         warnings.extend(_placement_warnings(placement, c))
     return Plan(
         run_name=run.job.name, site=sa.site_name, nodes=n_nodes, gpus_per_node=sa.gpus_per_node,

@@ -157,47 +157,49 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape) -> str | None:
            if c.num_attention_heads % t == 0
            and (c.multi_latent_attention or c.num_query_groups % t == 0)]
     pps = [p for p in _divisors(c.num_layers) if world % p == 0]
+    # Structurally valid candidates, best score first; memory is checked only in that order,
+    # so a plan usually evaluates a handful of layouts, not all of them.
+    ranked: list[tuple[tuple[float, ...], int, int, int, int | None, bool]] = []
+    for tp in tps:
+        for pp in pps:
+            if world % (tp * c.cp * pp):
+                continue
+            etp = tp if c.etp == c.tp else c.etp
+            vpp = c.vpp if c.vpp and pp > 1 and c.num_layers % (pp * c.vpp) == 0 else None
+            cand = replace(c, tp=tp, pp=pp, etp=etp, vpp=vpp,
+                           sequence_parallel=c.sequence_parallel or (tp > 1 and c.is_moe))
+            if any(k != "global_batch_size" and k != "recompute_method"
+                   for k, _ in layout_errors(cand, world, shape)):
+                continue
+            dp = world // (tp * c.cp * pp)
+            gbs_ok = (c.global_batch_size or 0) % (c.micro_batch_size * dp) == 0
+            # Keep the model-parallel size TP x PP (memory per GPU) first, then stay close.
+            dist = (abs(math.log2(tp * pp / (base_tp * base_pp)))
+                    + 0.5 * abs(math.log2(tp / base_tp)))
+            ranked.append(((0.0 if gbs_ok else 1.0, dist, pp, -tp), tp, pp, etp, vpp, gbs_ok))
+    ranked.sort()
     for v in variants:
-        best: tuple[tuple[float, ...], str] | None = None
-        for tp in tps:
-            for pp in pps:
-                if world % (tp * c.cp * pp):
-                    continue
-                etp = tp if c.etp == c.tp else c.etp
-                vpp = c.vpp if c.vpp and pp > 1 and c.num_layers % (pp * c.vpp) == 0 else None
-                cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp,
-                               sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
-                errs = [k for k, _ in layout_errors(cand, world, shape) if k != "global_batch_size"]
-                if errs:
-                    continue
-                dp = world // (tp * c.cp * pp)
-                gbs_ok = (c.global_batch_size or 0) % (c.micro_batch_size * dp) == 0
-                fits = memory_bytes(cand, world) <= shape.usable_hbm_bytes
-                if not fits:
-                    continue
-                # Keep the model-parallel size TP x PP (memory per GPU) first, then stay close.
-                dist = (abs(math.log2(tp * pp / (base_tp * base_pp)))
-                        + 0.5 * abs(math.log2(tp / base_tp)))
-                score = (0.0 if gbs_ok else 1.0, dist, pp, -tp)
-                changes = []
-                if (tp, pp) != (base_tp, base_pp) or vpp != c.vpp:
-                    changes.append(f"TP={tp}, PP={pp}" + (f", VPP={vpp}" if vpp else ""))
-                if not gbs_ok:
-                    mult = c.micro_batch_size * dp
-                    gbs = max(mult, round((c.global_batch_size or mult) / mult) * mult)
-                    changes.append(f"global_batch_size={gbs} (a multiple of micro_batch_size×DP"
-                                   f" = {mult})")
-                if v.use_distributed_optimizer and not c.use_distributed_optimizer:
-                    changes.append("use_distributed_optimizer = true")
-                if v.recompute_granularity == "full" and c.recompute_granularity != "full":
-                    changes.append("recompute_granularity = 'full' (uniform, 1 layer)")
-                if cand.sequence_parallel and not c.sequence_parallel:
-                    changes.append("sequence_parallel = true")
-                text = ", ".join(changes) or "the current layout"
-                if best is None or score < best[0]:
-                    best = (score, text)
-        if best is not None:
-            return best[1]
+        for _score, tp, pp, etp, vpp, gbs_ok in ranked:
+            cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp,
+                           sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
+            if memory_bytes(cand, world) > shape.usable_hbm_bytes:
+                continue
+            dp = world // (tp * c.cp * pp)
+            changes = []
+            if (tp, pp) != (base_tp, base_pp) or vpp != c.vpp:
+                changes.append(f"TP={tp}, PP={pp}" + (f", VPP={vpp}" if vpp else ""))
+            if not gbs_ok:
+                mult = c.micro_batch_size * dp
+                gbs = max(mult, round((c.global_batch_size or mult) / mult) * mult)
+                changes.append(f"global_batch_size={gbs} (a multiple of micro_batch_size×DP"
+                               f" = {mult})")
+            if v.use_distributed_optimizer and not c.use_distributed_optimizer:
+                changes.append("use_distributed_optimizer = true")
+            if v.recompute_granularity == "full" and c.recompute_granularity != "full":
+                changes.append("recompute_granularity = 'full' (uniform, 1 layer)")
+            if cand.sequence_parallel and not c.sequence_parallel:
+                changes.append("sequence_parallel = true")
+            return ", ".join(changes) or "the current layout"
     return None
 
 
