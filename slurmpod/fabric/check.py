@@ -23,19 +23,20 @@ never mixed into the compute checks. Pure: site, plan and parsed fabric in, `Che
 
 from __future__ import annotations
 
+import gc
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, speed_name
+from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device, speed_name
+from slurmpod.fabric.switch_links import Pos, check_switch_links, is_slow
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
     from slurmpod.topology.fabric_plan import FabricPlan, Switch
 
-Pos = tuple[str, int]  # (switch name as the plan knows it, or its fabric name), port
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,18 @@ class _Ctx:
         self.to_plan: dict[str, str] = {}  # fabric node id -> plan switch name
         self.to_fabric: dict[str, FabricNode] = {}  # plan switch name -> fabric node
         self.findings: list[Finding] = []
+        self.degree: dict[str, int] = {}  # fabric switch id -> ports facing other switches
+
+    def switch_ports(self) -> list[tuple[FabricNode, Port, FabricNode]]:
+        """Every (switch, port, peer switch), each link from both ends."""
+        nodes = self.fabric.nodes
+        out = []
+        for sw in self.fabric.switches():
+            for port in sw.ports.values():
+                peer = nodes.get(port.remote_id)
+                if peer is not None and peer.kind == "switch":
+                    out.append((sw, port, peer))
+        return out
 
     def add(self, kind: str, subject: str, message: str, fix: str, *,
             severity: str = "error") -> None:
@@ -128,6 +141,17 @@ class _Ctx:
 def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
                  hca_filters: Sequence[re.Pattern[str]] = ()) -> CheckReport:
     """Every way `fabric` departs from `plan`, as findings with fixes."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # hundreds of thousands of tuples, no cycles (see ibnetdiscover.parse)
+    try:
+        return _check(site, plan, fabric, hca_filters)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _check(site: Site, plan: FabricPlan, fabric: Fabric,
+           hca_filters: Sequence[re.Pattern[str]]) -> CheckReport:
     ctx = _Ctx(site, plan, fabric)
     report = CheckReport(site.site.name, fabric.source)
     inv = site.inventory
@@ -135,17 +159,18 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
 
     # 1. Where each CA is cabled (from the switch side, else its own port line).
     attach: dict[str, tuple[FabricNode, Port]] = {}
-    switch_ports: list[tuple[FabricNode, Port, FabricNode]] = []
     nodes = fabric.nodes
     for sw in fabric.switches():
+        n_sw = 0
         for port in sw.ports.values():
             peer = nodes.get(port.remote_id)
             if peer is None:
                 continue
             if peer.kind == "switch":
-                switch_ports.append((sw, port, peer))
+                n_sw += 1
             else:
                 attach[peer.node_id] = (sw, port)
+        ctx.degree[sw.node_id] = n_sw
 
     # 2. Classify CAs: compute HCAs of site nodes, kept-apart ones, unknown ones.
     compute: dict[tuple[str, str], FabricNode] = {}
@@ -153,14 +178,13 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
     unknown_hosts: dict[str, list[FabricNode]] = defaultdict(list)
     for ca in fabric.cas():
         if ca.is_aggregation_node:
-            apart_ids.add(ca.node_id)
-            continue
+            continue  # the SHARP aggregation node inside a Quantum switch, not a host
         desc = ca.desc
-        if any(f.search(desc) for f in hca_filters):
+        if hca_filters and any(f.search(desc) for f in hca_filters):
             apart_ids.add(ca.node_id)
             report.kept_apart.append(_apart(ctx, ca, attach, "matches --hca-filter"))
             continue
-        host, dev = ca.host, ca.device
+        host, dev = host_device(desc)
         if host is None:
             where = _where(ctx, ca, attach)
             ctx.add("unnamed-ca", ca.node_id,
@@ -186,7 +210,7 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
         compute[(host, dev or "")] = ca
 
     # 3. Name fabric switches as the plan does: by description first, then by what they carry.
-    _match_switches(ctx, compute, attach, switch_ports)
+    _match_switches(ctx, compute, attach)
 
     # Switches outside the plan that carry no compute HCA are another fabric (storage): apart.
     compute_ids = {ca.node_id for ca in compute.values()}
@@ -223,8 +247,8 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
         where = ", ".join(_where(ctx, ca, attach) for ca in on_compute[:3])
         more = f" and {len(on_compute) - 3} more" if len(on_compute) > 3 else ""
         ctx.add("unknown-node", host,
-                f"host {host} ({len(on_compute)} HCAs) is not in the site file but is cabled "
-                f"into the compute fabric at {where}{more}",
+                f"host {host} ({_plural(len(on_compute), 'HCA')}) is not in the site file but is "
+                f"cabled into the compute fabric at {where}{more}",
                 "add it to the site file, unplug it, or exclude it with --hca-filter")
 
     # Storage HCAs that landed on compute leaves.
@@ -240,7 +264,7 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
     missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
     gone = {s.name for s in missing_switches}
     _check_node_links(ctx, compute, attach, gone)
-    _check_switch_links(ctx, switch_ports, apart_switches, gone)
+    check_switch_links(ctx, apart_switches, gone)
     for sw in missing_switches:
         ctx.add("switch-missing", sw.name,
                 f"{ctx.role(sw.name)} is not in the fabric: powered off, or every link of it is "
@@ -264,13 +288,23 @@ def check_fabric(site: Site, plan: FabricPlan, fabric: Fabric,
         "kept_apart": len(report.kept_apart),
         "findings": len(ctx.findings),
     }
+    others = [n for n in nodes.values() if n.kind in ("router", "unknown")]
+    if others:
+        report.notes.append(
+            f"{_plural(len(others), 'router/other node')} ignored (e.g. {others[0].type_word} "
+            f"{others[0].desc or others[0].node_id})")
     renamed = [(sid, n) for sid, n in ctx.to_plan.items() if nodes[sid].name != n]
     if renamed:
         report.notes.append(
-            f"{len(renamed)} switches were matched to the plan by their cables, not their names "
+            f"{_plural(len(renamed), 'switch', 'es')} matched to the plan by cables, not by "
+            "name "
             f"(e.g. {nodes[renamed[0][0]].name or renamed[0][0]} -> {renamed[0][1]}); name them "
             "as the plan does to make findings easier to read")
     return report
+
+
+def _plural(n: int, word: str, suffix: str = "s") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}{suffix}"
 
 
 def _where(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]) -> str:
@@ -285,8 +319,7 @@ def _apart(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]
 
 
 def _match_switches(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
-                    attach: dict[str, tuple[FabricNode, Port]],
-                    switch_ports: list[tuple[FabricNode, Port, FabricNode]]) -> None:
+                    attach: dict[str, tuple[FabricNode, Port]]) -> None:
     planned = ctx.planned
     unmatched: list[FabricNode] = []
     for sw in ctx.fabric.switches():
@@ -308,7 +341,7 @@ def _match_switches(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
     upper_of = {(sl.lower, sl.lower_port): sl.upper for sl in ctx.plan.switch_links}
     for _tier in range(2):
         votes = defaultdict(lambda: defaultdict(int))
-        for sw, port, peer in switch_ports:
+        for sw, port, peer in ctx.switch_ports():
             if sw.node_id in ctx.to_plan or peer.node_id not in ctx.to_plan:
                 continue
             up = upper_of.get((ctx.to_plan[peer.node_id], port.remote_port))
@@ -324,10 +357,6 @@ def _elect(ctx: _Ctx, votes: dict[str, dict[str, int]]) -> None:
         if sw_id in ctx.to_plan or name in ctx.to_fabric:
             continue
         ctx.map(ctx.fabric.nodes[sw_id], name)
-
-
-def _slow(gbps: float | None, planned: int) -> bool:
-    return gbps is not None and gbps + 0.5 < planned
 
 
 def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
@@ -348,7 +377,7 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
             continue
         sw, port = at
         actual = (ctx.to_plan.get(sw.node_id) or (sw.name or sw.node_id), port.num)
-        if _slow(port.gbps, want):
+        if is_slow(port.gbps, want):
             slow.append((nl.node, nl.hca, actual, port))
         if actual != (nl.leaf, nl.port):
             misplaced[(nl.node, nl.hca)] = (actual, (nl.leaf, nl.port), nl.rail)
@@ -454,118 +483,3 @@ def _misplaced_hca(ctx: _Ctx, key: tuple[str, str], actual: Pos, expected: Pos,
         ctx.add("wrong-su", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
     else:
         ctx.add("wrong-leaf", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
-
-
-def _check_switch_links(ctx: _Ctx, switch_ports: list[tuple[FabricNode, Port, FabricNode]],
-                        apart: set[str], gone: set[str]) -> None:
-    plan = ctx.plan
-    want = plan.link_gbps
-    expected: dict[Pos, Pos] = {(sl.lower, sl.lower_port): (sl.upper, sl.upper_port)
-                                for sl in plan.switch_links}
-    uppers = set(expected.values())
-    seen: dict[Pos, tuple[Pos, Port]] = {}  # lower end -> (upper end, port)
-    extra: dict[Pos, tuple[Pos, Port]] = {}  # unplanned links, keyed by their upper end
-    for sw, port, peer in switch_ports:
-        if sw.node_id in apart or peer.node_id in apart:
-            continue
-        a = (ctx.name(sw), port.num)
-        b = (ctx.name(peer), port.remote_port)
-        if a in expected:
-            seen[a] = (b, port)
-        elif b in expected:
-            continue  # printed again from the lower end, which is handled there
-        elif b in uppers or (a not in uppers and a < b):
-            extra[a] = (b, port)  # every link is printed from both ends: keyed by one of them
-        else:
-            extra[b] = (a, port)
-
-    misplaced: dict[Pos, tuple[Pos, Pos]] = {}
-    missing: dict[str, list[Pos]] = defaultdict(list)
-    slow: list[tuple[Pos, Pos, Port]] = []
-    uplinks: dict[str, int] = defaultdict(int)
-    for lower, upper in expected.items():
-        uplinks[lower[0]] += 1
-        if lower[0] in gone:
-            continue
-        got = seen.get(lower)
-        if got is None:
-            if upper[0] not in gone:
-                missing[lower[0]].append(lower)
-            continue
-        actual, port = got
-        if _slow(port.gbps, want):
-            slow.append((lower, actual, port))
-        if actual != upper:
-            misplaced[lower] = (actual, upper)
-
-    # A cable in the wrong port of the lower switch: missing at one port, extra at another,
-    # both ending on the same upper port.
-    by_upper = {b: a for a, (b, _p) in extra.items() if a[0] in ctx.planned}
-    for lower, ports in list(missing.items()):
-        for lo in list(ports):
-            up = expected[lo]
-            moved = by_upper.get(up)
-            if moved is not None and moved[0] == lo[0]:
-                ports.remove(lo)
-                extra.pop(moved, None)
-                ctx.add("wrong-port", f"{lo[0]} port {lo[1]}",
-                        f"the uplink planned from {lo[0]} port {lo[1]} to {up[0]} port {up[1]} "
-                        f"is in {lo[0]} port {moved[1]}",
-                        f"move it from {lo[0]} port {moved[1]} to {lo[0]} port {lo[1]}",
-                        severity="warning")
-        if not ports:
-            del missing[lower]
-    for lower, ports in sorted(missing.items()):
-        if len(ports) == uplinks[lower] and len(ports) > 1:
-            ctx.add("missing-link", lower,
-                    f"none of the {len(ports)} uplinks of {ctx.role(lower)} is up",
-                    f"check {lower}'s uplink cables and the switches above it")
-            continue
-        for lo in ports:
-            up = expected[lo]
-            ctx.add("missing-link", f"{lo[0]} port {lo[1]}",
-                    f"no link from {lo[0]} port {lo[1]} to {up[0]} port {up[1]}",
-                    f"reseat or replace the cable {lo[0]} port {lo[1]} <-> {up[0]} port {up[1]}")
-
-    occupant = {actual: lower for lower, (actual, _u) in misplaced.items()}
-    done: set[Pos] = set()
-    for lower, (actual, upper) in sorted(misplaced.items()):
-        if lower in done:
-            continue
-        other = occupant.get(upper)
-        if other is not None and other != lower and misplaced[other][1] == actual:
-            done.update((lower, other))
-            ctx.add("swapped-cables", f"{lower[0]} port {lower[1]} / {other[0]} port {other[1]}",
-                    f"the uplinks from {lower[0]} port {lower[1]} and {other[0]} port "
-                    f"{other[1]} are in each other's ports on {actual[0]} port {actual[1]} and "
-                    f"{upper[0]} port {upper[1]}",
-                    f"swap the cables in {actual[0]} port {actual[1]} and {upper[0]} port "
-                    f"{upper[1]}")
-            continue
-        lo_sw, got_sw = ctx.planned.get(lower[0]), ctx.planned.get(actual[0])
-        exp_sw = ctx.planned[upper[0]]
-        cross = (got_sw is not None and lo_sw is not None and got_sw.group != exp_sw.group
-                 and ctx.plan.spine_groups == "per_rail")
-        why = " — it crosses rail groups, so rail traffic leaves its rail" if cross else ""
-        ctx.add("wrong-uplink", f"{lower[0]} port {lower[1]}",
-                f"{lower[0]} port {lower[1]} goes to {actual[0]} port {actual[1]}; planned: "
-                f"{upper[0]} port {upper[1]}{why}",
-                f"move the cable's upper end from {actual[0]} port {actual[1]} to {upper[0]} "
-                f"port {upper[1]}")
-
-    for a, (b, _port) in sorted(extra.items()):
-        ctx.add("unexpected-link", f"{a[0]} port {a[1]}",
-                f"{a[0]} port {a[1]} is cabled to {b[0]} port {b[1]}, which the plan does not "
-                "have", "unplug it, or fix the plan if the cable is intended")
-
-    if slow and len(slow) == len(expected) > 10:
-        rates = sorted({p.rate for *_x, p in slow})
-        ctx.add("degraded-link", "all switch links",
-                f"all {len(slow)} switch-to-switch links run at {', '.join(rates)}, below "
-                f"fabric.link_gbps = {want}", "set fabric.link_gbps if that is the real rate")
-        return
-    for lower, actual, port in slow:
-        ctx.add("degraded-link", f"{lower[0]} port {lower[1]}",
-                f"{lower[0]} port {lower[1]} -> {actual[0]} port {actual[1]} runs at {port.rate} "
-                f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
-                f"reseat or replace the cable/transceiver {lower[0]} port {lower[1]}")

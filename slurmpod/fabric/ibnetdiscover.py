@@ -19,11 +19,12 @@ naming `file:line`. Pure: text in, `Fabric` out (`parse_file` is the one reader)
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from slurmpod.errors import ConfigError
 
@@ -59,13 +60,13 @@ def speed_name(gbps: float) -> str:
     return f"{gbps:g}G"
 
 
-@dataclass(slots=True)
-class Port:
+class Port(NamedTuple):
     """One connected port as seen from its own node.
 
     The comment after the link (`# "desc" lid 12 4xNDR`) is kept raw and read on demand: every
     link is printed from both ends and a check reads one end, so parsing it eagerly would
-    double the cost of the biggest part of a large file.
+    double the cost of the biggest part of a large file. A NamedTuple: a 100k-GPU fabric has
+    600k of them.
     """
 
     num: int
@@ -74,14 +75,12 @@ class Port:
     tail: str | None
     line: int
 
-    def _tail(self) -> tuple[str | None, int | None, str | None, str | None]:
-        if not self.tail:
-            return None, None, None, None
-        t = _PORT_TAIL.match(self.tail)
-        if t is None:  # cannot happen: every part of the pattern is optional
-            return None, None, None, None
-        _own_lid, desc, rlid, width, speed = t.groups()
-        return desc, int(rlid) if rlid else None, f"{width}x" if width else None, speed
+    def _tail(self) -> tuple[str | None, int | None]:
+        t = _PORT_TAIL.match(self.tail) if self.tail else None
+        if t is None:
+            return None, None
+        _own_lid, desc, rlid, _width, _speed = t.groups()
+        return desc, int(rlid) if rlid else None
 
     @property
     def remote_desc(self) -> str | None:
@@ -91,23 +90,42 @@ class Port:
     def remote_lid(self) -> int | None:
         return self._tail()[1]
 
+    def _rate(self) -> tuple[str | None, str | None, float | None]:
+        # The rate is the comment's last token (`4xNDR`); a check reads it for every link, so
+        # it is looked up in a cache rather than matched again.
+        if not self.tail:
+            return _NO_RATE
+        token = self.tail.rsplit(None, 1)[-1]
+        got = _RATE_CACHE.get(token)
+        if got is None:
+            m = _RATE.fullmatch(token)
+            got = (f"{m.group(1)}x", m.group(2), link_gbps(f"{m.group(1)}x", m.group(2))) \
+                if m else _NO_RATE
+            if len(_RATE_CACHE) < 1024:
+                _RATE_CACHE[token] = got
+        return got
+
     @property
     def width(self) -> str | None:
-        return self._tail()[2]
+        return self._rate()[0]
 
     @property
     def speed(self) -> str | None:
-        return self._tail()[3]
+        return self._rate()[1]
 
     @property
     def gbps(self) -> float | None:
-        _, _, width, speed = self._tail()
-        return link_gbps(width, speed)
+        return self._rate()[2]
 
     @property
     def rate(self) -> str:
-        _, _, width, speed = self._tail()
+        width, speed, _ = self._rate()
         return f"{width or '?'}{speed or '?'}"
+
+
+_NO_RATE: tuple[None, None, None] = (None, None, None)
+_RATE = re.compile(r"(\d+)x([A-Za-z0-9?]+)")
+_RATE_CACHE: dict[str, tuple[str | None, str | None, float | None]] = {}
 
 
 # Node descriptions a CA reports when nobody set one (the driver default), and the SHARP
@@ -148,17 +166,23 @@ class FabricNode:
     @property
     def host(self) -> str | None:
         """For a CA described `HOST DEVICE`: HOST; None when the description names no host."""
-        if not self.desc or _DEFAULT_DESC.search(self.desc):
-            return None
-        return self.desc.split()[0]
+        return host_device(self.desc)[0]
 
     @property
     def device(self) -> str | None:
         """For a CA described `HOST DEVICE`: DEVICE (e.g. `mlx5_3`)."""
-        if self.host is None:
-            return None
-        parts = self.desc.split()
-        return parts[1] if len(parts) > 1 else None
+        return host_device(self.desc)[1]
+
+
+def host_device(desc: str) -> tuple[str | None, str | None]:
+    """`"dgx0001 mlx5_3"` -> (dgx0001, mlx5_3); (None, None) for driver-default descriptions."""
+    if not desc or (("Mellanox" in desc or "ConnectX" in desc or desc.startswith("MT")
+                    or "Aggregation" in desc) and _DEFAULT_DESC.search(desc)):
+        return None, None
+    parts = desc.split()
+    if not parts:
+        return None, None
+    return parts[0], parts[1] if len(parts) > 1 else None
 
 
 @dataclass
@@ -180,10 +204,11 @@ _NODE = re.compile(
     r'([A-Za-z?]+)\s+(\d+)\s+(?:"([^"]+)"|([A-Za-z?]-[0-9a-fA-F]+))'  # type, ports, id
     r'(?:\s*\([^)]*\))?\s*(?:#\s*(.*))?$'                 # optional "(scp)", comment
 )
+# Kept simple on purpose (it runs once per port line): what sits between the remote port and
+# the comment (`[ext N]`, the remote port GUID, ` (scp)`) is skipped, not checked.
 _PORT = re.compile(
-    r'\[(\d+)\](?:\[ext \d+\])?(?:\(([0-9a-fA-F]+)\))?\s*'         # local port, ext, port guid
-    r'"([^"]+)"\[(\d+)\](?:\[ext \d+\])?\s*(?:\(([0-9a-fA-F]+)\))?'  # remote id and port
-    r'\s*(?:\(scp\))?\s*(?:#\s*(.*))?$'
+    r'\[(\d+)\](?:\[ext \d+\])?(?:\([0-9a-fA-F]+\))?\s*'  # local port, ext label, port GUID
+    r'"([^"]+)"\[(\d+)\][^#"]*(?:#\s*(.*))?$'                 # remote id and port, comment
 )
 _PORT_TAIL = re.compile(
     r'(?:lid (\d+) lmc \d+\s*)?(?:"((?:[^"\\]|\\.)*)")?\s*'   # CA side: own lid; remote desc
@@ -211,51 +236,86 @@ def parse_file(path: Path | str) -> Fabric:
     return parse(text, str(path))
 
 
-def _is_continuation(pending: str, raw: str, stripped: str) -> bool:
-    """Does `stripped` continue the logical line `pending` (a line wrapped by an editor/pager)?"""
-    if pending.count('"') & 1:
-        return True  # inside a quoted description
-    if stripped[0] == "#":
-        starts_entry = pending[0] == "[" or pending[0].isupper()
-        return raw[0] in " \t" and "#" not in pending and starts_entry
-    if stripped[0] == '"':
-        return pending[0] == "[" and '"' not in pending
-    if stripped.startswith(("lid ", "enhanced", "base ")):
-        return "#" in pending
-    return False
+_BARE_PORT = re.compile(r"\[\d+\](?:\[ext \d+\])?(?:\([0-9a-fA-F]+\))?$")
 
 
 def parse(text: str, source: str = "<ibnetdiscover>") -> Fabric:
-    """Parse ibnetdiscover output. Raises ConfigError(`source:line`) on lines it cannot read."""
+    """Parse ibnetdiscover output. Raises ConfigError(`source:line`) on lines it cannot read.
+
+    Wrapped lines are joined back: a line with an unclosed quote continues on the next one, a
+    bare `[N]` port label continues with its remote end, and an indented `# ...` comment belongs
+    to the port or node line above it when that line has none.
+    """
+    gc_was_on = gc.isenabled()
+    gc.disable()  # ~10^6 small objects and no cycles: the collector only costs time here
+    try:
+        return _parse(text, source)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _parse(text: str, source: str) -> Fabric:
     nodes: dict[str, FabricNode] = {}
     ids: dict[str, str] = {}
-    current: list[FabricNode | None] = [None]
-
-    def handle(lineno: int, s: str) -> None:
+    node: FabricNode | None = None
+    last_port: tuple[FabricNode, int] | None = None  # the last port line, while it has no comment
+    buf: tuple[int, str] | None = None
+    port_match = _PORT.match
+    new_port = tuple.__new__  # skips NamedTuple's Python-level __new__
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if not s:
+            if buf is not None:
+                raise ConfigError(f"unterminated line {_snip(buf[1])}", file=f"{source}:{buf[0]}")
+            continue
+        if buf is not None:
+            lineno, s = buf[0], f"{buf[1]} {s}"
+            buf = None
         c = s[0]
-        if c == "#" or s.startswith(("ibwarn", "ibdebug")):
-            return  # comments; stderr diagnostics saved with `2>&1`
         if c == "[":
-            node = current[0]
             if node is None:
                 raise ConfigError("port line before any Switch/Ca line; is the file cut at the "
                                   "top?", file=f"{source}:{lineno}")
-            m = _PORT.match(s)
+            m = port_match(s)
             if m is None:
+                if _BARE_PORT.match(s):
+                    buf = (lineno, s)
+                    continue
                 raise ConfigError(f"cannot parse port line {_snip(s)}; expected "
                                   '[N] "S-<guid>"[M] # "description" lid L 4xNDR',
                                   file=f"{source}:{lineno}")
-            num, _lguid, rid, rport, _rguid, tail = m.groups()
-            node.ports[int(num)] = Port(int(num), rid, int(rport), tail, lineno)
-            return
-        if "=" in s:
-            key, _, val = s.partition("=")
-            if key.isidentifier() and val and " " not in val:
-                key = key.lower()
+            num, rid, rport, tail = m.groups()
+            if tail is not None and tail.count('"') & 1:
+                buf = (lineno, s)  # a description wrapped onto the next line
+                continue
+            num = int(num)
+            node.ports[num] = new_port(Port, (num, rid, int(rport), tail, lineno))
+            last_port = (node, num) if tail is None else None
+            continue
+        if "=" in s and '"' not in s:
+            eq = s.find("=")
+            if eq > 0 and " " not in s:
+                key = s[:eq].lower()
                 if key == "vendid":
                     ids.clear()
-                ids[key] = val
-                return
+                ids[key] = s[eq + 1:]
+                last_port = None
+                continue
+        if c == "#" or s.startswith(("ibwarn", "ibdebug")):
+            # Comments, stderr saved with `2>&1`, or the wrapped comment of the line above.
+            if c == "#" and raw[0] in " \t":
+                if last_port is not None:
+                    owner, num = last_port
+                    owner.ports[num] = owner.ports[num]._replace(tail=s[1:].strip())
+                    last_port = None
+                elif node is not None and not node.desc and not node.ports:
+                    _node_comment(node, s[1:].strip())
+            continue
+        last_port = None
+        if s.count('"') & 1:
+            buf = (lineno, s)  # inside a quoted description: the line was wrapped
+            continue
         m = _NODE.match(s)
         if m is None:
             raise ConfigError(f"cannot parse {_snip(s)}; expected a node line (Switch/Ca N "
@@ -265,47 +325,33 @@ def parse(text: str, source: str = "<ibnetdiscover>") -> Fabric:
         word, nports, qid, uid, tail = m.groups()
         node_id = qid or uid
         kind = _KINDS.get(word.lower(), "unknown")
-        desc, lid = "", None
-        if tail:
-            t = _NODE_TAIL.match(tail)
-            if t:
-                desc = t.group(1) or ""
-                lm = _LID.search(t.group(2) or "")
-                lid = int(lm.group(1)) if lm else None
         old = nodes.get(node_id)
         if old is not None:
             if old.kind != kind:
                 raise ConfigError(f"node {node_id} is listed as {old.type_word} at line "
                                   f"{old.line} and as {word} here; one of the two is wrong",
                                   file=f"{source}:{lineno}")
-            current[0] = old  # a repeated block (concatenated outputs): merge its ports
-            return
-        node = FabricNode(node_id, kind, word, int(nports), desc, lid, lineno, dict(ids))
-        nodes[node_id] = node
-        current[0] = node
-        ids.clear()
-
-    pending: str | None = None
-    pending_no = 0
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        s = raw.strip()
-        if not s:
-            if pending is not None:
-                handle(pending_no, pending)
-                pending = None
+            node = old  # a repeated block (concatenated outputs): merge its ports
             continue
-        if pending is not None:
-            if _is_continuation(pending, raw, s):
-                pending = f"{pending} {s}"
-                continue
-            handle(pending_no, pending)
-        pending, pending_no = s, lineno
-    if pending is not None:
-        handle(pending_no, pending)
+        node = FabricNode(node_id, kind, word, int(nports), "", None, lineno, dict(ids))
+        if tail:
+            _node_comment(node, tail)
+        nodes[node_id] = node
+        ids.clear()
+    if buf is not None:
+        raise ConfigError(f"unterminated line {_snip(buf[1])}", file=f"{source}:{buf[0]}")
     if not nodes:
         raise ConfigError("no Switch or Ca lines found; expected the output of `ibnetdiscover`",
                           file=source)
     return Fabric(nodes, source)
+
+
+def _node_comment(node: FabricNode, tail: str) -> None:
+    t = _NODE_TAIL.match(tail)
+    if t:
+        node.desc = t.group(1) or ""
+        lm = _LID.search(t.group(2) or "")
+        node.lid = int(lm.group(1)) if lm else None
 
 
 def _snip(s: str, n: int = 60) -> str:
