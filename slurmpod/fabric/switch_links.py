@@ -101,12 +101,11 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
 def _unplanned(ctx: _Ctx, links: tuple, suspects: set[str], names: dict[str, str],
                apart: set[str]) -> dict[Pos, tuple[Pos, Port]]:
     """Cables at the suspect switches that the plan does not have, keyed by their lower end."""
-    planned: set[Pos] = set()
+    lowers: set[Pos] = set()  # planned lower ends: the plan-driven pass judged those cables
     uppers: set[Pos] = set()
     for lower, lp, upper, upp in links:
         if lower in suspects or upper in suspects:
-            planned.add((lower, lp))
-            planned.add((upper, upp))
+            lowers.add((lower, lp))
             uppers.add((upper, upp))
     nodes = ctx.fabric.nodes
     extra: dict[Pos, tuple[Pos, Port]] = {}
@@ -119,7 +118,7 @@ def _unplanned(ctx: _Ctx, links: tuple, suspects: set[str], names: dict[str, str
                 continue
             a = (names[sw.node_id], port.num)
             b = (names[peer.node_id], port.remote_port)
-            if a in planned or b in planned:
+            if a in lowers or b in lowers:
                 continue
             # Every link is printed from both ends: key it by its lower end.
             if b in uppers or (a not in uppers and a < b):
