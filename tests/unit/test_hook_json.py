@@ -124,6 +124,7 @@ def test_parse_initial_comment_aliases() -> None:
 
 def test_validators_catch_bad_documents() -> None:
     assert validate_comment({"v": 2, "mfu": "high", "iter": 1.5})
+    assert validate_comment({"v": 1, "mfu": -0.1}) and not validate_comment({"v": 1, "mfu": 1.3})
     assert validate_admin_comment({"v": 1, "mfu": "x", "zzz": 1, "err": "UPPER"})
 
 
