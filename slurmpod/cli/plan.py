@@ -50,7 +50,8 @@ def load_run_input(spec: str | None, preset: str | None, megatron_args: str | No
                          "or --from-megatron-args")
     if preset is not None:
         path = runspec.preset_path(preset)
-        return runspec.load_run(path), str(path)
+        builtin = path.parent == runspec.PRESETS_DIR
+        return runspec.load_run(path), (f"preset {preset}" if builtin else str(path))
     if spec is not None and Path(spec).suffix == ".toml":
         return runspec.load_run(spec), spec
     if spec is not None:
@@ -71,7 +72,7 @@ def load_run_input(spec: str | None, preset: str | None, megatron_args: str | No
     return runspec.run_from_dict({"job": {"nodes": nodes}, "megatron": parsed}, source), source
 
 
-def render_summary(plan: Plan) -> str:
+def render_summary(plan: Plan, source: str | None = None) -> str:
     from slurmpod.cli.output import table
     from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION
 
@@ -120,8 +121,9 @@ def render_summary(plan: Plan) -> str:
             out.extend("    " + line for line in text.splitlines())
     for w in p.warnings:
         out.append(f"warning: {w}")
+    where = f"{source}: " if source else ""
     for e in p.errors:
-        out.append(f"error: {e}")
+        out.append(f"error: {where}{e}")
     out.append("plan: OK" if p.ok else f"plan: NOT OK ({len(p.errors)} error(s))")
     return "\n".join(out)
 
@@ -147,16 +149,16 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     from slurmpod.megatron.plan import make_plan
 
     site = load_site(resolve_site_path(site_name, default="dgx-h100-superpod"))
-    spec, _source = load_run_input(run, preset, megatron_args, nodes, site)
+    spec, source = load_run_input(run, preset, megatron_args, nodes, site)
     result = make_plan(spec, site, nodes=nodes)
     if write_spec:
         _write_spec(spec, result.nodes, Path(write_spec))
     if as_json:
         from slurmpod.cli.output import emit_json
 
-        emit_json(result.to_json())
+        emit_json({"source": source, **result.to_json()})
     else:
-        click.echo(render_summary(result))
+        click.echo(render_summary(result, source))
     if not result.ok:
         ctx.exit(3)
 

@@ -260,9 +260,9 @@ def _placement_warnings(p: Placement, c: ModelConfig) -> list[str]:
     if tp.cross_domain:
         out.append(f"{tp.cross_domain} TP groups cross an NVLink domain")
     cp = p.groups["cp"]
-    if cp.cross_node and c.cp > 1:
-        out.append(f"CP groups span up to {cp.max_nodes} nodes: ring attention runs over the "
-                   "fabric")
+    if cp.cross_domain and c.cp > 1:
+        out.append(f"{cp.cross_domain} CP groups leave their NVLink domain: ring attention "
+                   "runs over the fabric")
     dp = p.groups["dp"]
     if dp.cross_node and not dp.rail_aligned:
         out.append("DP groups are not rail-aligned (members on different local ranks): "

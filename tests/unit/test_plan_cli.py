@@ -48,7 +48,7 @@ def test_invalid_layout_exit_3_with_numbers_and_fix():
     r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "12")
     assert r.returncode == 3
     assert "flops" in r.stdout and "memory" in r.stdout  # numbers still shown
-    assert "error: megatron.global_batch_size" in r.stdout
+    assert "error: preset llama3-70b: megatron.global_batch_size" in r.stdout
     assert "use global_batch_size=129" in r.stdout
 
 
