@@ -179,6 +179,7 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     # Upper tiers.
     leaf_ids = set(leaf_hosts)
     uplinks: Counter[str] = Counter()
+    first_up: dict[str, int] = {}
     spine_ids: set[str] = set()
     spine_leaf_rails: dict[str, set[int]] = defaultdict(set)
     for leaf in leaf_ids:
@@ -186,6 +187,7 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
             peer = nodes.get(port.remote_id)
             if peer is not None and peer.kind == "switch" and peer.node_id not in leaf_ids:
                 uplinks[leaf] += 1
+                first_up[leaf] = min(first_up.get(leaf, port.num), port.num)
                 spine_ids.add(peer.node_id)
                 if leaf_rails[leaf]:
                     spine_leaf_rails[peer.node_id].add(leaf_rails[leaf].most_common(1)[0][0])
@@ -197,17 +199,32 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
                     and peer.node_id not in spine_ids):
                 core_ids.add(peer.node_id)
 
-    down = max((len(h) * (1 if rail_optimised else max(1, len(rails)))
-                for h in leaf_hosts.values()), default=1)
+    busiest = max((len(h) * (1 if rail_optimised else max(1, len(rails)))
+                   for h in leaf_hosts.values()), default=1)
     up = max(uplinks.values(), default=0)
-    over = max(1.0, down / up) if up else 1.0
-    leaf_radix = max((nodes[leaf].nports for leaf in leaf_ids), default=0)
-    # The plan's rule: downlink ports = floor(radix * o / (1 + o)); make sure they fit.
-    need = -(-int(down * (1 + over) / over * 1000) // 1000)
-    leaf_radix = max(leaf_radix, need, down + up, 4)
-    spine_radix = max((nodes[s].nports for s in spine_ids | core_ids), default=leaf_radix)
+    over = max(1.0, busiest / up) if up else 1.0
+    down_ports = min(first_up.values(), default=busiest + 1) - 1
+    real_leaf = max((nodes[leaf].nports for leaf in leaf_ids), default=0)
+    leaf_radix = _leaf_radix(real_leaf, down_ports, up, over)
+    if leaf_radix is None:
+        leaf_radix = max(real_leaf, busiest + up, 4)
+        warnings.append(f"leaf ports: uplinks start at port {down_ports + 1}, which no leaf_radix "
+                        "reproduces with the plan's rule; `topo check` will report wrong ports")
+    if up and -(-busiest // over) != up:
+        warnings.append(f"leaves have {up} uplinks for {busiest} nodes, which the plan's rule "
+                        "(oversubscription >= 1) cannot reproduce")
     per_rail = rail_optimised and bool(spine_ids) and all(
         len(v) == 1 for v in spine_leaf_rails.values())
+    groups_n = len({next(iter(v)) for v in spine_leaf_rails.values() if v}) if per_rail else 1
+    real_spine = max((nodes[x].nports for x in spine_ids | core_ids), default=leaf_radix)
+    spine_radix = real_spine
+    if spine_ids and not core_ids and up:
+        found = _spine_radix(real_spine, -(-len(leaf_ids) // groups_n), up,
+                             -(-len(spine_ids) // groups_n))
+        if found is None:
+            warnings.append("no spine_radix gives the observed spines per group with the plan's "
+                            "rule; review fabric.spine_radix")
+        spine_radix = found or real_spine
     link = gbps.most_common(1)[0][0] if gbps else 400
     return Discovered(
         sus=sus, su_leaves=su_leaves, rails=rails,
@@ -218,6 +235,28 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         oversubscription=over, spine_groups="per_rail" if per_rail else "shared",
         rail_optimised=rail_optimised, sharp=sharp, kept_apart=len(apart), warnings=warnings,
     )
+
+
+def _leaf_radix(real: int, down_ports: int, up: int, over: float) -> int | None:
+    """A radix whose plan layout (downlinks 1..D, D = floor(R·o/(1+o))) puts the first uplink
+    where the fabric has it; the real port count first."""
+    lo = max(4, down_ports + up)
+    for radix in (real, *range(lo, 4 * lo + 8)):
+        if radix >= lo and int(radix * over / (1 + over)) == down_ports:
+            return radix
+    return None
+
+
+def _spine_radix(real: int, leaves: int, up: int, spines: int) -> int | None:
+    """A spine radix for which the plan's rule (the smallest divisor S of U with
+    S >= ceil(L·U / radix)) gives the observed spines per group; the real port count first."""
+    from slurmpod.topology.fabric_plan import smallest_divisor_at_least
+
+    for radix in (real, *range(max(4, leaves), 4 * (leaves * up) + 8)):
+        need = -(-leaves * up // radix)
+        if radix >= leaves and need <= up and smallest_divisor_at_least(up, need) == spines:
+            return radix
+    return None
 
 
 def _overlap(a: set[str], b: set[str]) -> float:

@@ -1,0 +1,82 @@
+"""Benchmark `topo check` on a 12,500-node (100,000-GPU) rail-optimised fabric.
+
+The site is dgx-h100-superpod.toml grown to 391 SUs (390 x 32 nodes + one of 20), which the
+fabric plan turns into three tiers (leaf, spine, core; per-rail spine groups). The synthesized
+ibnetdiscover output carries a few injected faults so the check does real work. Prints sizes and
+the time of each stage; the target is parse + check under 5 s on a 2-core machine.
+
+    .venv/bin/python benchmarks/fabric_check.py [--nodes 12500] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tomllib
+
+from slurmpod.config import builtin_site_path, validate
+from slurmpod.fabric.check import check_fabric
+from slurmpod.fabric.ibnetdiscover import parse
+from slurmpod.fabric.synth import Fault, synthesize
+from slurmpod.model.site import Site
+from slurmpod.topology.fabric_plan import plan_fabric
+
+
+def big_site(nodes: int) -> Site:
+    data = tomllib.loads(builtin_site_path("dgx-h100-superpod").read_text())
+    per_su = data["su_groups"][0]["nodes_per_su"]
+    full, rest = divmod(nodes, per_su)
+    groups = [dict(data["su_groups"][0], sus=full)]
+    if rest:
+        groups.append(dict(data["su_groups"][0], sus=1, nodes_per_su=rest))
+    data["su_groups"] = groups
+    data["naming"]["hostname"] = "dgx{n:05d}"
+    data["partitions"] = [p for p in data["partitions"] if p.get("sus", "all") == "all"]
+    return validate(Site, data, "benchmark site")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=12_500)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    site = big_site(args.nodes)
+    plan = plan_fabric(site)
+    t_plan = time.perf_counter() - t0
+    gpus = sum(site.node_types[n.node_type].gpus for n in site.inventory.nodes)
+    print(f"site: {len(site.inventory.nodes):,} nodes, {gpus:,} GPUs, "
+          f"{len(site.inventory.su_names)} SUs, {plan.tiers} tiers, {len(plan.leaves):,} leaves, "
+          f"{len(plan.spines):,} spines, {len(plan.cores):,} cores")
+    print(f"plan: {len(plan.node_links):,} HCA links + {len(plan.switch_links):,} switch links "
+          f"in {t_plan:.2f} s")
+
+    faults = [Fault("swap", "dgx00001:mlx5_0,dgx00001:mlx5_3"), Fault("missing", "dgx00100:mlx5_4"),
+              Fault("slow", "dgx00200:mlx5_5=4xHDR"), Fault("move", "dgx00300=su391")]
+    t0 = time.perf_counter()
+    text = synthesize(site, plan, faults)
+    t_synth = time.perf_counter() - t0
+    n_lines = text.count("\n")
+    print(f"ibnetdiscover text: {n_lines:,} lines, {len(text) / 1e6:.1f} MB "
+          f"(synthesized in {t_synth:.2f} s)")
+
+    parse_s, check_s = [], []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        fabric = parse(text, "benchmark")
+        t1 = time.perf_counter()
+        report = check_fabric(site, plan, fabric)
+        t2 = time.perf_counter()
+        parse_s.append(t1 - t0)
+        check_s.append(t2 - t1)
+    p, c = min(parse_s), min(check_s)
+    print(f"parse: {p:.2f} s ({n_lines / p / 1e6:.2f} M lines/s); nodes in fabric "
+          f"{len(fabric.nodes):,}")
+    print(f"check: {c:.2f} s; findings {len(report.findings)} {report.counts()}")
+    print(f"parse + check: {p + c:.2f} s (best of {args.repeat}); target < 5 s "
+          f"-> {'met' if p + c < 5 else 'NOT met'} ({(p + c) / 5:.0%} of budget)")
+
+
+if __name__ == "__main__":
+    main()

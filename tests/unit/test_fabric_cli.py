@@ -1,0 +1,119 @@
+"""`slurmpod topo check` / `topo discover` through the real entry point: exit codes 0/1/3,
+JSON output, one-line errors, nothing half-written; and the synthesizer's command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmpod.cli.main import main
+from slurmpod.config import load_site
+from slurmpod.fabric import synth
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "ibnetdiscover"
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.fixture()
+def fabric(tmp_path, capsys):
+    def make(*faults: str) -> Path:
+        out = tmp_path / f"fabric-{len(list(tmp_path.iterdir()))}.txt"
+        assert synth.main(["sandbox", "-o", str(out), *faults]) == 0
+        capsys.readouterr()
+        return out
+    return make
+
+
+def test_clean_fabric_exits_0(fabric, capsys):
+    rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", str(fabric())], capsys)
+    assert rc == 0 and "clean: the fabric matches the plan" in out
+
+
+def test_findings_exit_1_with_fix_lines(fabric, capsys):
+    path = fabric("--swap", "gpu001:mlx5_0,gpu001:mlx5_1", "--missing", "gpu009:mlx5_2")
+    rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", str(path)], capsys)
+    assert rc == 1
+    assert "2 findings (missing-link 1, swapped-cables 1)" in out
+    assert "fix: swap the cables in leaf-su1-rail" in out
+
+
+def test_json_report(fabric, capsys):
+    path = fabric("--slow", "gpu003:mlx5_4=4xHDR")
+    rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", str(path), "--json"], capsys)
+    assert rc == 1
+    doc = json.loads(out)
+    assert doc["counts"] == {"degraded-link": 1} and doc["site"] == "sandbox"
+    assert doc["findings"][0]["subject"] == "gpu003 mlx5_4"
+
+
+def test_limit_truncates_text_output(fabric, capsys):
+    path = fabric(*[a for r in range(8) for a in ("--missing", f"gpu00{r + 1}:mlx5_{r}")])
+    rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", str(path), "--limit", "3"],
+                     capsys)
+    assert rc == 1 and "... and 5 more" in out
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--ibnetdiscover", str(DATA / "garbage.txt")], "garbage.txt:10: cannot parse port line"),
+    (["--ibnetdiscover", "/nonexistent/fabric.txt"], "fabric.txt: file not found"),
+])
+def test_bad_input_exits_3(args, says, capsys):
+    rc, _out, err = run(["topo", "check", "sandbox", *args], capsys)
+    assert rc == 3 and says in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2
+
+
+def test_bad_site_exits_3(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[site\n")
+    rc, _, err = run(["topo", "check", str(bad), "--ibnetdiscover", str(DATA / "basic.txt")],
+                     capsys)
+    assert rc == 3 and "malformed TOML" in err
+
+
+def test_bad_filter_regex_is_a_usage_error(capsys):
+    rc, _, err = run(["topo", "check", "sandbox", "--ibnetdiscover", str(DATA / "basic.txt"),
+                      "--hca-filter", "mlx5_("], capsys)
+    assert rc == 2 and "--hca-filter" in err
+
+
+def test_discover_writes_a_loadable_site_and_the_artefacts(fabric, tmp_path, capsys):
+    path = fabric()
+    out_dir = tmp_path / "found"
+    rc, out, _ = run(["topo", "discover", "--ibnetdiscover", str(path), "-o", str(out_dir),
+                      "--json"], capsys)
+    assert rc == 0
+    doc = json.loads(out)
+    assert (doc["nodes"], doc["sus"], doc["rails"]) == (16, 4, 8)
+    names = {p.name for p in out_dir.iterdir()}
+    assert {"site.toml", "topology.conf", "cabling.csv", "rails.csv", "gres.conf"} <= names
+    site = load_site(out_dir / "site.toml")
+    assert site.site.name == "found"
+    topo = (out_dir / "topology.conf").read_text()
+    assert "gpu[001-004]" in topo and "gpu[013-016]" in topo
+    rc, out, _ = run(["topo", "check", str(out_dir / "site.toml"), "--ibnetdiscover", str(path)],
+                     capsys)
+    assert rc == 0
+
+
+def test_discover_garbage_writes_nothing(tmp_path, capsys):
+    out_dir = tmp_path / "none"
+    rc, _, _err = run(["topo", "discover", "--ibnetdiscover", str(DATA / "garbage.txt"), "-o",
+                      str(out_dir)], capsys)
+    assert rc == 3 and not out_dir.exists()
+
+
+def test_synth_command_line_errors(tmp_path, capsys):
+    rc = synth.main(["sandbox", "-o", str(tmp_path / "x.txt"), "--swap", "gpu001:mlx5_0"])
+    _, err = capsys.readouterr()
+    assert rc == 3 and "give two endpoints" in err and not (tmp_path / "x.txt").exists()
+    rc = synth.main(["sandbox", "-o", str(tmp_path / "x.txt"), "--missing", "nosuch:mlx5_0"])
+    assert rc == 3
