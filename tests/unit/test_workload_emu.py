@@ -63,8 +63,11 @@ def test_iteration_lines_parse_and_report_measured_throughput(tmp_path: Path) ->
     args = emu.finish_args(emu.build_parser().parse_known_args([*TINY, "--train-iters", "4"])[0],
                            emu.Dist(0, 2, 0, "", "0"))
     flops = flops_per_iteration(dict(vars(args)))
-    expected = flops / (np.asarray(table.elapsed_ms) / 1e3) / 2 / 1e12
-    assert np.allclose(table.tflops_reported, expected, rtol=0.01)
+    ms = np.asarray(table.elapsed_ms)
+    expected = flops / (ms / 1e3) / 2 / 1e12
+    # printed ms carry 0.1 ms (±0.05) and throughput 3 significant digits (±0.5 %)
+    rtol = 0.05 / ms + 0.006
+    assert np.all(np.abs(table.tflops_reported - expected) <= rtol * expected)
     losses = np.asarray(table.lm_loss)
     assert losses[-1] < losses[0] and np.all(np.isfinite(losses))
     stamp = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})\] iteration", out)
