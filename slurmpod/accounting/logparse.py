@@ -73,6 +73,8 @@ _SAVE_DONE = re.compile(rb"successfully saved checkpoint (?:at|from) iteration\s
 _LOADED = re.compile(rb"(?:successfully )?loaded checkpoint from .* at iteration\s+(\d{1,12})\s*$")
 _TIMER = re.compile(rb"save-checkpoint(-non-persistent)?\s*\.*\s*:\s*"
                     rb"(?:\(\s*([0-9.]+)\s*,\s*([0-9.]+)\s*\)|([0-9.]+))\s*$")
+_VOCAB = re.compile(rb"> padded vocab \(size: (\d{1,12})\) with \d{1,12} dummy tokens "
+                    rb"\(new size: (\d{1,12})\)")
 _EXITING = re.compile(rb"exiting program|after training is done")
 _BANNER = re.compile(rb"-{3,} (end of )?arguments -{3,}")
 _LABEL = re.compile(rb"^\s*\d{1,6}:\s")
@@ -103,7 +105,7 @@ _NAN = float("nan")
 # The usual layout (core 0.5 .. main 2026) in one regex: whole `key: value |` fields, the ones
 # read are strict, anything between them must still be whole fields. Other layouts take the
 # generic path; both give the same row for the same line (tested).
-_GAP = rb"(?:[^|]*\|)*?"
+_GAP = rb"(?:[^|:]+:[^|]*\|)*?"  # whole `key: value |` fields only
 _VAL = rb"\s*([^|\s]+)\s*\|"
 _FAST = re.compile(
     rb"\s*consumed samples:\s*(\d+)\s*\|" + _GAP
@@ -124,7 +126,9 @@ def _generic_fields(fields: bytes) -> tuple[Any, ...]:
     vals: dict[str, Any] = {}
     for part in fields.split(b"|")[:-1]:
         key, sep, raw = part.partition(b":")
-        spec = _FIELDS.get(key.strip()) if sep else None
+        if not sep:
+            raise ValueError("a field without `key:`")  # Megatron prints none
+        spec = _FIELDS.get(key.strip())
         if spec is not None:
             vals[spec[0]] = float(raw) if spec[1] == _F else int(raw)
     if "elapsed_ms" not in vals:
@@ -423,6 +427,7 @@ class LogParser:
         self._skip_line = False  # inside an over-long line: drop it up to the next newline
         self._base = 0  # stream offset of the next byte fed
         self._want_timer = False
+        self._want_vocab = False  # after a dump without padded_vocab_size, until training starts
         self._n_rejected = 0
         self._n_duplicates = 0
         self._closed = False
@@ -506,6 +511,8 @@ class LogParser:
             pos = self._dump_lines(data, 0, end, base)
         if self._want_timer:
             self._timer_after(data, pos, end)
+        if self._want_vocab:
+            self._find_vocab(data, pos, end)
         rare: list[int] = []
         for marker in _MARKERS:
             p = data.find(marker, pos, end)
@@ -619,7 +626,9 @@ class LogParser:
             self._n_rejected += 1
             return
         consumed, elapsed, tfl, gbs, loss, scale, gnorm, skipped, nans = row
-        if not 0.0 < elapsed < 1e9 or min(consumed, gbs, skipped, nans) < -1:
+        # Every Megatron release prints the elapsed time and the global batch size.
+        if (not 0.0 < elapsed < 1e9 or gbs < 1 or min(consumed, skipped, nans) < -1
+                or iteration > train_iters):  # Megatron stops at train_iters
             self._n_rejected += 1
             return
         t = _NAN
@@ -635,6 +644,7 @@ class LogParser:
             tfl = _NAN
 
         seg = self._segs[-1]
+        self._want_vocab = False
         key = (iteration, elapsed, t)
         if seg.last_iteration is not None and iteration <= seg.last_iteration:
             if seg.last_key == key:
@@ -772,6 +782,8 @@ class LogParser:
                 self._end_dump()
                 if not bm.group(1):  # a new start banner without an end: a truncated dump
                     self._start_dump(base + pos)
+                elif self._want_vocab:
+                    self._find_vocab(data, nl + 1, end)
             elif b"|" in line and _ITER_HDR.search(line):  # cut short: training output follows
                 self._end_dump()
                 return pos
@@ -788,6 +800,23 @@ class LogParser:
         args = _arguments_from_dump(lines)
         if args:
             self._segs[-1].args = args
+            self._want_vocab = args.get("padded_vocab_size") is None
+
+    def _find_vocab(self, data: bytes, pos: int, end: int) -> None:
+        """The padded vocabulary is computed after the dump is printed (the tokenizer is built
+        later in initialize_megatron) and logged as `> padded vocab (size: V) with k dummy
+        tokens (new size: P)`; the FLOPs need P."""
+        q = data.find(b"> padded vocab (size: ", pos, end)
+        if q < 0:
+            return
+        vm = _VOCAB.match(data, q, data.find(b"\n", q, end))
+        seg = self._segs[-1]
+        if vm and seg.args is not None:
+            if seg.args.get("padded_vocab_size") is None:
+                seg.args["padded_vocab_size"] = int(vm.group(2))
+            if seg.args.get("vocab_size") is None:
+                seg.args["vocab_size"] = int(vm.group(1))
+        self._want_vocab = False
 
     # -- output --
 

@@ -34,13 +34,7 @@ def _read_log(path: Path) -> Any:
 
 def _peak(site: Site, site_name: str, node_type: str | None) -> tuple[float, str]:
     types = site.node_types
-    if node_type is not None:
-        if node_type not in types:
-            raise UsageError(f"--node-type {node_type!r}: not a node type of site {site_name}",
-                             hint=f"node types: {', '.join(sorted(types))}")
-        chosen = {node_type: types[node_type]}
-    else:
-        chosen = dict(types)
+    chosen = {node_type: types[node_type]} if node_type is not None else dict(types)
     peaks = {nt.gpu.peak_tflops_bf16 for nt in chosen.values()}
     if len(peaks) != 1:
         listing = ", ".join(f"{k}: {v.gpu.model} {v.gpu.peak_tflops_bf16:g}"
@@ -90,6 +84,9 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     site_path = resolve_site_path(site, default="dgx-h100-superpod")
     site_obj = load_site(site_path)
     site_name = site_obj.site.name
+    if node_type is not None and node_type not in site_obj.node_types:
+        raise UsageError(f"--node-type {node_type!r}: not a node type of site {site_name}",
+                         hint=f"node types: {', '.join(sorted(site_obj.node_types))}")
 
     world_size: int | None = None
     if run_file is not None:
@@ -110,8 +107,10 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
         world_size = ws if isinstance(ws, int) and ws > 0 else None
     n_gpus = gpus or world_size
     if n_gpus is None:
-        raise UsageError("the number of GPUs is unknown (no world_size in the log)",
-                         hint="give it with --gpus N")
+        where = ("the run spec's nodes need the node type (the site has several)" if run_file
+                 else "no world_size in the log's arguments")
+        raise UsageError(f"the number of GPUs is unknown: {where}",
+                         hint="give it with --gpus N" + (" or --node-type" if run_file else ""))
 
     try:
         cfg = ModelConfig.from_args(args)

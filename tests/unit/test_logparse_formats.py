@@ -1,0 +1,181 @@
+"""Parser over hand-made samples of other Megatron releases, restarts and progress.txt."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from slurmpod.accounting.logparse import (
+    LogParser,
+    parse_dump_lines,
+    parse_log,
+    parse_timestamp,
+    typed_value,
+)
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "megatron"
+
+
+def _parse(name: str):
+    with (DATA / name).open("rb") as f:
+        return parse_log(f)
+
+
+def _ts(text: str) -> float:
+    t = parse_timestamp(text.encode())
+    assert t is not None
+    return t
+
+
+def test_2023_release_without_timestamps() -> None:
+    s = _parse("megatron-2023-no-timestamp.log")
+    it = s.iterations
+    assert it.iteration.tolist() == [10, 20, 30, 40, 50]
+    assert it.elapsed_ms.tolist() == [12650.3, 9812.4, 9790.0, 9801.7, 9795.2]
+    assert np.isnan(it.time_s).all() and np.isnan(it.tflops_reported).all()
+    assert it.global_batch_size.tolist() == [256] * 5
+    (seg,) = s.segments
+    assert seg.start_seen and seg.cause == "arguments" and seg.loaded_iteration is None
+    assert seg.exit_marker == "exiting program at iteration 50"
+    # launch = "after megatron is initialized" − "time to initialize megatron (seconds)"
+    assert seg.launch_time_s == _ts("2023-06-01 10:00:40") - 38.512
+    assert seg.train_start_time_s == _ts("2023-06-01 10:01:30")
+    args = s.args
+    assert args is not None
+    assert args["num_layers"] == 32 and args["swiglu"] is True and args["vocab_size"] == 32000
+    assert args["padded_vocab_size"] == 32000  # from "> padded vocab (size: ...)" after the dump
+    assert args["num_experts"] is None and args["lr"] == 0.0003 and args["min_lr"] == 3e-05
+    assert args["data_path"] == ["0.5", "/data/a_text_document", "0.5", "/data/b_text_document"]
+    assert args["params_dtype"] == "torch.bfloat16"
+    assert [(c.iteration, c.timer_s, c.succeeded) for c in s.checkpoints] == [
+        (20, 12.48091, True), (40, 12.1015, True)]
+
+
+def test_2026_release_microseconds_labels_energy_and_timed_saves() -> None:
+    s = _parse("megatron-2026-microseconds.log")
+    it = s.iterations
+    assert it.iteration.tolist() == [5, 10, 15, 20, 25, 30, 35]
+    assert it.consumed_samples.tolist() == [i * 128 for i in (5, 10, 15, 20, 25, 30, 35)]
+    assert it.elapsed_ms[0] == 3120.5 and it.tflops_reported[0] == 341.6
+    assert it.time_s[0] == _ts("2026-03-02 14:01:00.725956")
+    assert s.n_rejected == 0
+    args = s.args
+    assert args is not None and args["world_size"] == 64 and args["seq_length"] == 8192
+    # 48+ character names are printed with no dots at all (_print_args pads with 48 - len).
+    assert args["a_very_long_argument_name_that_megatron_prints_without_dots"] == 7
+    assert args["padded_vocab_size"] == 128256
+    (save,) = s.checkpoints
+    assert save.iteration == 25 and save.succeeded and save.timer_s is None
+    assert save.start_time_s is not None and save.end_time_s is not None
+    assert round(save.end_time_s - save.start_time_s, 6) == 31.25
+
+
+def test_restart_appended_to_the_same_log() -> None:
+    s = _parse("megatron-2024-restart.log")
+    assert s.restarts == 1
+    first, second = s.segments
+    assert (first.first_iteration, first.last_iteration, first.loaded_iteration) == (2, 24, None)
+    assert (second.first_iteration, second.last_iteration, second.loaded_iteration) == (22, 40, 20)
+    assert second.cause == "arguments" and second.exit_marker == "after training is done"
+    seg = s.iterations.segment
+    assert seg.tolist() == [0] * 12 + [1] * 10
+    assert first.args is not None and second.args is not None
+    assert [c.iteration for c in s.checkpoints] == [10, 20, 30, 40]
+    assert [c.segment for c in s.checkpoints] == [0, 0, 1, 1]
+
+
+def test_restart_without_a_second_dump_is_found_by_the_iteration_going_back() -> None:
+    lines = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)
+    s = parse_log(lines + lines[:2])
+    assert s.iterations.segment.tolist() == [0, 0, 0, 1, 1]
+    assert s.segments[1].cause == "iteration-reset"
+
+
+def test_a_repeated_line_is_a_duplicate_not_a_restart() -> None:
+    lines = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)
+    s = parse_log([lines[0], lines[1], lines[1], lines[2]])
+    assert s.iterations.iteration.tolist() == [71, 72, 73]
+    assert s.n_duplicates == 1 and s.restarts == 0
+
+
+def test_megatron_deepspeed_layout() -> None:
+    s = _parse("megatron-deepspeed.log")
+    it = s.iterations
+    assert it.iteration.tolist() == [100, 110, 120]
+    assert it.elapsed_ms.tolist() == [4100.2, 4099.8, 4101.0]
+    assert it.tflops_reported.tolist() == [140.25] * 3
+    assert it.global_batch_size.tolist() == [512] * 3
+    assert it.loss_scale.tolist() == [65536.0] * 3
+
+
+def test_progress_txt() -> None:
+    s = _parse("progress.txt")
+    assert len(s.iterations) == 0
+    events = [(p.job_id, p.event, p.iteration) for p in s.progress]
+    assert events == [("4242", "Starting job", None), ("4242", "Saved checkpoint", 10),
+                      ("4242", "Saved checkpoint", 20), ("4243", "Starting job", None),
+                      ("4243", "Saving async checkpoint", 30),
+                      ("4243", "Saved async checkpoint", 30)]
+    saved = s.progress[2]
+    assert (saved.n_gpus, saved.job_tflops, saved.cumulative_tflops, saved.flops) == (
+        8, 96.2, 96.2, 1.23e17)
+    assert saved.time_s == _ts("2024-05-10 08:01:34")
+
+
+def test_dump_values_are_typed() -> None:
+    assert typed_value("None") is None
+    assert typed_value("True") is True and typed_value("False") is False
+    assert typed_value("32") == 32 and typed_value("-3") == -3
+    assert typed_value("1e-05") == 1e-05 and typed_value("0.5") == 0.5
+    assert typed_value("[1, 0, 1]") == [1, 0, 1] and typed_value("(2, 3)") == [2, 3]
+    assert typed_value("torch.bfloat16") == "torch.bfloat16"
+    assert typed_value("[unbalanced") == "[unbalanced"
+    assert typed_value("/path/with spaces") == "/path/with spaces"
+    assert parse_dump_lines(["  num_layers .......... 4", "  x" + "y" * 50 + "  None",
+                             "garbage"]) == {"num_layers": 4, "x" + "y" * 50: None}
+
+
+def test_truncated_dump_ends_at_the_first_iteration_line() -> None:
+    text = (b"------------------------ arguments ------------------------\n"
+            b"  num_layers ...................................... 4\n"
+            b"  hidden_size ..................................... 64\n")
+    line = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)[0]
+    s = parse_log(io.BytesIO(text + line))
+    assert s.args == {"num_layers": 4, "hidden_size": 64}
+    assert s.iterations.iteration.tolist() == [71]
+
+
+def test_over_long_line_is_dropped_and_memory_stays_bounded() -> None:
+    line = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)[0]
+    p = LogParser()
+    p.feed(line)
+    for _ in range(64):  # 64 MiB without a newline
+        p.feed(b"x" * (1 << 20))
+        assert len(p._partial) <= 1 << 20
+    p.feed(b"tail of the long line\n" + line.replace(b"71/", b"72/"))
+    s = p.close()
+    assert s.iterations.iteration.tolist() == [71, 72]
+
+
+def test_fast_and_generic_field_readers_agree() -> None:
+    """The one-regex reader of the usual layout and the any-layout reader give the same row."""
+    from slurmpod.accounting import logparse as lp
+
+    n = 0
+    for name in ("mixtral-8x7b-h100x16.log", "megatron-2023-no-timestamp.log",
+                 "megatron-2024-restart.log", "megatron-2026-microseconds.log"):
+        for line in (DATA / name).read_bytes().splitlines():
+            m = lp._ITER_HDR.search(line)
+            if m is None or b"|" not in line[m.end():]:
+                continue
+            fast = lp._FAST.match(line, m.end())
+            assert fast is not None, line
+            g = fast.groups()
+            row = (int(g[0]), float(g[1]), float(g[2] or "nan"), int(g[3]), float(g[4] or "nan"),
+                   float(g[5]), float(g[6] or "nan"), int(g[7]), int(g[8]))
+            generic = lp._generic_fields(line[m.end():])
+            assert repr(row) == repr(generic), line
+            n += 1
+    assert n == 3 + 5 + 22 + 7
