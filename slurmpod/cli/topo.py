@@ -138,9 +138,10 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
         return
     for p, rel in zip(written, files, strict=True):
         click.echo(f"wrote {p}  ({files[rel].count(chr(10))} lines)")
-    slurm_conf = "topology.yaml" if install == "topology.yaml" else "topology.conf"
+    target = "topology.yaml" if install == "topology.yaml" else "topology.conf"
+    what = install if install == target else f"{install} as {target}"
     click.echo(f"Slurm {report['slurm_version']}: TopologyPlugin=topology/{plugin}; install "
-               f"{install} as {slurm_conf} next to slurm.conf, and `Include nodes.conf`.")
+               f"{what} next to slurm.conf, and `Include nodes.conf`.")
     for w in warnings:
         click.echo(f"slurmpod: warning: {w}", err=True)
 
