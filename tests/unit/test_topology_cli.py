@@ -64,6 +64,10 @@ BAD = [
         gpu_pci=[EMU["gpu_pci"][0]] * 8)), "node_types.emu8.gpu_pci/hcas: PCI bus ids must"),
     ("bad-partition-option", variant("sandbox", partitions=[
         {"name": "p", "extra": {"Nodes": "x y"}}]), "partitions[0].extra"),
+    ("switch-name-clash", variant(
+        "sandbox", naming={"su": "spineblock{su}"}, fabric={"leaf_radix": 8, "spine_radix": 8},
+        su_groups=[{"node_type": "emu8", "sus": 20, "nodes_per_su": 4, "nodes_per_rack": 2}]),
+     "fabric.switch_prefix: switch name 'spineblock1' clashes"),
 ]
 
 
@@ -103,6 +107,12 @@ def test_bad_version_is_a_usage_error(tmp_path, capsys):
     rc, _, err = run(["topo", "generate", "sandbox", "-o", str(tmp_path / "o"),
                       "--slurm-version", "latest"], capsys)
     assert rc == 2 and "--slurm-version" in err and not (tmp_path / "o").exists()
+
+
+def test_bad_gres_prefix_is_a_usage_error(tmp_path, capsys):
+    rc, _, err = run(["topo", "generate", "sandbox", "-o", str(tmp_path / "o"),
+                      "--gres-file-prefix", "dev/nvidia"], capsys)
+    assert rc == 2 and "absolute path" in err and not (tmp_path / "o").exists()
 
 
 def test_generate_json_lists_files_and_warnings(tmp_path, capsys):
