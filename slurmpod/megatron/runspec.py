@@ -13,6 +13,7 @@ padded vocabulary, VPP from `num_layers_per_virtual_pipeline_stage`.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,11 @@ def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
                 hint = f"did you mean `{close[0]}`?" if close else f"known: {', '.join(_JOB_KEYS)}"
                 raise ConfigError(f"unknown key; {hint}", file=file, key=f"job.{key}")
     check_megatron_keys(data["megatron"], file)
+    for key, value in data["megatron"].items():
+        if key in KNOWN_MEGATRON_KEYS and isinstance(value, str) and value.startswith("$"):
+            raise ConfigError(f"{value} is a shell variable the launch script does not define; "
+                              "define it in the script or pass the value", file=file,
+                              key=f"megatron.{key}")
     return validate(RunSpec, data, file)
 
 
@@ -385,8 +391,8 @@ def _toml_value(v: Any) -> str:
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{s}"'
+    # JSON string escapes are valid TOML basic-string escapes; TOML also forbids a raw DEL.
+    return json.dumps(str(v), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:

@@ -75,6 +75,16 @@ def test_launch_script_input(tmp_path):
     assert data["data_parallel_size"] == 4
 
 
+def test_undefined_script_variable_named(tmp_path):
+    script = tmp_path / "t.sh"
+    script.write_text("python pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+                      "--num-attention-heads 4 --seq-length 256 --vocab-size 1024 "
+                      "--tensor-model-parallel-size $TP --global-batch-size 8\n")
+    r = slurmpod("plan", str(script), "--site", "sandbox")
+    assert r.returncode == 3
+    assert f"{script}: megatron.tensor_model_parallel_size: $TP is a shell variable" in r.stderr
+
+
 def test_write_spec_round_trips(tmp_path):
     out = tmp_path / "imported.toml"
     r = slurmpod("plan", "--site", "sandbox", "--nodes", "2", "--write-spec", str(out),

@@ -1,0 +1,84 @@
+"""Run spec model: Megatron defaults, padded vocabulary, typo detection, TOML round trip."""
+
+import tomllib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurmpod.errors import ConfigError
+from slurmpod.megatron.runspec import (
+    ModelConfig,
+    moe_layer_pattern,
+    padded_vocab_size,
+    run_from_dict,
+    to_toml,
+)
+
+MIN = dict(num_layers=8, hidden_size=4096, num_attention_heads=32, seq_length=2048,
+           vocab_size=50257)
+
+
+@pytest.mark.parametrize(("vocab", "div", "tp", "want"), [
+    (50257, 128, 1, 50304), (50257, 128, 8, 51200), (128256, 128, 1, 128256),
+    (128256, 128, 4, 128512), (32000, 128, 2, 32000), (151936, 128, 8, 152576), (7, 1, 1, 7),
+])
+def test_padded_vocab(vocab, div, tp, want):
+    got = padded_vocab_size(vocab, div, tp)
+    assert got == want and got % (div * tp) == 0 and got - vocab < div * tp
+
+
+def test_megatron_defaults():
+    c = ModelConfig.from_args(MIN)
+    assert (c.ffn_hidden_size, c.kv_channels, c.num_query_groups) == (4 * 4096, 128, 32)
+    assert c.padded_vocab_size == 50304 and c.etp == c.tp == 1
+    s = ModelConfig.from_args(MIN | {"swiglu": True, "group_query_attention": True,
+                                     "num_query_groups": 8, "tensor_model_parallel_size": 4})
+    assert s.ffn_hidden_size == 10880  # int(4h·2/3 / 64)·64
+    assert s.num_query_groups == 8 and s.etp == 4 and s.padded_vocab_size == 50688
+    # num_query_groups is ignored without group_query_attention, as in Megatron
+    assert ModelConfig.from_args(MIN | {"num_query_groups": 8}).num_query_groups == 32
+
+
+def test_vpp_from_layers_per_virtual_stage_and_recompute_flag():
+    c = ModelConfig.from_args(MIN | {"pipeline_model_parallel_size": 2,
+                                     "num_layers_per_virtual_pipeline_stage": 2,
+                                     "recompute_activations": True})
+    assert c.vpp == 2 and c.recompute_granularity == "selective"
+    assert ModelConfig.from_args(MIN | {"virtual_pipeline_model_parallel_size": 1}).vpp is None
+
+
+def test_moe_pattern():
+    assert moe_layer_pattern(1, 3) == (1, 1, 1)
+    assert moe_layer_pattern(2, 5) == (1, 0, 1, 0, 1)
+    assert moe_layer_pattern([0, 1], 2) == (0, 1)
+    c = ModelConfig.from_args(MIN | {"num_experts": 4, "moe_layer_freq": 4})
+    assert c.num_moe_layers == 2 and c.moe_ffn_hidden_size == 4 * 4096
+
+
+def test_passthrough_and_typos():
+    run = run_from_dict({"megatron": MIN | {"lr": 1e-4, "tokenizer_type": "GPT2BPETokenizer",
+                                            "decoder_num_layers": 2}}, "r.toml")
+    assert run.megatron.passthrough() == {"lr": 1e-4, "tokenizer_type": "GPT2BPETokenizer",
+                                          "decoder_num_layers": 2}
+    with pytest.raises(ConfigError, match=r"megatron.num_layer: .*did you mean `num_layers`"):
+        run_from_dict({"megatron": {"num_layer": 2} | {k: v for k, v in MIN.items()
+                                                       if k != "num_layers"}}, "r.toml")
+    with pytest.raises(ConfigError, match=r"megatron.moe_layer_freq: .*0 \(dense\) or 1"):
+        run_from_dict({"megatron": MIN | {"moe_layer_freq": [0, 2]}}, "r.toml")
+    with pytest.raises(ConfigError, match=r"^r.toml: extra: unknown table"):
+        run_from_dict({"megatron": MIN, "extra": {}}, "r.toml")
+
+
+_scalars = st.one_of(st.booleans(), st.integers(-2**40, 2**40),
+                     st.floats(allow_nan=False, allow_infinity=False),
+                     st.text(st.characters(exclude_categories=("Cs",)), max_size=20))
+_values = st.one_of(_scalars, st.lists(st.integers(0, 1), max_size=5),
+                    st.lists(st.text(max_size=5), max_size=3))
+_keys = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
+
+
+@given(st.dictionaries(_keys, _values, max_size=10), st.dictionaries(_keys, _values, max_size=5))
+def test_to_toml_round_trip(megatron, job):
+    text = to_toml({"job": job, "megatron": megatron})
+    assert tomllib.loads(text) == {"job": job, "megatron": megatron}
