@@ -307,7 +307,8 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             if summarise is None:
                 from slurmpod.accounting.figures import summarise_log as summarise
             try:
-                summary, series = summarise(got.data, job, peak_tflops=peak_tflops)
+                summary, series = summarise(got.chunks(), job, peak_tflops=peak_tflops,
+                                            truncated=got.truncated)
             except Exception as exc:  # a parser bug must not cost the record
                 log.exception("job %s: summarising %s failed", job_id, log_path)
                 summary = {"err": f"summary-{type(exc).__name__}"}

@@ -150,15 +150,20 @@ def _flops_fn(p: JobParams, args: Mapping[str, Any] | None) -> Callable[[int], f
     return None
 
 
-def summarise_log(data: bytes, job: Mapping[str, Any], *,
-                  peak_tflops: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
+                  peak_tflops: float | None = None,
+                  truncated: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Final summary (AdminComment v1 keys) and time series from a job's log bytes, with the
-    definitions of `slurmpod.accounting.metrics.job_metrics` (the same as `slurmpod mfu`)."""
+    definitions of `slurmpod.accounting.metrics.job_metrics` (the same as `slurmpod mfu`).
+
+    `truncated`: the middle of the log was not read (size cap), so the productive time is not
+    known and goodput is left out."""
     from slurmpod.accounting.logparse import LogParser, epoch_to_log_clock
     from slurmpod.accounting.metrics import job_metrics
 
     parser = LogParser()
-    parser.feed(data)
+    for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+        parser.feed(chunk)
     s = parser.close()
     comment = hooks.parse_initial_comment(job.get("comment"))
     raw_comment = hooks.decode_field(job.get("comment")) or {}
@@ -189,7 +194,7 @@ def summarise_log(data: bytes, job: Mapping[str, Any], *,
         "iter_ms": m.iter_time_ms.median if m.iter_time_ms else None,
         "tokens_per_s": m.tokens_per_s.median if m.tokens_per_s else None,
         "tflops_mlm": m.tflops_reported.median if m.tflops_reported else None,
-        "goodput": m.goodput if p.gpus else None,
+        "goodput": m.goodput if p.gpus and not truncated else None,
         "ttfi_s": m.time_to_first_iteration_s,
         "ckpt_s": m.checkpoint_stall_s if m.checkpoint_stalls else None,
     })

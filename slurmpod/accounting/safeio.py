@@ -22,7 +22,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
@@ -50,6 +50,18 @@ class CappedRead:
     head: bytes
     tail: bytes
     truncated: bool  # bytes between head and tail were skipped
+
+    def chunks(self, size: int = MIB) -> Iterator[bytes]:
+        """`data` in pieces of at most `size` bytes, without building it (half the memory)."""
+        parts = [self.head]
+        if self.truncated:
+            parts += [b"\n[slurmpod: middle of log skipped]\n", self.tail]
+        else:
+            parts.append(self.tail)
+        for part in parts:
+            view = memoryview(part)
+            for off in range(0, len(view), size):
+                yield bytes(view[off:off + size])
 
     @property
     def data(self) -> bytes:

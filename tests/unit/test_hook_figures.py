@@ -157,3 +157,10 @@ def test_live_window_without_model_uses_megatron_figure() -> None:
     got = w.figures(job_params({}, None))
     assert got == {"iter": 11, "tflops": 305.0}
     assert LiveWindow().figures(job_params({}, None, peak_hint=989)) == {"peak": 989}
+
+
+def test_truncated_log_has_no_goodput() -> None:
+    log = "".join(iteration_line(i + 1, 100, 1000.0) for i in range(20)).encode()
+    job = {"comment": comment(gpus=16), "start_time": 1000, "end_time": 1040}
+    assert summarise_log(log, job)[0]["goodput"] == pytest.approx(0.5)
+    assert summarise_log(log, job, truncated=True)[0].get("goodput") is None

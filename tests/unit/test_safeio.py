@@ -180,3 +180,11 @@ def test_open_returns_descriptor_of_checked_file(tmp_path: Path) -> None:
 )
 def test_expand_output_pattern(pattern: str, env: dict[str, str], want: str) -> None:
     assert expand_output_pattern(pattern, env) == want
+
+
+def test_chunks_equal_data(tmp_path: Path) -> None:
+    log = _write(tmp_path / "big.log", b"".join(f"l{i:05d}\n".encode() for i in range(5000)))
+    for head, tail in ((100, 100), (10**6, 10**6)):
+        got = read_job_file(str(log), ME, head_bytes=head, tail_bytes=tail)
+        pieces = list(got.chunks(size=64))
+        assert b"".join(pieces) == got.data and max(len(p) for p in pieces) <= 64
