@@ -159,12 +159,11 @@ def make_backend(name: str, runner: CommandRunner) -> SlurmBackend:
 
         return CliBackend(runner)
     if name == "pyslurm":
-        try:
-            from slurmpod.backends.pyslurm_backend import PyslurmBackend  # type: ignore
-        except ImportError as exc:
-            raise SlurmpodError(f"the pyslurm backend is not available: {exc}",
-                                hint="use --backend cli") from None
-        return PyslurmBackend()  # type: ignore[no-any-return]
+        from slurmpod.backends.pyslurm_backend import PyslurmBackend
+
+        out = runner.run(["sinfo", "--version"], timeout_s=30).stdout.split()
+        # load_pyslurm refuses (one clear line) when pyslurm is missing or does not match.
+        return PyslurmBackend(out[-1] if out else "")
     raise SlurmpodError(f"unknown backend {name!r}; use cli or pyslurm")
 
 
