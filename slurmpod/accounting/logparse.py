@@ -59,9 +59,11 @@ MAX_SEGMENTS = 1000
 MAX_EVENTS = 100_000
 CHUNK_BYTES = 1 << 20
 
-# Marker words of the rare lines (besides iteration headers); a line is looked at only if it
-# contains one. A tab finds progress.txt lines (memchr-fast; Megatron's own output has none).
-_MARKERS = (b" arguments ---", b"] datetime: ", b" checkpoint ", b"\t")
+# Marker words; a line is looked at only if it contains one. Iteration lines by their required
+# field (all releases print `elapsed time per iteration (ms)`), a tab for progress.txt lines
+# (memchr-fast; Megatron's own output has no tabs).
+_MARKERS = (b"elapsed time per iteration (", b" arguments ---", b"] datetime: ", b" checkpoint ",
+            b"\t")
 
 _ITER_HDR = re.compile(rb"iteration\s+(\d{1,12})\s*/\s*(\d{1,12})\s*\|")
 _TS_RE = rb"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?)"
@@ -503,8 +505,9 @@ class LogParser:
     def _scan(self, data: bytes, end: int, base: int) -> None:
         """Handle the complete lines in data[:end] (data[end-1] is a newline).
 
-        Iteration headers are found by one regex pass (a literal-prefix search in C); the rare
-        lines by `bytes.find` of a few marker words; only those lines are looked at.
+        Only lines holding a marker word are looked at; `bytes.find` locates them at memory
+        speed. Iteration lines are found by their one required field, `elapsed time per
+        iteration (`, whose rare letters let the search skip fast.
         """
         pos = 0
         if self._dump is not None:
@@ -513,43 +516,36 @@ class LogParser:
             self._timer_after(data, pos, end)
         if self._want_vocab:
             self._find_vocab(data, pos, end)
-        rare: list[int] = []
+        hits: list[int] = []
         for marker in _MARKERS:
             p = data.find(marker, pos, end)
             while p >= 0:
-                rare.append(p)
+                hits.append(p)
                 p = data.find(marker, p + 1, end)
-        rare.sort()
-        ri = 0
-        hits = _ITER_HDR.finditer(data, pos, end)
-        m = next(hits, None)
-        while True:
-            rp = rare[ri] if ri < len(rare) else end
-            if m is not None and m.start() < rp:
-                nl = data.find(b"\n", m.end(), end)
-                nxt = next(hits, None)
-                while nxt is not None and nxt.start() < nl:  # glued lines: the last header wins
-                    m, nxt = nxt, next(hits, None)
-                ls = data.rfind(b"\n", 0, m.start()) + 1
-                self._iteration(data, m, ls, nl, base)
-                m = nxt
-                while ri < len(rare) and rare[ri] < nl:
-                    ri += 1
+        hits.sort()
+        i, n = 0, len(hits)
+        while i < n:
+            h = hits[i]
+            i += 1
+            if h < pos:
                 continue
-            if rp >= end:
-                return
-            ls = data.rfind(b"\n", 0, rp) + 1
-            nl = data.find(b"\n", rp, end)
-            while ri < len(rare) and rare[ri] < nl:
-                ri += 1
-            after = self._rare_line(data, ls, nl, base)
-            if after > nl + 1:  # an arguments dump was consumed: resume after it
-                hits = _ITER_HDR.finditer(data, after, end)
-                m = next(hits, None)
-                while ri < len(rare) and rare[ri] < after:
-                    ri += 1
-            elif m is not None and m.start() < nl:
-                m = next(hits, None)
+            ls = data.rfind(b"\n", 0, h) + 1
+            nl = data.find(b"\n", h, end)
+            if i < n and hits[i] < nl:  # more markers on the line: glued lines, or a rare line
+                while i < n and hits[i] < nl:
+                    i += 1
+                m = None
+                for m in _ITER_HDR.finditer(data, ls, nl):  # noqa: B007 - the last header wins
+                    pass
+            else:
+                m = _ITER_HDR.search(data, ls, h) if data[h] == 101 else None  # b"e"lapsed
+                while m is not None and (nxt := _ITER_HDR.search(data, m.end(), h)):
+                    m = nxt  # a cut line glued to a whole one: the last header wins
+            if m is not None:
+                self._iteration(data, m, ls, nl, base)
+                pos = nl + 1
+            else:
+                pos = self._rare_line(data, ls, nl, base)
 
     def _rare_line(self, data: bytes, ls: int, nl: int, base: int) -> int:
         """A line holding a marker word; returns where scanning continues."""
@@ -607,13 +603,15 @@ class LogParser:
 
     def _iteration(self, data: bytes, m: re.Match[bytes], ls: int, nl: int, base: int) -> None:
         le = nl
-        while le > m.end() and data[le - 1] in b" \t\r":
-            le -= 1
-        if data[le - 1:le] != b"|":
+        if data[le - 1] != 124:  # usually the line ends with its last `|`
+            while le > m.end() and data[le - 1] in b" \t\r":
+                le -= 1
+        if data[le - 1] != 124:
             self._n_rejected += 1
             return
         try:
-            iteration, train_iters = int(m.group(1)), int(m.group(2))
+            hdr = m.groups()
+            iteration, train_iters = int(hdr[0]), int(hdr[1])
             f = _FAST.match(data, m.end(), le)
             if f is not None:  # the usual Megatron layout, matched in one go
                 g = f.groups()
@@ -652,7 +650,12 @@ class LogParser:
                 return
             seg = self._new_segment(base + ls, "iteration-reset")
         if t == t:
-            self._see_time(t)
+            if seg.first_time_s is None:
+                seg.first_time_s = t
+            seg.last_time_s = t
+            if self._first_time is None:
+                self._first_time = t
+            self._last_time = t
         if seg.first_iteration is None:
             seg.first_iteration = iteration
         seg.last_iteration = iteration
@@ -820,12 +823,23 @@ class LogParser:
 
     # -- output --
 
+    def _table(self, rows: array, dtype: type, width: int) -> np.ndarray:
+        """Rows as a read-only 2-D array: a copy while parsing goes on (the buffer still
+        grows), the buffer itself once closed (no second copy of a large log's records)."""
+        if self._closed and len(rows):
+            out = np.frombuffer(rows, dtype=dtype)
+        else:
+            out = np.array(rows, dtype=dtype)
+        out = out.reshape(-1, width)
+        out.flags.writeable = False
+        return out
+
     def summary(self) -> LogSummary:
         """A snapshot of everything parsed so far (complete lines only, unless closed)."""
-        ints = np.array(self._ints, dtype=np.int64).reshape(-1, len(_INT_COLS))
-        floats = np.array(self._floats, dtype=np.float64).reshape(-1, len(_FLOAT_COLS))
-        arrays = {k: ints[:, j].copy() for j, k in enumerate(_INT_COLS)}
-        arrays.update({k: floats[:, j].copy() for j, k in enumerate(_FLOAT_COLS)})
+        ints = self._table(self._ints, np.int64, len(_INT_COLS))
+        floats = self._table(self._floats, np.float64, len(_FLOAT_COLS))
+        arrays = {k: ints[:, j] for j, k in enumerate(_INT_COLS)}
+        arrays.update({k: floats[:, j] for j, k in enumerate(_FLOAT_COLS)})
         return LogSummary(
             iterations=IterationTable(**arrays),
             segments=tuple(s.freeze() for s in self._segs),

@@ -179,3 +179,11 @@ def test_fast_and_generic_field_readers_agree() -> None:
             assert repr(row) == repr(generic), line
             n += 1
     assert n == 3 + 5 + 22 + 7
+
+
+def test_a_cut_line_glued_to_a_whole_one_keeps_the_whole_one() -> None:
+    lines = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)
+    for cut in (30, 60, 140, 300):
+        s = parse_log([lines[0][:cut] + lines[1]])
+        assert s.iterations.iteration.tolist() == [72], cut
+        assert s.iterations.elapsed_ms.tolist() == [5470.7]
