@@ -23,10 +23,12 @@ from slurmpod.megatron.memory import (
 from slurmpod.megatron.placement import NodeMap, Placement, node_map_from_arrays, place
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
+    LAYOUT_KEYS,
     SiteShape,
     layout_errors,
     layout_warnings,
     min_nodes_that_fit,
+    specific_fix,
     suggest_layout,
     with_fix,
 )
@@ -203,6 +205,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
     fix: str | None = None
     if structural or not fits:
         fix = suggest_layout(c, world, shape)
+    if structural and fix is None:
+        fix = suggest_layout(c, world, shape, require_fit=False)
     for key, msg in structural:
         if "world" in msg:
             mp = math.lcm(c.tp * c.cp * c.pp, c.etp * c.ep * c.pp if c.is_moe else 1)
@@ -211,7 +215,11 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
             errors.append(with_fix(f"megatron.{key}: {msg}",
                                    f"{fix} (or {nodes_fix})" if fix else nodes_fix, ""))
         else:
-            errors.append(with_fix(f"megatron.{key}: {msg}", fix, f"adjust {key}"))
+            own = specific_fix(key, msg, c, world)
+            chosen = (fix or own) if key in LAYOUT_KEYS else (own or fix)
+            generic = (f"use TP ≤ {sa.domain_gpus} dividing the heads and query groups, PP "
+                       f"dividing num_layers, and TP×CP×PP dividing the {world} GPUs")
+            errors.append(with_fix(f"megatron.{key}: {msg}", chosen, generic))
     if n_nodes > len(sa.domain):
         errors.append(f"job.nodes: {n_nodes} nodes requested but site {sa.site_name} has "
                       f"{len(sa.domain)}: use at most {len(sa.domain)}")

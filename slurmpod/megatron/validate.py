@@ -27,6 +27,11 @@ class SiteShape:
     max_nodes: int
 
 
+# Errors a different (TP, PP) can cure; the others get a fix of their own.
+LAYOUT_KEYS = frozenset({"tensor_model_parallel_size", "num_attention_heads", "num_query_groups",
+                         "num_layers", "global_batch_size"})
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -142,7 +147,8 @@ def memory_bytes(c: ModelConfig, world: int) -> float:
             + activation_bytes(c, world).bytes_per_gpu)
 
 
-def suggest_layout(c: ModelConfig, world: int, shape: SiteShape) -> str | None:
+def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
+                   require_fit: bool = True) -> str | None:
     """The nearest (TP, PP) layout, with the same CP/EP, that satisfies every equation and fits;
     falls back to turning on the distributed optimizer, then full recompute. None if nothing."""
     base_tp, base_pp = c.tp, c.pp
@@ -168,8 +174,10 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape) -> str | None:
             vpp = c.vpp if c.vpp and pp > 1 and c.num_layers % (pp * c.vpp) == 0 else None
             cand = replace(c, tp=tp, pp=pp, etp=etp, vpp=vpp,
                            sequence_parallel=c.sequence_parallel or (tp > 1 and c.is_moe))
-            if any(k != "global_batch_size" and k != "recompute_method"
-                   for k, _ in layout_errors(cand, world, shape)):
+            # Only what TP/PP decide disqualifies a candidate; other errors get their own fix.
+            if any((k in LAYOUT_KEYS and k != "global_batch_size") or "folding" in m
+                   or k == "virtual_pipeline_model_parallel_size"
+                   for k, m in layout_errors(cand, world, shape)):
                 continue
             dp = world // (tp * c.cp * pp)
             gbs_ok = (c.global_batch_size or 0) % (c.micro_batch_size * dp) == 0
@@ -182,7 +190,7 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape) -> str | None:
         for _score, tp, pp, etp, vpp, gbs_ok in ranked:
             cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp,
                            sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
-            if memory_bytes(cand, world) > shape.usable_hbm_bytes:
+            if require_fit and memory_bytes(cand, world) > shape.usable_hbm_bytes:
                 continue
             dp = world // (tp * c.cp * pp)
             changes = []
@@ -214,6 +222,41 @@ def min_nodes_that_fit(c: ModelConfig, nodes: int, shape: SiteShape) -> int | No
             continue
         if memory_bytes(v, world) <= shape.usable_hbm_bytes:
             return n
+    return None
+
+
+def specific_fix(key: str, msg: str, c: ModelConfig, world: int) -> str | None:
+    """A concrete fix for an error that is not about TP/PP."""
+    dp = max(1, world // (c.tp * c.cp * c.pp))
+    if key == "expert_model_parallel_size" and c.num_experts is None:
+        return "expert_model_parallel_size = 1, or set num_experts"
+    if key == "expert_model_parallel_size" and c.num_experts is not None:
+        room = world // (c.etp * c.pp) if world % (c.etp * c.pp) == 0 else 0
+        eps = [e for e in _divisors(c.num_experts) if room and room % e == 0]
+        if eps:
+            best = min(eps, key=lambda e: (abs(math.log2(e / c.ep)), -e))
+            return f"EP={best} (divides num_experts={c.num_experts} and the world / (ETP×PP))"
+        best = min(_divisors(c.num_experts), key=lambda e: (abs(math.log2(e / c.ep)), -e))
+        return (f"EP={best} (divides num_experts={c.num_experts}) with ETP×EP×PP dividing the "
+                f"world of {world} GPUs")
+    if key == "context_parallel_size":
+        cps = [k for k in (1, 2, 4, 8, 16, 32) if c.seq_length % (2 * k) == 0 and k <= c.cp]
+        seq = -(-c.seq_length // (2 * c.cp)) * 2 * c.cp
+        return (f"CP={max(cps)} or seq_length={seq}" if cps else f"seq_length={seq}")
+    if key == "sequence_parallel":
+        return "sequence_parallel = true"
+    if key == "moe_router_topk" and c.num_experts is not None:
+        return f"moe_router_topk <= {c.num_experts}"
+    if key == "moe_layer_freq":
+        return f"a list of {c.num_layers} entries (0 dense, 1 MoE) or an int"
+    if key == "virtual_pipeline_model_parallel_size":
+        return "no virtual_pipeline_model_parallel_size, or PP > 1"
+    if key == "group_query_attention":
+        return "group_query_attention = false"
+    if key == "recompute_method":
+        return "recompute_method = 'uniform' and recompute_num_layers = 1"
+    if key == "global_batch_size":
+        return f"global_batch_size = {c.micro_batch_size * dp * 8} (8 microbatches per DP rank)"
     return None
 
 

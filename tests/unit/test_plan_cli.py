@@ -165,3 +165,39 @@ def test_moe_plan_json_is_serialisable():
     assert data["params_active"] < data["params_total"]
     assert data["weight_and_optimizer_bytes_per_gpu"] < \
         data["megatron_weight_and_optimizer_bytes_per_gpu"]
+
+
+_SITE = None
+
+
+def _dgx():
+    global _SITE
+    if _SITE is None:
+        _SITE = load_site(resolve_site_path(None, default="dgx-h100-superpod"))
+    return _SITE
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.fixed_dictionaries({
+    "tensor_model_parallel_size": st.sampled_from([1, 2, 4, 8, 16]),
+    "pipeline_model_parallel_size": st.sampled_from([1, 2, 3, 4]),
+    "context_parallel_size": st.sampled_from([1, 2, 3]),
+    "expert_model_parallel_size": st.sampled_from([1, 2, 4, 6]),
+    "num_experts": st.sampled_from([None, 4, 8]),
+    "global_batch_size": st.sampled_from([None, 30, 64]),
+    "sequence_parallel": st.booleans(),
+    "recompute_granularity": st.sampled_from([None, "selective", "full"]),
+    "seq_length": st.sampled_from([2048, 4098]),
+}), st.integers(1, 40))
+def test_every_error_carries_a_fix(layout, nodes):
+    megatron = {"num_layers": 12, "hidden_size": 1024, "num_attention_heads": 16,
+                "vocab_size": 32000} | {k: v for k, v in layout.items() if v is not None}
+    plan = make_plan(run_from_dict({"job": {"nodes": nodes}, "megatron": megatron}, "r.toml"),
+                     _dgx())
+    for e in plan.errors:
+        assert ": use " in e, e
+    assert plan.ok == (not plan.errors and plan.fits)
