@@ -205,10 +205,13 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
             state: MonitorState, io: MonitorIO) -> None:
     try:
         text = hooks.build_comment(base_comment, live, now_s=io.now())
+        figures = hooks.build_comment(base_comment, live)
     except ValueError as exc:
         log.error("job %s: comment does not fit: %s", job_id, exc)
         return
-    if text == state.last_comment:
+    # Unchanged figures (no new iteration: a hang, a long checkpoint) are not rewritten, so `t`
+    # stays the time of the last progress and shows how stale the figures are.
+    if figures == state.last_comment:
         return
     try:
         io.set_comment(job_id, text)
@@ -217,7 +220,7 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
         log.warning("job %s: comment update failed: %s", job_id, exc)
         return
     state.updates += 1
-    state.last_comment = text
+    state.last_comment = figures
     log.info("job %s: comment %s", job_id, text)
 
 

@@ -6,7 +6,6 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -48,7 +47,6 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
     from slurmpod.accounting import monitor as mon
     from slurmpod.backends.cli import CliBackend
     from slurmpod.backends.parse import parse_scontrol_kv
-    from slurmpod.model.jobs import JobState
     from slurmpod.transport.local import LocalRunner
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -66,19 +64,28 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
     if not path:
         raise UsageError(f"cannot find the log of job {job_id}", hint="pass --log FILE")
 
-    def status(jid: str) -> Any:
+    def query(jid: str) -> tuple[str, str] | None:
+        """(state, comment) of one job; ("", "") once Slurm no longer knows it; None if Slurm
+        did not answer. `squeue -j ID` asks slurmctld for that job only (22.05's `--json` would
+        dump every job of the cluster, every interval, from every running job)."""
         try:
-            return backend.status([jid]).get(jid)
+            res = backend.runner.run(["squeue", "-h", "-j", jid, "-o", "%T|%k"], timeout_s=30.0,
+                                     check=False)
         except SlurmError:
             return None
+        if res.returncode != 0:
+            # "Invalid job id specified": the job left the controller (MinJobAge)
+            return ("", "") if "Invalid job id" in res.stderr else None
+        state, _, comment = res.stdout.strip().partition("|")
+        return state, "" if comment == "(null)" else comment
 
     def get_comment(jid: str) -> str | None:
-        st = status(jid)
-        return st.comment if st is not None else None
+        q = query(jid)
+        return q[1] if q is not None else None
 
     def job_running(jid: str) -> bool | None:
-        st = status(jid)
-        return None if st is None else st.state in (JobState.RUNNING, JobState.CONFIGURING)
+        q = query(jid)
+        return None if q is None else q[0] in ("RUNNING", "CONFIGURING")
 
     stop = threading.Event()
     mon.install_signal_handlers(stop)

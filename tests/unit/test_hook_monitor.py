@@ -168,3 +168,43 @@ def test_tail_burst_after_start_skips_to_newest(tmp_path: Path) -> None:
     got = tail.read_new()
     assert got.endswith(b"line 00099\n") and b"first" not in got and len(got) <= 110
     assert tail.read_new() == b""
+
+
+def test_monitor_command_with_stub_slurm(tmp_path: Path) -> None:
+    """The CLI wiring: squeue/scontrol are stubs on PATH that record what they were asked."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    (bindir / "squeue").write_text(
+        "#!/bin/sh\necho \"squeue $*\" >> \"$CALLS\"\n"
+        "printf '%s|%s\\n' RUNNING \"$(cat \"$COMMENT_FILE\")\"\n")
+    (bindir / "scontrol").write_text(
+        "#!/bin/sh\necho \"scontrol $*\" >> \"$CALLS\"\n"
+        "case \"$3\" in Comment=*) printf '%s' \"${3#Comment=}\" > \"$COMMENT_FILE\";; esac\n")
+    for f in bindir.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    comment_file = tmp_path / "comment"
+    comment_file.write_text(INITIAL)
+    log = tmp_path / "train.log"
+    log.write_text("".join(iteration_line(i, 100, 1000.0) for i in range(1, 6)))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls),
+           "COMMENT_FILE": str(comment_file), "SLURM_JOB_ID": "77"}
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "hook", "monitor", "--log", str(log),
+                         "--interval-s", "1", "--max-cycles", "2"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(comment_file.read_text())
+    # 4e15 FLOPs / 1 s / 8 GPUs = 500 TFLOP/s per GPU = MFU 0.5 of 1000
+    assert doc["iter"] == 5 and doc["mfu"] == 0.5 and doc["tflops"] == 500.0
+    assert doc["run"] == "r" and doc["flops_per_iter"] == 4e15
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "squeue -h -j 77 -o %T|%k"
+    assert any(ln.startswith("scontrol update JobId=77 Comment={") for ln in lines)
+    # the second cycle found no new iteration: the Comment (and its `t`) was not rewritten
+    assert "monitor done (1 updates, 0 failed)" in cp.stderr
+    assert sum(ln.startswith("scontrol update") for ln in lines) == 1
