@@ -14,6 +14,7 @@ import getpass
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import stat
@@ -78,6 +79,18 @@ class SandboxStatus:
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("SLURMPOD_SANDBOX") or ".sandbox")
+
+
+_UNSAFE_PATH = re.compile(r"[\s\[\],=#\"'\\$`]")
+
+
+def check_state_path(path: Path) -> None:
+    """slurm.conf and gres.conf cannot quote a path: refuse characters they would split on."""
+    bad = sorted(set(_UNSAFE_PATH.findall(str(path))))
+    if bad:
+        raise ConfigError(
+            f"--state {str(path)!r}: Slurm's configuration files cannot hold a path with "
+            f"{' '.join(repr(c) for c in bad)}; choose a state directory without them")
 
 
 def _user() -> str:
@@ -232,6 +245,7 @@ class Sandbox:
     # -- up ----------------------------------------------------------------------------------
     def up(self) -> UpResult:
         t0 = time.monotonic()
+        check_state_path(self.state_dir)
         tools = find_tools()
         version = slurm_version(tools["slurmd"])
         with self._locked():
@@ -246,7 +260,7 @@ class Sandbox:
             if live:
                 self.progress(f"stale sandbox: {len(old) - len(live)} of {len(old)} daemons gone;"
                               " stopping the rest and restarting")
-                procs.stop(live)
+                procs.stop(live, children=self._children())
             elif recovered:
                 self.progress("stale sandbox: no daemon left running; restarting")
             n = self._start(tools, version, state, t0)
@@ -260,7 +274,8 @@ class Sandbox:
         site = load_site(self.site_path)
         nodes = [n.name for n in site.inventory.nodes]
         ports = self._choose_ports(len(nodes), state)
-        settings = SandboxSettings(self.layout, ports, _user(), version, self.accounting)
+        settings = SandboxSettings(self.layout, ports, _user(), version, self.site_path.absolute(),
+                                    self.accounting)
         files = render_files(site, settings, generated_artefacts(site, settings))
         self._rotate_logs()
         self._prepare_dirs(nodes)
@@ -282,7 +297,7 @@ class Sandbox:
             self._wait_idle(nodes, t0)
         except BaseException:
             self.progress("start-up failed; stopping what was started")
-            procs.stop(self._records, timeout_s=10)
+            procs.stop(self._records, timeout_s=10, children=self._children())
             self._records = []
             self._write_state(ports, version)
             raise
@@ -354,6 +369,9 @@ class Sandbox:
                 os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(195, i))
             except (PermissionError, OSError):
                 path.touch(mode=0o644)
+
+    def _children(self) -> dict[int, subprocess.Popen[bytes]]:
+        return self._launcher.children if self._launcher is not None else {}
 
     def _launch(self, name: str, argv: Sequence[str], log: Path | None = None
                 ) -> procs.ProcRecord:
@@ -509,7 +527,7 @@ class Sandbox:
                 [r for r in live if r.name in ("mariadbd", "munged")],
             )
             for group in order:
-                procs.stop(group)
+                procs.stop(group, children=self._children())
             if state is not None:
                 state["processes"] = []
                 write_atomic(self.layout.state_file, json.dumps(state, indent=2) + "\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import ConfigError
@@ -27,6 +28,7 @@ class SandboxSettings:
     ports: Ports
     user: str
     slurm_version: tuple[int, int, int]
+    site_path: Path
     accounting: bool = True
     python: str = sys.executable
 
@@ -101,6 +103,8 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
         "spool": str(lay.spool),
         "python": s.python,
         "hook_log": str(lay.logfile("hook-epilog")),
+        "site_path": str(s.site_path),
+        "slurm_conf": str(lay.slurm_conf),
     }
     files = {f"etc/{k}": v for k, v in pick_slurm_files(site, s, artefacts).items()}
     for name, tpl in (("etc/slurm.conf", "slurm.conf.j2"),

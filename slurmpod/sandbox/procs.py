@@ -105,25 +105,31 @@ class Launcher:
         return proc.poll() if proc is not None else None
 
 
-def _reap(pid: int) -> None:
-    """Collect a zombie child of this process (no-op for others' processes)."""
+def _reap(pid: int, children: Mapping[int, subprocess.Popen[bytes]]) -> None:
+    """Collect a zombie child of this process (no-op for others' processes). Popen objects
+    reap their own child, so they keep its exit status."""
+    if pid in children:
+        children[pid].poll()
+        return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
 
-def stop(records: Sequence[ProcRecord], timeout_s: float = 15.0) -> list[str]:
+def stop(records: Sequence[ProcRecord], timeout_s: float = 15.0,
+         children: Mapping[int, subprocess.Popen[bytes]] | None = None) -> list[str]:
     """SIGTERM the records that are still ours, wait, SIGKILL stragglers.
 
     Returns the names of records skipped because their PID no longer matched (already gone or
     reused by another program): those are left alone.
     """
+    kids = children or {}
     skipped: list[str] = []
     targets: list[ProcRecord] = []
     for rec in records:
         if is_ours(rec):
             targets.append(rec)
         else:
-            _reap(rec.pid)
+            _reap(rec.pid, kids)
             skipped.append(rec.name)
     for rec in targets:
         _signal(rec, signal.SIGTERM)
@@ -131,7 +137,7 @@ def stop(records: Sequence[ProcRecord], timeout_s: float = 15.0) -> list[str]:
     pending = list(targets)
     while pending and time.monotonic() < deadline:
         for rec in pending:
-            _reap(rec.pid)
+            _reap(rec.pid, kids)
         pending = [r for r in pending if is_ours(r)]
         if pending:
             time.sleep(0.05)
@@ -140,7 +146,7 @@ def stop(records: Sequence[ProcRecord], timeout_s: float = 15.0) -> list[str]:
     kill_deadline = time.monotonic() + 5.0
     while pending and time.monotonic() < kill_deadline:
         for rec in pending:
-            _reap(rec.pid)
+            _reap(rec.pid, kids)
         pending = [r for r in pending if is_ours(r)]
         if pending:
             time.sleep(0.05)

@@ -147,3 +147,17 @@ hostile_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",),
 @given(args=st.lists(hostile_text, max_size=4))
 def test_any_argv_round_trips_through_ssh(runner: SshRunner, args: list[str]) -> None:
     assert json.loads(runner.run([*ECHO_ARGV, *args]).stdout) == args
+
+
+def test_proxycommand_from_ssh_config(sshd: SshdServer, tmp_path: Path,  # noqa: F811
+                                      no_agent: None) -> None:
+    # The login node reached through a jump host (here the same sshd, via `ssh -W`).
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host behind-jump\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.identity}\n"
+        f"  ProxyCommand ssh -F {sshd.ssh_config} -o BatchMode=yes "
+        f"-o UserKnownHostsFile={sshd.known_hosts} -W %h:%p {sshd.alias}\n")
+    r = SshRunner("behind-jump", ssh_config=cfg, known_hosts=sshd.known_hosts)
+    assert r.run(["echo", "through the jump"]).stdout == "through the jump\n"
+    r.close()
