@@ -78,6 +78,7 @@ class PlanFacts:
     formula: str
     fits: bool = True
     errors: tuple[str, ...] = ()
+    tokens_per_iteration: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ def plan_facts_from_json(data: Mapping[str, Any]) -> PlanFacts:
             formula=str(data.get("flops_formula_version") or ""),
             fits=bool(data.get("fits", True)),
             errors=tuple(str(e) for e in data.get("errors") or ()),
+            tokens_per_iteration=(int(data["tokens_per_iteration"])
+                                  if data.get("tokens_per_iteration") else None),
         )
     except KeyError as exc:
         raise ConfigError(f"plan lacks {exc.args[0]!r}; slurmpod's planner and renderer "
@@ -167,7 +170,8 @@ def plan_facts_from_json(data: Mapping[str, Any]) -> PlanFacts:
 
 def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     """The job's `--comment`: compact JSON the accounting hooks parse (sacct keeps it when
-    AccountingStoreFlags=job_comment)."""
+    AccountingStoreFlags=job_comment). Keys as slurmpod.accounting.hooks reads them; the live
+    monitor merges its figures in and keeps these."""
     data = {
         "slurmpod": __version__,
         "fmt": COMMENT_FORMAT,
@@ -177,6 +181,8 @@ def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
         "gpus": plan.nodes * plan.gpus_per_node,
         "formula": plan.formula,
     }
+    if plan.tokens_per_iteration:
+        data["tokens_per_iter"] = plan.tokens_per_iteration
     if token:
         data["token"] = token
     return json.dumps(data, separators=(",", ":"), sort_keys=False)
