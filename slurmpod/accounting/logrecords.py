@@ -175,30 +175,33 @@ class LogSummary:
 
 
 
-_day_cache: dict[bytes, float] = {}
+_TS_SHAPE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?")
+_EPOCH = _dt.date(1970, 1, 1)
+_minute_cache: dict[bytes, float] = {}
 
 
 def parse_timestamp(ts: bytes) -> float | None:
     """`2024-04-06 03:02:12[.ffffff]` -> log-clock seconds; None if not a real date/time."""
-    if (len(ts) < 19 or ts[4] != 45 or ts[7] != 45 or ts[10] not in (32, 84) or ts[13] != 58
-            or ts[16] != 58 or (len(ts) > 19 and (ts[19] != 46 or len(ts) > 29))):
-        return None  # the shape: '-' '-' ' '|'T' ':' ':' ['.' 1-9 digits]
-    day = ts[:10]
-    base = _day_cache.get(day)
-    try:
-        if base is None:
-            d = _dt.date(int(day[0:4]), int(day[5:7]), int(day[8:10]))
-            base = float((d - _dt.date(1970, 1, 1)).days * 86400)
-            if len(_day_cache) > 4096:
-                _day_cache.clear()
-            _day_cache[day] = base
-        h, mi, s = int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
-        frac = float(ts[19:]) if len(ts) > 19 else 0.0
-    except ValueError:
+    if _TS_SHAPE.fullmatch(ts) is None:
         return None
-    if h > 23 or mi > 59 or s > 60:
+    minute = ts[:16]  # consecutive lines share it: one date computation per minute of log
+    base = _minute_cache.get(minute)
+    if base is None:
+        try:
+            d = _dt.date(int(ts[0:4]), int(ts[5:7]), int(ts[8:10]))
+        except ValueError:
+            return None
+        h, mi = int(ts[11:13]), int(ts[14:16])
+        if h > 23 or mi > 59:
+            return None
+        base = float((d - _EPOCH).days * 86400 + h * 3600 + mi * 60)
+        if len(_minute_cache) > 4096:
+            _minute_cache.clear()
+        _minute_cache[minute] = base
+    s = int(ts[17:19])
+    if s > 60:  # 60: a leap second
         return None
-    return base + h * 3600 + mi * 60 + s + frac
+    return base + s + (float(ts[19:]) if len(ts) > 19 else 0.0)
 
 
 def typed_value(raw: str) -> Any:

@@ -272,10 +272,11 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         gbs = np.where(gbs > 0, gbs, float(default_global_batch_size))
     gbs[gbs <= 0] = np.nan
     tokens = gbs * seq_length / elapsed_s if seq_length else np.full(n, np.nan)
+    flops = np.full(n, np.nan)
     if flops_fn is not None and n:
-        flops = np.array([flops_fn(int(b)) if b == b else np.nan for b in gbs])
-    else:
-        flops = np.full(n, np.nan)
+        known = np.isfinite(gbs)
+        sizes, inverse = np.unique(gbs[known], return_inverse=True)  # a handful of batch sizes
+        flops[known] = np.array([flops_fn(int(b)) for b in sizes], dtype=np.float64)[inverse]
     tflops = flops / (elapsed_s * n_gpus) / 1e12
     mfu = tflops / peak_tflops
 

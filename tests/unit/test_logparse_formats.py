@@ -187,3 +187,13 @@ def test_a_cut_line_glued_to_a_whole_one_keeps_the_whole_one() -> None:
         s = parse_log([lines[0][:cut] + lines[1]])
         assert s.iterations.iteration.tolist() == [72], cut
         assert s.iterations.elapsed_ms.tolist() == [5470.7]
+
+
+def test_summary_json_is_plain_json() -> None:
+    import json
+
+    s = _parse("megatron-2024-restart.log")
+    doc = json.loads(json.dumps(s.to_json(), allow_nan=False))
+    assert doc["n_records"] == 22 and len(doc["segments"]) == 2
+    assert doc["segments"][1]["loaded_iteration"] == 20 and doc["segments"][1]["has_args"]
+    assert [c["iteration"] for c in doc["checkpoints"]] == [10, 20, 30, 40]
