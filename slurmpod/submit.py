@@ -153,6 +153,31 @@ def resolve_run_dir(run: RunSpec, explicit: str | None, base: str) -> str:
     return str(p if p.is_absolute() else PurePosixPath(base) / p)
 
 
+class EnvRunner:
+    """A runner that adds fixed environment to every command (e.g. SLURM_CONF or PATH of a
+    cluster whose Slurm is not at the default place); everything else is delegated."""
+
+    def __init__(self, inner: CommandRunner, env: Mapping[str, str]) -> None:
+        self.inner = inner
+        self.env = dict(env)
+
+    @property
+    def where(self) -> str:
+        return self.inner.where
+
+    def run(self, argv: Any, *, env: Mapping[str, str] | None = None, **kw: Any) -> Any:
+        return self.inner.run(argv, env={**self.env, **(env or {})}, **kw)
+
+    def write_text(self, path: str, text: str, mode: int = 0o644) -> str:
+        return self.inner.write_text(path, text, mode)
+
+    def upload(self, local_path: Path, remote_dir: str, name: str | None = None) -> str:
+        return self.inner.upload(local_path, remote_dir, name)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def make_backend(name: str, runner: CommandRunner) -> SlurmBackend:
     if name == "cli":
         from slurmpod.backends.cli import CliBackend

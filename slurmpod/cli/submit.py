@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,12 +60,7 @@ def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
     from slurmpod.render.sbatch import RenderOptions
 
-    env: dict[str, str | None] = {}
-    for pair in kw["env_pairs"]:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
-        env[name] = value
+    env: dict[str, str | None] = dict(_pairs(kw["env_pairs"], "--env"))
     return RenderOptions(
         site_label=site_label, template=kw["template"], template_dirs=tuple(kw["template_dirs"]),
         nccl_debug=kw["nccl_debug"], nccl_algo=kw["nccl_algo"], nccl_proto=kw["nccl_proto"],
@@ -101,6 +97,9 @@ def render(run_file: Path, output: Path | None, **kw: Any) -> None:
 @click.argument("run_file", type=click.Path(dir_okay=False, path_type=Path))
 @_render_options
 @click.option("--host", help="Submit over SSH to this host (~/.ssh/config alias or name).")
+@click.option("--remote-env", "remote_env", multiple=True, metavar="NAME=VALUE",
+              help="Environment for the Slurm commands slurmpod runs (e.g. SLURM_CONF on a "
+                   "cluster with a non-default config). Repeatable.")
 @click.option("--backend", type=click.Choice(["cli", "pyslurm"]), default="cli",
               show_default=True)
 @click.option("--dry-run", is_flag=True, help="Plan and render only; queue nothing.")
@@ -109,8 +108,9 @@ def render(run_file: Path, output: Path | None, **kw: Any) -> None:
               help="Seconds --wait waits for the job to start.")
 @click.option("--force", is_flag=True, help="Submit even if this exact script is queued.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(run_file: Path, host: str | None, backend: str, dry_run: bool, wait: bool,
-           wait_timeout: float, force: bool, as_json: bool, **kw: Any) -> None:
+def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backend: str,
+           dry_run: bool, wait: bool, wait_timeout: float, force: bool, as_json: bool,
+           **kw: Any) -> None:
     """Plan, render, store and submit RUN_FILE; print the job id."""
     from slurmpod import submit as sub
 
@@ -119,6 +119,8 @@ def submit(run_file: Path, host: str | None, backend: str, dry_run: bool, wait: 
     if backend == "pyslurm" and host:
         raise UsageError("--backend pyslurm talks to the local Slurm; drop --host or use cli")
     runner = _runner(host)
+    if remote_env:
+        runner = sub.EnvRunner(runner, _pairs(remote_env, "--remote-env"))
     try:
         base = str(Path.cwd()) if host is None else _remote_home(runner)
         run_dir = sub.resolve_run_dir(run, kw["run_dir"], base)
@@ -154,6 +156,18 @@ def submit(run_file: Path, host: str | None, backend: str, dry_run: bool, wait: 
         spans = f"{len(res.sus)} SU(s) {','.join(res.sus)}" if res.sus else "no nodes"
         click.echo(f"job {res.job_ids[0]} {res.state} on {res.nodes or '-'}: {spans} "
                    f"(minimum {res.min_sus})")
+
+
+def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"{option} {pair!r}: expected NAME=VALUE")
+        if option == "--remote-env" and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UsageError(f"{option} {name!r} is not a valid environment variable name")
+        out[name] = value
+    return out
 
 
 def _runner(host: str | None):  # -> CommandRunner
