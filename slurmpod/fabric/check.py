@@ -157,28 +157,41 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
     inv = site.inventory
     roles = {(t, h.device): h.role for t, nt in site.node_types.items() for h in nt.hcas}
 
-    # 1. Where each CA is cabled (from the switch side, else its own port line).
+    # 1. Where each CA is cabled: from its own port line (one per HCA, so 100k lines rather
+    # than the 500k switch ports of a 100k-GPU fabric), as the switch-side Port of that link.
     attach: dict[str, tuple[FabricNode, Port]] = {}
     nodes = fabric.nodes
-    for sw in fabric.switches():
-        n_sw = 0
-        for port in sw.ports.values():
-            peer = nodes.get(port.remote_id)
-            if peer is None:
-                continue
-            if peer.kind == "switch":
-                n_sw += 1
-            else:
-                attach[peer.node_id] = (sw, port)
-        ctx.degree[sw.node_id] = n_sw
+    on_switch: dict[str, int] = defaultdict(int)
+    orphans = False
+    for ca in fabric.cas():
+        for num in sorted(ca.ports):
+            port = ca.ports[num]
+            sw = nodes.get(port.remote_id)
+            if sw is not None and sw.kind == "switch":
+                back = sw.ports.get(port.remote_port)
+                if back is None or back.remote_id != ca.node_id:  # one-sided (edited) file
+                    back = Port(port.remote_port, ca.node_id, num, port.tail, port.line)
+                attach[ca.node_id] = (sw, back)
+                on_switch[sw.node_id] += 1
+                break
+        else:
+            orphans = True
+    if orphans:  # CAs printed without their port lines: read those links from the switches
+        for sw in fabric.switches():
+            for port in sw.ports.values():
+                peer = nodes.get(port.remote_id)
+                if peer is not None and peer.kind == "ca" and peer.node_id not in attach:
+                    attach[peer.node_id] = (sw, port)
+                    on_switch[sw.node_id] += 1
+    for sw in fabric.switches():  # ports facing anything but CAs: a trigger for a closer look
+        ctx.degree[sw.node_id] = len(sw.ports) - on_switch.get(sw.node_id, 0)
 
     # 2. Classify CAs: compute HCAs of site nodes, kept-apart ones, unknown ones.
     compute: dict[tuple[str, str], FabricNode] = {}
     apart_ids: set[str] = set()
     unknown_hosts: dict[str, list[FabricNode]] = defaultdict(list)
+    by_name = inv.by_name
     for ca in fabric.cas():
-        if ca.is_aggregation_node:
-            continue  # the SHARP aggregation node inside a Quantum switch, not a host
         desc = ca.desc
         if hca_filters and any(f.search(desc) for f in hca_filters):
             apart_ids.add(ca.node_id)
@@ -186,13 +199,15 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
             continue
         host, dev = host_device(desc)
         if host is None:
+            if ca.is_aggregation_node:
+                continue  # the SHARP aggregation node inside a Quantum switch, not a host
             where = _where(ctx, ca, attach)
             ctx.add("unnamed-ca", ca.node_id,
                     f"CA {ca.node_id} ({desc or 'no description'}) on {where} names no host",
                     "set its node description to 'HOST DEVICE' (rdma-core sets it at boot), or "
                     "exclude it with --hca-filter", severity="warning")
             continue
-        node = inv.by_name.get(host)
+        node = by_name.get(host)
         if node is None:
             unknown_hosts[host].append(ca)
             continue
@@ -215,8 +230,10 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
     # Switches outside the plan that carry no compute HCA are another fabric (storage): apart.
     compute_ids = {ca.node_id for ca in compute.values()}
     carriers: dict[str, set[str]] = defaultdict(set)
+    to_plan = ctx.to_plan
     for ca_id, (sw, _port) in attach.items():
-        carriers[sw.node_id].add(ca_id)
+        if sw.node_id not in to_plan:
+            carriers[sw.node_id].add(ca_id)
     apart_switches: set[str] = set()
     for sw in fabric.switches():
         if sw.node_id in ctx.to_plan:
@@ -367,20 +384,24 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
     per_node: dict[str, int] = defaultdict(int)
     misplaced: dict[tuple[str, str], tuple[Pos, Pos, int | None]] = {}
     slow: list[tuple[str, str, Pos, Port]] = []
+    healthy = " " + speed_name(want)  # a healthy link's comment ends with its rate
+    to_plan = ctx.to_plan
     for nl in plan.node_links:
-        per_node[nl.node] += 1
-        ca = compute.get((nl.node, nl.hca))
+        node, hca, leaf, lport = nl.node, nl.hca, nl.leaf, nl.port
+        per_node[node] += 1
+        ca = compute.get((node, hca))
         at = attach.get(ca.node_id) if ca is not None else None
         if at is None:
-            if nl.leaf not in gone:
-                missing[nl.node].append(nl)
+            if leaf not in gone:
+                missing[node].append(nl)
             continue
         sw, port = at
-        actual = (ctx.to_plan.get(sw.node_id) or (sw.name or sw.node_id), port.num)
-        if is_slow(port.gbps, want):
-            slow.append((nl.node, nl.hca, actual, port))
-        if actual != (nl.leaf, nl.port):
-            misplaced[(nl.node, nl.hca)] = (actual, (nl.leaf, nl.port), nl.rail)
+        got = to_plan.get(sw.node_id) or (sw.name or sw.node_id)
+        tail = port.tail
+        if not (tail and tail.endswith(healthy)) and is_slow(port.gbps, want):
+            slow.append((node, hca, (got, port.num), port))
+        if got != leaf or port.num != lport:
+            misplaced[(node, hca)] = ((got, port.num), (leaf, lport), nl.rail)
 
     for node, links in missing.items():
         if len(links) == per_node[node] and len(links) > 1:

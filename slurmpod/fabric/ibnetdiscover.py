@@ -290,8 +290,18 @@ def _parse(text: str, source: str) -> Fabric:
                 buf = (lineno, s)  # a description wrapped onto the next line
                 continue
             num = int(num)
-            node.ports[num] = new_port(Port, (num, rid, int(rport), tail, lineno))
+            node.ports[num] = new_port(Port, (num, rid, int(rport), tail or None, lineno))
             last_port = (node, num) if tail is None else None
+            continue
+        if c == "#" or (c == "i" and s.startswith(("ibwarn", "ibdebug"))):
+            # Comments, stderr saved with `2>&1`, or the wrapped comment of the line above.
+            if c == "#" and raw[0] in " \t":
+                if last_port is not None:
+                    owner, num = last_port
+                    owner.ports[num] = owner.ports[num]._replace(tail=s[1:].strip())
+                    last_port = None
+                elif node is not None and not node.desc and not node.ports:
+                    _node_comment(node, s[1:].strip())
             continue
         if "=" in s and '"' not in s:
             eq = s.find("=")
@@ -302,16 +312,6 @@ def _parse(text: str, source: str) -> Fabric:
                 ids[key] = s[eq + 1:]
                 last_port = None
                 continue
-        if c == "#" or s.startswith(("ibwarn", "ibdebug")):
-            # Comments, stderr saved with `2>&1`, or the wrapped comment of the line above.
-            if c == "#" and raw[0] in " \t":
-                if last_port is not None:
-                    owner, num = last_port
-                    owner.ports[num] = owner.ports[num]._replace(tail=s[1:].strip())
-                    last_port = None
-                elif node is not None and not node.desc and not node.ports:
-                    _node_comment(node, s[1:].strip())
-            continue
         last_port = None
         if s.count('"') & 1:
             buf = (lineno, s)  # inside a quoted description: the line was wrapped

@@ -11,6 +11,7 @@ in the wrong lower port), `unexpected-link`, `degraded-link`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from slurmpod.fabric.ibnetdiscover import Port, speed_name
@@ -36,14 +37,12 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
     misplaced: dict[Pos, tuple[Pos, Pos]] = {}
     missing: dict[str, list[Pos]] = defaultdict(list)
     slow: list[tuple[Pos, Pos, Port]] = []
-    uplinks: Counter[str] = Counter()
-    planned_degree: Counter[str] = Counter()
+    # Counted in C (Counter over an iterable), not link by link in the loop below.
+    uplinks: Counter[str] = Counter(map(itemgetter(0), links))
+    planned_degree: Counter[str] = uplinks + Counter(map(itemgetter(2), links))
     suspects: set[str] = set()  # plan/fabric names of switches to scan for unplanned cables
-    for sl in links:
-        lower, lp, upper, upp = sl
-        uplinks[lower] += 1
-        planned_degree[lower] += 1
-        planned_degree[upper] += 1
+    healthy = " " + speed_name(want)  # a healthy link's comment ends with its rate
+    for lower, lp, upper, upp in links:
         if lower in gone:
             continue
         port = to_fabric[lower].ports.get(lp)
@@ -53,9 +52,10 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
                 missing[lower].append((lower, lp))
                 suspects.update((lower, upper))
             continue
-        if is_slow(port.gbps, want):
-            slow.append(((lower, lp), (names[peer.node_id], port.remote_port), port))
         got = names[peer.node_id]
+        tail = port.tail
+        if not (tail and tail.endswith(healthy)) and is_slow(port.gbps, want):
+            slow.append(((lower, lp), (got, port.remote_port), port))
         if got != upper or port.remote_port != upp:
             misplaced[(lower, lp)] = ((got, port.remote_port), (upper, upp))
             suspects.update((lower, upper, got))
