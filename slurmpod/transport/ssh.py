@@ -63,6 +63,10 @@ class SshRunner:
         self.identity_files = [_expand(f) for f in files if os.path.exists(_expand(f))]
         kh = known_hosts or (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0]
         self.known_hosts = Path(_expand(str(kh)))
+        self.proxy_command: str | None = cfg.get("proxycommand")
+        if cfg.get("proxyjump"):
+            raise SshError(f"{host}: ProxyJump in the SSH config is not supported",
+                           hint="use `ProxyCommand ssh -W %h:%p <jump host>` for this host")
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
 
@@ -105,12 +109,14 @@ class SshRunner:
             paramiko.RejectPolicy() if self.strict_host_keys else paramiko.WarningPolicy()
         )
         target = f"{self.hostname}:{self.port}"
+        # paramiko's lookup() has already expanded %h/%p in ProxyCommand
+        sock = paramiko.ProxyCommand(self.proxy_command) if self.proxy_command else None
         try:
             client.connect(
                 self.hostname, port=self.port, username=self.user,
                 key_filename=self.identity_files or None, timeout=self.connect_timeout_s,
                 banner_timeout=self.connect_timeout_s, auth_timeout=self.connect_timeout_s,
-                allow_agent=True, look_for_keys=not self.identity_files,
+                allow_agent=True, look_for_keys=not self.identity_files, sock=sock,
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
@@ -212,9 +218,14 @@ class SshRunner:
             if not busy:
                 if chan.exit_status_ready() and not chan.recv_ready() \
                         and not chan.recv_stderr_ready():
-                    # drain whatever arrived between the checks, until EOF
-                    while (chunk := chan.recv(_CHUNK)):
-                        out.append(chunk)
+                    # drain whatever arrived between the checks, until EOF (a background child
+                    # still holding stdout must not block us past the deadline)
+                    chan.settimeout(max(deadline - time.monotonic(), 0.5))
+                    try:
+                        while (chunk := chan.recv(_CHUNK)):
+                            out.append(chunk)
+                    except TimeoutError:
+                        pass
                     while chan.recv_stderr_ready():
                         err.append(chan.recv_stderr(_CHUNK))
                     return b"".join(out), b"".join(err)
