@@ -400,10 +400,12 @@ class Sandbox:
         if self._launcher.running(rec):
             return
         code = self._launcher.exit_code(rec)
-        shown = [f"last lines of {path}:\n{text}" for path in dict.fromkeys((rec.log, rec.out))
-                 if (text := procs.tail(path))]
+        # Slurm's daemons under -D write their log file and stderr alike; quote one of them.
+        path = rec.log if procs.tail(rec.log) else rec.out
+        text = procs.tail(path)
         raise SandboxError(f"{rec.name} exited during start-up (exit code {code}); "
-                           + ("\n".join(shown) or f"its log {rec.log} is empty"))
+                           + (f"last lines of {path}:\n{text}" if text
+                              else f"its log {rec.log} is empty"))
 
     def _timed(self, what: str, t: float) -> None:
         self.progress(f"  {what} ({time.monotonic() - t:.2f} s)")
