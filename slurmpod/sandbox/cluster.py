@@ -29,7 +29,13 @@ from slurmpod.errors import ConfigError, SlurmError
 from slurmpod.fsutil import write_atomic, write_tree_atomic
 from slurmpod.sandbox import procs
 from slurmpod.sandbox.layout import Layout, Ports
-from slurmpod.sandbox.prereqs import Tools, find_tools, search_path, slurm_version
+from slurmpod.sandbox.prereqs import (
+    Tools,
+    find_tools,
+    release_string,
+    search_path,
+    slurm_version,
+)
 
 STATE_FORMAT = 1
 # Ports below the kernel's ephemeral range (32768+), so outgoing connections never take them.
@@ -190,7 +196,7 @@ class Sandbox:
     def _write_state(self, ports: Ports, version: tuple[int, int, int]) -> None:
         doc = {
             "format": STATE_FORMAT, "site": str(self.site_path), "user": _user(),
-            "slurm_version": ".".join(map(str, version)), "accounting": self.accounting,
+            "slurm_version": release_string(version), "accounting": self.accounting,
             "ports": ports.to_dict(), "processes": [r.to_dict() for r in self._records],
         }
         write_atomic(self.layout.state_file, json.dumps(doc, indent=2) + "\n")

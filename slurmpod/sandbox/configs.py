@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import ConfigError
 from slurmpod.sandbox.layout import Layout, Ports
+from slurmpod.sandbox.prereqs import release_string
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -87,7 +88,7 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
     ctx: dict[str, Any] = {
         "root": str(lay.root),
         "cluster_name": site.slurm.cluster_name,
-        "slurm_version": ".".join(map(str, s.slurm_version)),
+        "slurm_version": release_string(s.slurm_version),
         "ports": s.ports,
         "user": s.user,
         "munge_socket": str(lay.munge_socket),

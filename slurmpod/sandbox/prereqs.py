@@ -96,3 +96,8 @@ def slurm_version(slurmd: str | Path) -> tuple[int, int, int]:
 def version_string(v: tuple[int, int, int]) -> str:
     """The `MM.mm` form the site model and the topology generator use."""
     return f"{v[0]:02d}.{v[1]:02d}"
+
+
+def release_string(v: tuple[int, int, int]) -> str:
+    """(22, 5, 8) -> "22.05.8", as Slurm prints it."""
+    return f"{v[0]}.{v[1]:02d}.{v[2]}"
