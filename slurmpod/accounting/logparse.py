@@ -321,20 +321,20 @@ class LogParser:
                 self._iteration(data, m, ls, nl, base)
                 pos = nl + 1
             else:
-                pos = self._rare_line(data, ls, nl, base)
+                pos = self._rare_line(data, ls, nl, end, base)
 
-    def _rare_line(self, data: bytes, ls: int, nl: int, base: int) -> int:
+    def _rare_line(self, data: bytes, ls: int, nl: int, end: int, base: int) -> int:
         """A line holding a marker word; returns where scanning continues."""
         line = data[ls:nl].rstrip(b"\r")
         if b" arguments ---" in line:
             bm = _BANNER.search(line)
             if bm and not bm.group(1):
                 self._start_dump(base + ls)
-                return self._dump_lines(data, nl + 1, data.rfind(b"\n") + 1, base)
+                return self._dump_lines(data, nl + 1, end, base)
         elif b" checkpoint " in line:
             self._checkpoint_line(line, base + ls)
             if self._want_timer:
-                self._timer_after(data, nl, len(data))
+                self._timer_after(data, nl, end)
         elif b"] datetime: " in line:
             self._datetime_line(line, base + ls, data, ls)
         elif b"\t" in line:
