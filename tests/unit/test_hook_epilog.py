@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slurmpod.accounting.epilog import run_epilog, slurm_deliver
 from slurmpod.accounting.hooks import decode_field, validate_admin_comment
@@ -252,3 +254,27 @@ def test_job_times_from_scontrol() -> None:
     assert job_times(lambda a, t: (1, "", "Invalid job id"), "3") == (None, None)
     assert job_times(lambda a, t: (0, "JobId=3 StartTime=Unknown EndTime=0\n", ""), "3") == (
         None, None)
+
+
+_HOSTILE = st.one_of(
+    st.text(max_size=80),
+    st.sampled_from(["/etc/shadow", "/dev/zero", "/proc/self/environ", "../../etc/passwd",
+                     "%", "%99999999j", "/tmp/%u/%x/%N/%A_%a", "\x00", "/" * 300, "~root/x"]),
+)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stdout=_HOSTILE, comment=st.text(max_size=200),
+       uid=st.sampled_from(["0", "1000", "x", ""]))
+def test_epilog_survives_hostile_environment(tmp_path: Path, stdout: str, comment: str,
+                                             uid: str) -> None:
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": uid, "SLURM_JOB_STDOUT": stdout,
+           "SLURM_JOB_COMMENT": comment, "SLURM_JOB_WORK_DIR": str(tmp_path),
+           "SLURM_JOB_NODELIST": "gpu[001-00"}
+    slurm = Slurm()
+    assert run_epilog(env, tmp_path / "spool", deliver=slurm) == 0
+    for value in slurm.admin.values():
+        doc = decode_field(value)
+        assert doc is not None and validate_admin_comment(doc) == []
+        assert "iters" not in doc or doc["iters"] == 0  # none of those paths holds a real log
