@@ -324,6 +324,7 @@ def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
     from slurmpod.render.env import make_env
 
     env = make_env(template_dirs)
+    _bytecode_cache(env)
     try:
         tpl = env.get_template(template)
     except jinja2.TemplateNotFound:
@@ -337,12 +338,18 @@ def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
     return text if text.endswith("\n") else text + "\n"
 
 
-def min_sus_fallback(site: Site, nodes: int) -> int:
-    """Fewest SUs that can hold `nodes` (largest SUs first); used when no plan is at hand."""
-    sizes = sorted((g.nodes_per_su for g in site.su_groups for _ in range(g.sus)), reverse=True)
-    total = 0
-    for i, size in enumerate(sizes, 1):
-        total += size
-        if total >= nodes:
-            return i
-    return len(sizes) + 1  # does not fit
+def _bytecode_cache(env: Any) -> None:
+    """Keep compiled templates in ~/.cache/slurmpod/jinja (keyed by source checksum), so a
+    submit does not recompile the script template each time; silently skipped if unwritable."""
+    import os
+
+    import jinja2
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "slurmpod", "jinja")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:
+        return
+    if os.access(path, os.W_OK):
+        env.bytecode_cache = jinja2.FileSystemBytecodeCache(path)
