@@ -252,6 +252,10 @@ def read_launch_script(path: Path | str) -> dict[str, Any]:
 # between `---- arguments ----` and `---- end of arguments ----`. Log lines may carry prefixes
 # (srun --label `0: `, timestamps), so the name is found after any whitespace.
 _DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
+# A name of 48+ characters gets no dots: `  {name}  {value}` (two spaces).
+_DUMP_LONG = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]{47,})  (\S.*?)\s*$")
+# megatron/training/tokenizer: ` > padded vocab (size: V) with K dummy tokens (new size: P)`.
+_PADDED = re.compile(r"> padded vocab \(size: (\d+)\) with \d+ dummy tokens \(new size: (\d+)\)")
 _BANNER_START = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 _BANNER_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
 
@@ -274,18 +278,30 @@ def parse_arguments_dump(lines: str | Iterable[str]) -> dict[str, Any]:
 
     Only the first dump is read when banners are present; values are Python literals where
     they parse (`None`, `True`, `32`, `[0, 1, 1]`), strings otherwise (`torch.bfloat16`).
+    When the lines also hold the tokenizer's `> padded vocab (size: V) ... (new size: P)` line,
+    `padded_vocab_size` (and a missing `vocab_size`) come from it, so a whole job log is enough
+    for `flops_per_iteration`.
     """
-    rows = lines.splitlines() if isinstance(lines, str) else list(lines)
-    start = next((k for k, line in enumerate(rows) if _BANNER_START.search(line)), None)
-    if start is not None:
-        rows = rows[start + 1:]
+    all_rows = lines.splitlines() if isinstance(lines, str) else list(lines)
+    start = next((k for k, line in enumerate(all_rows) if _BANNER_START.search(line)), None)
+    rows = all_rows[start + 1:] if start is not None else all_rows
     out: dict[str, Any] = {}
     for line in rows:
         if start is not None and (_BANNER_END.search(line) or _BANNER_START.search(line)):
             break
-        m = _DUMP_LINE.search(line.rstrip("\n"))
+        line = line.rstrip("\n")
+        m = _DUMP_LINE.search(line) or _DUMP_LONG.search(line)
         if m:
             out[m.group(1)] = _dump_value(m.group(2))
+    if out.get("padded_vocab_size") is None:
+        # The tokenizer reports the padded size after the dump (the dump has no such key).
+        for line in all_rows:
+            pm = _PADDED.search(line)
+            if pm:
+                out["padded_vocab_size"] = int(pm.group(2))
+                if out.get("vocab_size") is None:
+                    out["vocab_size"] = int(pm.group(1))
+                break
     if "moe_layer_freq" in out:
         out["moe_layer_freq"] = _moe_layer_freq(out["moe_layer_freq"])
     return out

@@ -123,3 +123,19 @@ def test_dump_round_trip(args, prefix):
     lines.append(f"{prefix}-------------------- end of arguments ---------------------")
     got = parse_arguments_dump("\n".join(lines))
     assert got == args
+
+
+def test_long_names_and_padded_vocab_from_the_log():
+    log = [
+        "0: ------------------------ arguments ------------------------",
+        "0:   a_very_long_argument_name_that_megatron_prints_without_dots  7",
+        "0:   num_layers ...................................... 2",
+        "0:   vocab_size ...................................... None",
+        "0: -------------------- end of arguments ---------------------",
+        "0: > building GPT2BPETokenizer tokenizer ...",
+        "0:  > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)",
+    ]
+    got = parse_arguments_dump(log)
+    assert got == {"a_very_long_argument_name_that_megatron_prints_without_dots": 7,
+                   "num_layers": 2, "vocab_size": 50257, "padded_vocab_size": 50304}
+    assert "padded_vocab_size" not in parse_arguments_dump(log[:5])
