@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import slurmpod
 from slurmpod.errors import ConfigError
 from slurmpod.sandbox.layout import Layout, Ports
 from slurmpod.sandbox.prereqs import release_string
@@ -105,6 +106,7 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
         "python": s.python,
         "hook_log": str(lay.logfile("hook-epilog")),
         "site_path": str(s.site_path),
+        "package_parent": str(Path(slurmpod.__file__).resolve().parent.parent),
         "slurm_conf": str(lay.slurm_conf),
     }
     files = {f"etc/{k}": v for k, v in pick_slurm_files(site, s, artefacts).items()}

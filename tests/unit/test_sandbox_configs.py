@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import slurmpod
 from slurmpod.config import builtin_site_path, load_site, validate
 from slurmpod.errors import ConfigError
 from slurmpod.model.site import Site
@@ -122,8 +123,8 @@ def test_epilog_script_quotes_paths_and_always_exits_zero(tmp_path: Path) -> Non
     odd.mkdir()
     record = tmp_path / "argv.txt"
     fake_python = odd / "py thon"
-    fake_python.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" \"$SLURMPOD_SPOOL\" > "
-                           f"'{record}'\nexit 7\n")
+    fake_python.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" \"$SLURMPOD_SPOOL\" \"$PYTHONPATH\""
+                           f" > '{record}'\nexit 7\n")
     fake_python.chmod(0o755)
     root = tmp_path / "state"
     s = _settings(root, python=str(fake_python))
@@ -138,7 +139,7 @@ def test_epilog_script_quotes_paths_and_always_exits_zero(tmp_path: Path) -> Non
     args = record.read_text().splitlines()
     assert args == ["-m", "slurmpod", "hook", "epilog", "--spool", f"{root}/spool",
                     "--site", str(SITE_PATH), "--slurm-conf", f"{root}/etc/slurm.conf",
-                    f"{root}/spool"]
+                    f"{root}/spool", str(Path(slurmpod.__file__).resolve().parent.parent)]
 
 
 @pytest.mark.parametrize("path", ["/tmp/a b", "/tmp/x[1]", "/tmp/a,b", "/tmp/a=b", "/tmp/#x"])
