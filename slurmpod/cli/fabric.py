@@ -7,10 +7,15 @@ Exit codes of `check`: 0 clean, 1 findings, 3 bad input (site file or ibnetdisco
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmpod.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from slurmpod.fabric.check import CheckReport
+    from slurmpod.model.site import Site
 
 _FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs are kept apart "
                 "from the compute fabric (storage/management). Repeatable.")
@@ -58,7 +63,7 @@ def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, 
     ctx.exit(0 if report.clean else 1)
 
 
-def _print_report(report, limit: int) -> None:  # type: ignore[no-untyped-def]
+def _print_report(report: CheckReport, limit: int) -> None:
     st = report.stats
     click.echo(f"fabric check: site {report.site} against {report.source}")
     click.echo(f"  HCA links {st['hca_links_seen']}/{st['hca_links_planned']} seen, switches "
@@ -139,7 +144,7 @@ def _site_name(out_dir: Path) -> str:
     return name if name[0].isalpha() else f"site-{name}"
 
 
-def _validated_artifacts(text: str, where: Path):  # type: ignore[no-untyped-def]
+def _validated_artifacts(text: str, where: Path) -> tuple[dict[str, str], Site]:
     """Validate the draft like `config.load_site` would, then generate the artefacts."""
     import tomllib
 

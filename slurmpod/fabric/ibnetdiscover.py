@@ -143,8 +143,21 @@ class FabricNode:
     desc: str
     lid: int | None
     line: int
-    ids: dict[str, str] = field(default_factory=dict)
+    id_lines: list[str] = field(default_factory=list)  # `key=value` lines above the node line
     ports: dict[int, Port] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """`vendid`, `devid`, `sysimgguid`, `switchguid`/`caguid`: read when asked for (400k
+        such lines in a 100k-GPU fabric, rarely needed); a `vendid=` line starts a new set."""
+        out: dict[str, str] = {}
+        for line in self.id_lines:
+            key, _, val = line.partition("=")
+            key = key.lower()
+            if key == "vendid":
+                out.clear()
+            out[key] = val
+        return out
 
     @property
     def guid(self) -> str:
@@ -202,7 +215,7 @@ class Fabric:
 
 _NODE = re.compile(
     r'([A-Za-z?]+)\s+(\d+)\s+(?:"([^"]+)"|([A-Za-z?]-[0-9a-fA-F]+))'  # type, ports, id
-    r'(?:\s*\([^)]*\))?\s*(?:#\s*(.*))?$'                 # optional "(scp)", comment
+    r'(?:\s*\([^)]*\))?\s*(?:#\s*(.*))?$'  # optional "(scp)", comment: "description" rest
 )
 # Kept simple on purpose (it runs once per port line): what sits between the remote port and
 # the comment (`[ext N]`, the remote port GUID, ` (scp)`) is skipped, not checked.
@@ -257,7 +270,7 @@ def parse(text: str, source: str = "<ibnetdiscover>") -> Fabric:
 
 def _parse(text: str, source: str) -> Fabric:
     nodes: dict[str, FabricNode] = {}
-    ids: dict[str, str] = {}
+    ids: list[str] = []
     node: FabricNode | None = None
     last_port: tuple[FabricNode, int] | None = None  # the last port line, while it has no comment
     buf: tuple[int, str] | None = None
@@ -303,15 +316,10 @@ def _parse(text: str, source: str) -> Fabric:
                 elif node is not None and not node.desc and not node.ports:
                     _node_comment(node, s[1:].strip())
             continue
-        if "=" in s and '"' not in s:
-            eq = s.find("=")
-            if eq > 0 and " " not in s:
-                key = s[:eq].lower()
-                if key == "vendid":
-                    ids.clear()
-                ids[key] = s[eq + 1:]
-                last_port = None
-                continue
+        if "=" in s and '"' not in s and " " not in s and s[0] != "=":
+            ids.append(s)
+            last_port = None
+            continue
         last_port = None
         if s.count('"') & 1:
             buf = (lineno, s)  # inside a quoted description: the line was wrapped
@@ -333,11 +341,14 @@ def _parse(text: str, source: str) -> Fabric:
                                   file=f"{source}:{lineno}")
             node = old  # a repeated block (concatenated outputs): merge its ports
             continue
-        node = FabricNode(node_id, kind, word, int(nports), "", None, lineno, dict(ids))
+        node = FabricNode(node_id, kind, word, int(nports), "", None, lineno, ids)
         if tail:
-            _node_comment(node, tail)
+            if tail[0] == '"' and tail.endswith('"') and tail.count('"') == 2:
+                node.desc = tail[1:-1]  # the common CA line: just the description
+            else:
+                _node_comment(node, tail)
         nodes[node_id] = node
-        ids.clear()
+        ids = []
     if buf is not None:
         raise ConfigError(f"unterminated line {_snip(buf[1])}", file=f"{source}:{buf[0]}")
     if not nodes:
