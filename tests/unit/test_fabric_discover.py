@@ -128,3 +128,25 @@ def test_naming_pattern_and_first_number(tmp_path):
 def test_natural_key_orders_devices_like_nccl_ib_hca():
     devs = ["mlx5_10", "mlx5_3", "mlx5_0", "mlx5_11", "mlx5_9"]
     assert sorted(devs, key=natural_key) == ["mlx5_0", "mlx5_3", "mlx5_9", "mlx5_10", "mlx5_11"]
+
+
+def test_rack_leaves_of_a_fabric_that_is_not_rail_optimised(tmp_path):
+    import tomllib
+
+    from slurmpod.config import validate
+    from slurmpod.model.site import Site
+
+    data = tomllib.loads(builtin_site_path("sandbox").read_text())
+    data["fabric"].update(rail_optimised=False, leaf_radix=40)
+    site = validate(Site, data, "non-rail")
+    plan = plan_fabric(site)
+    text = synthesize(site, plan, [Fault("swap", "gpu001:mlx5_0,gpu003:mlx5_0")])
+    report = check_fabric(site, plan, parse(text))
+    assert [f.kind for f in report.findings] == ["swapped-cables"]
+    found = discover_site(parse(synthesize(site, plan)))
+    assert not found.rail_optimised
+    assert found.sus == [[f"gpu{i:03d}", f"gpu{i + 1:03d}"] for i in range(1, 17, 2)]  # racks
+    draft = tmp_path / "site.toml"
+    draft.write_text(draft_site_toml(found, "nonrail"))
+    drafted = load_site(draft)
+    assert check_fabric(drafted, plan_fabric(drafted), parse(synthesize(site, plan))).clean
