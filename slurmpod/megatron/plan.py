@@ -121,6 +121,8 @@ class Plan:
     gpu_model: str
     peak_tflops_per_gpu: float
     placement: Placement | None
+    min_sus: int = 1
+    min_blocks: int = 1
     is_moe: bool = False
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -172,8 +174,7 @@ class Plan:
             "gpu_model": self.gpu_model, "peak_tflops_per_gpu": self.peak_tflops_per_gpu,
             "peak_pflops_job": self.peak_pflops_job,
             "ideal_seconds_per_iteration": self.ideal_seconds_per_iteration,
-            "min_sus": self.placement.min_sus if self.placement else None,
-            "min_blocks": self.placement.min_blocks if self.placement else None,
+            "min_sus": self.min_sus, "min_blocks": self.min_blocks,
             "placement": self.placement.to_json() if self.placement else None,
             "errors": list(self.errors), "warnings": list(self.warnings),
         }
@@ -257,7 +258,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
         activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
         hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
         gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=placement,
-        is_moe=c.is_moe,
+        is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
+        min_blocks=math.ceil(n_nodes / sa.block_nodes),
         errors=errors, warnings=warnings,
     )
 

@@ -153,7 +153,7 @@ def test_oversize_job_is_an_error_with_numbers():
     assert not plan.ok
     assert any("job.nodes: 256 nodes requested but site dgx-h100-superpod has 128" in e
                for e in plan.errors)
-    assert plan.placement is not None and plan.placement.min_sus == 8
+    assert plan.placement is not None and plan.placement.min_sus == plan.min_sus == 8
 
 
 def test_moe_plan_json_is_serialisable():
