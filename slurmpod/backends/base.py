@@ -58,6 +58,11 @@ class SlurmBackend(Protocol):
         ...
 
 
+def parent_id(job_id: str) -> str:
+    """`6_1` (array task) and `38+1` (het component) belong to `6` and `38`."""
+    return job_id.split("_")[0].split("+")[0]
+
+
 def wanted(job_id: str, requested: Sequence[str]) -> bool:
-    """True if `job_id` was asked for, directly or through its array parent (`6` → `6_1`)."""
-    return job_id in requested or job_id.split("_")[0] in requested
+    """True if `job_id` was asked for, directly or through its parent (`6` → `6_1`, `38+0`)."""
+    return job_id in requested or parent_id(job_id) in requested

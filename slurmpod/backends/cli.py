@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import PurePath
 
-from slurmpod.backends.base import Script, wanted
+from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
@@ -126,7 +126,7 @@ class CliBackend:
                               f"--jobs={','.join(ids)}"])
         found = {s.job_id: s for s in parse_squeue_json(result.stdout) if wanted(s.job_id, ids)}
         missing = [j for j in ids if j not in found
-                   and not any(k.split("_")[0] == j for k in found)]
+                   and not any(parent_id(k) == j for k in found)]
         if missing:  # left the controller (MinJobAge): fall back to accounting
             for rec in self.accounting(missing).values():
                 found.setdefault(rec.job_id, _status_from_record(rec))

@@ -165,3 +165,14 @@ def test_make_backend() -> None:
         make_backend("rest", LocalRunner())
     with pytest.raises(UsageError, match="over SSH"):
         make_backend("pyslurm", CannedRunner({}))
+
+
+def test_parent_ids_select_array_tasks_and_het_components() -> None:
+    from slurmpod.backends.base import parent_id, wanted
+
+    assert parent_id("6_1") == "6" and parent_id("38+1") == "38" and parent_id("7") == "7"
+    assert wanted("38+1", ["38"]) and wanted("6_0", ["6"]) and not wanted("60", ["6"])
+    runner = CannedRunner({"squeue": [(DATA / "squeue_hetjob.json").read_text()]})
+    backend, _ = cli(runner)
+    assert set(backend.status(["38"])) == {"38+0", "38+1"}
+    assert len(runner.calls) == 1  # found in squeue: no accounting fallback

@@ -230,3 +230,15 @@ def test_parsable_rows_round_trip_any_comment(comment: str, admin: str, name: st
     (rec,) = parse_sacct_parsable(text + "\n")
     assert (rec.comment, rec.admin_comment, rec.name) == (comment, admin, name)
     assert [s.step_id for s in rec.steps] == ["batch"] and rec.n_gpus == 16
+
+
+def test_het_job_components_2205() -> None:
+    text = {r.job_id: r for r in parse_sacct_parsable(read(V2205 / "sacct_hetjob.parsable2.txt"))}
+    js = {r.job_id: r for r in parse_sacct_json(read(V2205 / "sacct_hetjob.json"))}
+    for recs in (text, js):
+        assert set(recs) == {"38+0", "38+1"}
+        assert recs["38+0"].nodes == "gpu001" and recs["38+1"].nodes == "gpu002"
+        assert [s.step_id for s in recs["38+0"].steps] == ["batch", "0"]
+        assert [s.step_id for s in recs["38+1"].steps] == ["0"]
+    live = {s.job_id for s in parse_squeue_json(read(V2205 / "squeue_hetjob.json"))}
+    assert {"38+0", "38+1"} <= live
