@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
-from slurmpod.backends.base import Script, wanted
+from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import gpus_from_tres
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
@@ -62,6 +62,26 @@ def _s(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _g(obj: Any, *names: str, default: Any = None) -> Any:
+    """The first attribute that exists (pyslurm renamed several between 23.2 and 25.11)."""
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _gpus(job: Any) -> int:
+    tres = _g(job, "tres_alloc_str", "allocated_tres", default="")
+    if isinstance(tres, str) and tres:
+        return gpus_from_tres(tres)
+    if isinstance(tres, dict):
+        return int(tres.get("gres/gpu", 0) or 0)
+    per_node = _g(job, "gres_per_node", default={}) or {}
+    gpn = per_node.get("gpu", 0) if isinstance(per_node, dict) else 0
+    return int(gpn or 0) * int(_g(job, "num_nodes", default=0) or 0)
+
+
 def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
@@ -92,7 +112,8 @@ class PyslurmBackend:
         if args:
             raise SlurmError("the pyslurm backend takes options only from #SBATCH lines",
                              hint="put the options into the script, or use the CLI backend")
-        text = open(script).read() if isinstance(script, PurePath) else script  # noqa: SIM115
+        # pyslurm submits from this process: a script path is a file on this machine
+        text = Path(script).read_text() if isinstance(script, PurePath) else script
         desc = self.ps.JobSubmitDescription(script=text, working_directory=cwd,
                                             environment=dict(env or {}) or None)
         _call("reading #SBATCH options", desc.load_sbatch_options)
@@ -100,7 +121,7 @@ class PyslurmBackend:
 
     def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
         for jid in job_ids:
-            job = self.ps.Job(int(jid.split("_")[0]))
+            job = self.ps.Job(int(parent_id(jid)))
             if signal:
                 _call("signal", job.send_signal, signal)
             else:
@@ -115,21 +136,24 @@ class PyslurmBackend:
                 jid = f"{job.array_id}_{job.array_task_id}"
             if not wanted(jid, job_ids):
                 continue
+            state = JobState.parse(_s(job.state))
+            limit = _g(job, "time_limit")
             out[jid] = JobStatus(
-                job_id=jid, name=_s(job.name), state=JobState.parse(_s(job.state)),
-                reason=_s(getattr(job, "state_reason", "")), user=_s(job.user_name),
-                account=_s(job.account), partition=_s(job.partition), nodes=_s(job.nodes),
-                n_nodes=int(job.num_nodes or 0), n_gpus=gpus_from_tres(_s(job.tres_alloc_str)),
-                comment=_s(job.comment), admin_comment=_s(getattr(job, "admin_comment", "")),
-                restarts=int(getattr(job, "requeue_count", 0) or 0),
-                submit_time=_dt(job.submit_time), start_time=_dt(job.start_time),
-                end_time=_dt(job.end_time) if JobState.parse(_s(job.state)).is_terminal else None,
-                time_limit_s=int(job.time_limit) * 60 if job.time_limit else None,
+                job_id=jid, name=_s(job.name), state=state,
+                reason=_s(_g(job, "state_reason", default="")), user=_s(_g(job, "user_name")),
+                account=_s(_g(job, "account")), partition=_s(_g(job, "partition")),
+                nodes=_s(_g(job, "allocated_nodes", "nodes", default="")),
+                n_nodes=int(_g(job, "num_nodes", default=0) or 0), n_gpus=_gpus(job),
+                comment=_s(_g(job, "comment")), admin_comment=_s(_g(job, "admin_comment")),
+                restarts=int(_g(job, "requeue_count", default=0) or 0),
+                submit_time=_dt(_g(job, "submit_time")), start_time=_dt(_g(job, "start_time")),
+                end_time=_dt(_g(job, "end_time")) if state.is_terminal else None,
+                time_limit_s=int(limit) * 60 if isinstance(limit, int) and limit else None,
             )
         return out
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
-        ids = [int(j.split("_")[0]) for j in job_ids]
+        ids = [int(parent_id(j)) for j in job_ids]
         db = self.ps.db
         jobs = _call("loading accounting", db.Jobs.load, db.JobFilter(ids=ids))
         out: dict[str, JobRecord] = {}
@@ -137,25 +161,30 @@ class PyslurmBackend:
             jid = str(job.id)
             steps = tuple(
                 StepRecord(
-                    step_id=_s(s.id).split(".")[-1], name=_s(s.name),
-                    state=JobState.parse(_s(s.state)), exit_code=int(s.exit_code or 0),
-                    signal=int(getattr(s, "exit_code_signal", 0) or 0),
-                    elapsed_s=int(s.elapsed_time or 0), nodes=_s(s.nodelist),
-                    n_nodes=int(s.num_nodes or 0), n_tasks=getattr(s, "num_tasks", None),
+                    step_id=_s(_g(st, "id", default="")).split(".")[-1],
+                    name=_s(_g(st, "name")), state=JobState.parse(_s(_g(st, "state"))),
+                    exit_code=int(_g(st, "exit_code", default=0) or 0),
+                    signal=int(_g(st, "exit_code_signal", default=0) or 0),
+                    elapsed_s=int(_g(st, "elapsed_time", default=0) or 0),
+                    nodes=_s(_g(st, "nodelist", "nodes", default="")),
+                    n_nodes=int(_g(st, "num_nodes", default=0) or 0),
+                    n_tasks=_g(st, "num_tasks", "ntasks"),
                 )
-                for s in (job.steps or {}).values()
+                for st in (_g(job, "steps", default={}) or {}).values()
             )
             out[jid] = JobRecord(
-                job_id=jid, name=_s(job.name), user=_s(job.user_name), account=_s(job.account),
-                partition=_s(job.partition), state=JobState.parse(_s(job.state)),
-                exit_code=int(job.exit_code or 0),
-                signal=int(getattr(job, "exit_code_signal", 0) or 0),
-                submit_time=_dt(job.submit_time), start_time=_dt(job.start_time),
-                end_time=_dt(job.end_time), elapsed_s=int(job.elapsed_time or 0),
-                nodes=_s(job.nodelist), n_nodes=int(job.num_nodes or 0),
-                n_gpus=gpus_from_tres(_s(getattr(job, "tres_alloc_str", ""))),
-                comment=_s(job.comment), admin_comment=_s(getattr(job, "admin_comment", "")),
-                restarts=int(getattr(job, "requeue_count", 0) or 0), steps=steps,
+                job_id=jid, name=_s(job.name), user=_s(_g(job, "user_name")),
+                account=_s(_g(job, "account")), partition=_s(_g(job, "partition")),
+                state=JobState.parse(_s(job.state)),
+                exit_code=int(_g(job, "exit_code", default=0) or 0),
+                signal=int(_g(job, "exit_code_signal", default=0) or 0),
+                submit_time=_dt(_g(job, "submit_time")), start_time=_dt(_g(job, "start_time")),
+                end_time=_dt(_g(job, "end_time")),
+                elapsed_s=int(_g(job, "elapsed_time", default=0) or 0),
+                nodes=_s(_g(job, "nodelist", "nodes", default="")),
+                n_nodes=int(_g(job, "num_nodes", default=0) or 0), n_gpus=_gpus(job),
+                comment=_s(_g(job, "comment")), admin_comment=_s(_g(job, "admin_comment")),
+                restarts=int(_g(job, "requeue_count", default=0) or 0), steps=steps,
             )
         return {k: v for k, v in out.items() if wanted(k, job_ids)}
 
@@ -179,9 +208,9 @@ class PyslurmBackend:
         return out
 
     def update_comment(self, job_id: str, comment: str) -> None:
-        job = self.ps.Job(int(job_id.split("_")[0]))
+        job = self.ps.Job(int(parent_id(job_id)))
         _call("update comment", job.modify, self.ps.JobSubmitDescription(comment=comment))
 
     def requeue(self, job_id: str, *, hold: bool = False) -> None:
-        job = self.ps.Job(int(job_id.split("_")[0]))
+        job = self.ps.Job(int(parent_id(job_id)))
         _call("requeue", job.requeue, hold=hold)
