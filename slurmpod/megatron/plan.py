@@ -235,7 +235,13 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
             f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
             f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
             fix, "use more nodes, the distributed optimizer or full recompute"))
+    part_errs = partition_errors(run.job.partition, run.job.time_limit, n_nodes, site)
+    # The built-in default time limit is not the user's choice: warn, don't fail, on it.
+    time_is_default = "time_limit" not in run.job.model_fields_set
+    errors.extend(e for e in part_errs if not (time_is_default and e.startswith("job.time_limit")))
     warnings = layout_warnings(c, world, shape)
+    warnings.extend(f"{e} (the default [job] time_limit)" for e in part_errs
+                    if time_is_default and e.startswith("job.time_limit"))
     placement: Placement | None = None
     if world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
         nm: NodeMap = node_map_from_arrays(sa.domain, sa.rack, sa.su, n_nodes, sa.nodes_per_su,
@@ -262,6 +268,47 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
         min_blocks=math.ceil(n_nodes / sa.block_nodes),
         errors=errors, warnings=warnings,
     )
+
+
+def slurm_minutes(limit: str) -> float:
+    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) in minutes; INFINITE -> inf."""
+    if limit.upper() in ("INFINITE", "UNLIMITED"):
+        return math.inf
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:
+        h, m, sec = [*parts, 0, 0][:3]
+    else:
+        h, m, sec = {1: (0, parts[0], 0), 2: (0, *parts)}.get(len(parts), tuple(parts[:3]))
+    return int(days or 0) * 1440 + h * 60 + m + sec / 60
+
+
+def partition_errors(partition: str | None, time_limit: str, nodes: int, site: Site) -> list[str]:
+    """The job's partition exists, holds enough nodes and allows the time limit."""
+    if not site.partitions:
+        return []
+    names = [p.name for p in site.partitions]
+    part = next((p for p in site.partitions if p.name == partition), None)
+    if partition is not None and part is None:
+        return [f"job.partition: no partition {partition!r} on site {site.site.name}: use one of "
+                f"{', '.join(names)}"]
+    if part is None:
+        part = next((p for p in site.partitions if p.default), None)
+        if part is None:
+            return []
+    out: list[str] = []
+    if part.sus != "all":
+        sus = {s - 1 for s in part.sus}
+        have = sum(1 for n in site.inventory.nodes if n.su in sus)
+        if nodes > have:
+            bigger = [p.name for p in site.partitions if p.sus == "all"]
+            out.append(f"job.nodes: partition {part.name} has {have} nodes, {nodes} requested: "
+                       f"use at most {have} nodes" + (f" or partition {bigger[0]}" if bigger
+                                                      else ""))
+    if slurm_minutes(time_limit) > slurm_minutes(part.max_time):
+        out.append(f"job.time_limit: {time_limit} exceeds partition {part.name}'s MaxTime "
+                   f"{part.max_time}: use time_limit = \"{part.max_time}\" or less")
+    return out
 
 
 def _placement_warnings(p: Placement, c: ModelConfig) -> list[str]:

@@ -201,3 +201,28 @@ def test_every_error_carries_a_fix(layout, nodes):
     for e in plan.errors:
         assert ": use " in e, e
     assert plan.ok == (not plan.errors and plan.fits)
+
+
+def test_partition_checks():
+    site = load_site(resolve_site_path(None, default="dgx-h100-superpod"))
+    mg = load_run(preset_path("llama3-8b")).megatron.explicit()
+
+    def errors(**job):
+        return make_plan(run_from_dict({"job": {"nodes": 2, **job}, "megatron": mg}, "r.toml"),
+                         site).errors
+
+    assert errors(partition="batch", time_limit="4-00:00:00") == []
+    assert errors(partition="bach") == ["job.partition: no partition 'bach' on site "
+                                        "dgx-h100-superpod: use one of batch, debug"]
+    assert errors(partition="debug", time_limit="03:00:00") == [
+        "job.time_limit: 03:00:00 exceeds partition debug's MaxTime 02:00:00: use "
+        'time_limit = "02:00:00" or less']
+    big = make_plan(run_from_dict({"job": {"nodes": 40, "partition": "debug",
+                                           "time_limit": "01:00:00"},
+                                   "megatron": mg | {"global_batch_size": 320}}, "r.toml"), site)
+    assert big.errors == ["job.nodes: partition debug has 32 nodes, 40 requested: use at most "
+                          "32 nodes or partition batch"]
+    # the default time limit only warns
+    default = make_plan(run_from_dict({"job": {"nodes": 2, "partition": "debug"},
+                                       "megatron": mg}, "r.toml"), site)
+    assert default.errors == [] and any("default [job] time_limit" in w for w in default.warnings)
