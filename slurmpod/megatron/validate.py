@@ -188,17 +188,19 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
     ranked.sort()
     for v in variants:
         for _score, tp, pp, etp, vpp, gbs_ok in ranked:
-            cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp,
+            dp = world // (tp * c.cp * pp)
+            mult = c.micro_batch_size * dp
+            gbs = (c.global_batch_size if gbs_ok
+                   else max(mult, round((c.global_batch_size or mult) / mult) * mult))
+            # Memory with the batch the fix proposes (micro batches in flight depend on it).
+            cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp, global_batch_size=gbs,
                            sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
             if require_fit and memory_bytes(cand, world) > shape.usable_hbm_bytes:
                 continue
-            dp = world // (tp * c.cp * pp)
             changes = []
             if (tp, pp) != (base_tp, base_pp) or vpp != c.vpp:
                 changes.append(f"TP={tp}, PP={pp}" + (f", VPP={vpp}" if vpp else ""))
             if not gbs_ok:
-                mult = c.micro_batch_size * dp
-                gbs = max(mult, round((c.global_batch_size or mult) / mult) * mult)
                 changes.append(f"global_batch_size={gbs} (a multiple of micro_batch_size×DP"
                                f" = {mult})")
             if v.use_distributed_optimizer and not c.use_distributed_optimizer:
