@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmpod.config import builtin_site_path, load_site
 from slurmpod.fabric.check import check_fabric, compile_filters
@@ -254,3 +256,20 @@ def _switch_cable(text: str, a: str, a_port: int, b: str, b_port: int) -> str:
         lines.insert(head + 1, f'[{port}]\t"{by_name[other]}"[{oport}]\t\t# "MF0;{other}:X/U1" '
                                 f"lid 1 4xNDR")
     return "\n".join(lines) + "\n"
+
+
+_SANDBOX = load_site(builtin_site_path("sandbox"))
+_SANDBOX_PLAN = plan_fabric(_SANDBOX)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pair=st.lists(st.sampled_from(_SANDBOX_PLAN.node_links), min_size=2, max_size=2,
+                     unique=True))
+def test_any_crossed_pair_of_hca_cables_is_one_swap_finding(pair):
+    a, b = pair
+    text = synthesize(_SANDBOX, _SANDBOX_PLAN,
+                      [Fault("swap", f"{a.node}:{a.hca},{b.node}:{b.hca}")])
+    report = check_fabric(_SANDBOX, _SANDBOX_PLAN, parse(text))
+    assert [f.kind for f in report.findings] == ["swapped-cables"]
+    fix = report.findings[0].fix
+    assert f"{a.leaf} port {a.port}" in fix and f"{b.leaf} port {b.port}" in fix
