@@ -130,3 +130,12 @@ def test_tp_groups_never_cross_nodes_when_dividing(dgx, tp):
         p = place(tp=tp, cp=1, pp=pp, ep=1, etp=tp, nodes=nodes, gpus_per_node=8,
                   node_map=_node_map(dgx, nodes), block_nodes=32)
         assert p.groups["tp"].cross_node == 0
+
+
+def test_rank_location(dgx):
+    from slurmpod.megatron.placement import rank_location
+
+    nm = _node_map(dgx, 64)
+    # rank 8*33 + 5: job node 33 (second SU, its rack 8 of 4-node racks), local rank / rail 5
+    assert rank_location(8 * 33 + 5, 8, nm) == {"rank": 269, "node": 33, "local_rank": 5,
+                                                "domain": 33, "rack": 8, "su": 1}
