@@ -203,9 +203,11 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
 
     structural = layout_errors(c, world, shape)
     errors: list[str] = []
-    fix: str | None = None
+    fit_fix: str | None = None
     if structural or not fits:
-        fix = suggest_layout(c, world, shape)
+        fit_fix = suggest_layout(c, world, shape)
+    # A valid layout that still does not fit beats no fix for a structural error.
+    fix = fit_fix
     if structural and fix is None:
         fix = suggest_layout(c, world, shape, require_fit=False)
     for key, msg in structural:
@@ -226,15 +228,15 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
                       f"{len(sa.domain)}: use at most {len(sa.domain)}")
     if not fits:
         need = total / GIB
-        if fix is None:
+        if fit_fix is None:
             more = min_nodes_that_fit(c, n_nodes, shape)
             if more is not None:
-                fix = f"at least {more} nodes" + (
+                fit_fix = f"at least {more} nodes" + (
                     "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
         errors.append(with_fix(
             f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
             f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
-            fix, "use more nodes, the distributed optimizer or full recompute"))
+            fit_fix, "use more nodes, the distributed optimizer or full recompute"))
     part_errs = partition_errors(run.job.partition, run.job.time_limit, n_nodes, site)
     # The built-in default time limit is not the user's choice: warn, don't fail, on it.
     time_is_default = "time_limit" not in run.job.model_fields_set
