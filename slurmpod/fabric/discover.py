@@ -43,6 +43,7 @@ class Discovered:
     link_gbps: int
     leaf_radix: int
     spine_radix: int
+    ports_seen: tuple[int, int]  # port counts the leaves and spines report (`Switch N`)
     oversubscription: float
     spine_groups: str
     rail_optimised: bool
@@ -232,6 +233,7 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         spines=sorted((nodes[s].name or s for s in spine_ids), key=natural_key),
         cores=sorted((nodes[c].name or c for c in core_ids), key=natural_key),
         link_gbps=link, leaf_radix=leaf_radix, spine_radix=max(spine_radix, 4),
+        ports_seen=(real_leaf, real_spine),
         oversubscription=over, spine_groups="per_rail" if per_rail else "shared",
         rail_optimised=rail_optimised, sharp=sharp, kept_apart=len(apart), warnings=warnings,
     )
@@ -294,6 +296,13 @@ def _naming(sus: list[list[str]], warnings: list[str]) -> tuple[str, int]:
     return (f"{m.group(1)}{{n}}" if m else "node{n:04d}"), int(m.group(2)) if m else 1
 
 
+def _radix_note(radix: int, seen: int) -> str:
+    if radix == seen or not seen:
+        return ""
+    return (f"  # the switches report {seen} ports; {radix} reproduces their cabling with the "
+            "plan's port layout")
+
+
 def _braces(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
@@ -345,8 +354,8 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
         f"link_gbps = {d.link_gbps}",
         f"sharp = {'true' if d.sharp else 'false'}",
         f"rail_optimised = {'true' if d.rail_optimised else 'false'}",
-        f"leaf_radix = {d.leaf_radix}",
-        f"spine_radix = {d.spine_radix}",
+        f"leaf_radix = {d.leaf_radix}" + _radix_note(d.leaf_radix, d.ports_seen[0]),
+        f"spine_radix = {d.spine_radix}" + _radix_note(d.spine_radix, d.ports_seen[1]),
         f"oversubscription = {d.oversubscription!r}",
         f'spine_groups = "{d.spine_groups}"',
         "",
