@@ -21,6 +21,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,20 +294,29 @@ class Sandbox:
         env = self.client_env()
         self._launcher = procs.Launcher(env, self.layout.root)
         self._records = []
+        accounts: Future[None] | None = None
+        pool = ThreadPoolExecutor(max_workers=1)
         try:
             self._start_munge(tools, ports, version)
             if self.accounting:
                 self._start_accounting(tools, ports, version, site.slurm.cluster_name)
+                # sacctmgr talks to slurmdbd only: register the account while Slurm starts.
+                accounts = pool.submit(self._add_accounts, site.slurm.cluster_name)
             self._start_slurm(tools, ports, version, nodes)
-            if self.accounting:
-                self._add_accounts(site.slurm.cluster_name)
             self._wait_idle(nodes, t0)
+            if accounts is not None:
+                accounts.result()
         except BaseException:
+            if accounts is not None:
+                with contextlib.suppress(BaseException):
+                    accounts.result()
             self.progress("start-up failed; stopping what was started")
             procs.stop(self._records, timeout_s=10, children=self._children())
             self._records = []
             self._write_state(ports, version)
             raise
+        finally:
+            pool.shutdown(wait=True)
         self._write_state(ports, version)
         return len(nodes)
 
@@ -486,15 +496,15 @@ class Sandbox:
         t = time.monotonic()
         ctld = self._launch("slurmctld", [tools["slurmctld"], "-D", "-i", "-f", conf],
                             lay.logfile("slurmctld"))
-        self._write_state(ports, version)
-        self._wait("slurmctld", lambda: procs.can_connect(ports.slurmctld), [ctld])
-        self._timed(f"slurmctld up on 127.0.0.1:{ports.slurmctld}", t)
+        # slurmd start-up (plugin loading) overlaps slurmctld's; slurmd retries registering.
         for name in nodes:
             self._launch(f"slurmd:{name}", [tools["slurmd"], "-D", "-f", conf, "-N", name],
                          lay.log / f"slurmd-{name}.log")
         self._write_state(ports, version)
         self.progress(f"  started {len(nodes)} slurmd (ports {ports.slurmd_base}-"
                       f"{ports.slurmd_base + len(nodes) - 1})")
+        self._wait("slurmctld", lambda: procs.can_connect(ports.slurmctld), [ctld])
+        self._timed(f"slurmctld up on 127.0.0.1:{ports.slurmctld}", t)
 
     def _wait_idle(self, nodes: Sequence[str], t0: float) -> None:
         t = time.monotonic()
