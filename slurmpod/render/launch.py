@@ -108,6 +108,15 @@ def parse_time_limit_min(limit: str) -> int | None:
     return days * 1440 + h * 60 + m + s // 60
 
 
+def scaled_lead(limit_min: int | None, lead_s: int, margin_min: int) -> tuple[int, int]:
+    """Signal lead and save margin for a time limit: as asked, but at most a quarter (lead) and
+    a tenth (margin) of a short limit, so a 10-minute job still trains for most of its time."""
+    if limit_min is None:
+        return lead_s, margin_min
+    return (max(10, min(lead_s, limit_min * 60 // 4)),
+            max(1, min(margin_min, limit_min // 10)))
+
+
 def exit_duration_min(limit_min: int | None, signal_lead_s: int,
                       save_margin_min: int) -> int | None:
     """Minutes Megatron may train before it saves and exits on its own: the time limit minus the

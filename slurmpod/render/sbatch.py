@@ -235,6 +235,7 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
     log_dir = f"{run_dir}/logs"
     ckpt = job.checkpoint_dir or f"{run_dir}/checkpoints"
     limit_min = launch.parse_time_limit_min(job.time_limit)
+    lead_s, margin_min = launch.scaled_lead(limit_min, opts.signal_lead_s, opts.save_margin_min)
 
     d: list[tuple[str, object]] = [
         ("job-name", job.name),
@@ -254,7 +255,7 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         ("requeue", bool(job.requeue)),
         # B: signal only the batch shell, which forwards TERM to the ranks after deciding to
         # requeue; SIGUSR1 is taken by NCCL (its own debug/abort handler).
-        ("signal", f"B:TERM@{opts.signal_lead_s}"),
+        ("signal", f"B:TERM@{lead_s}"),
     ]
     topo = site.topology_plugin
     if topo == "tree":
@@ -285,7 +286,7 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
                          debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
 
     margs = run.megatron.explicit()
-    exit_min = launch.exit_duration_min(limit_min, opts.signal_lead_s, opts.save_margin_min)
+    exit_min = launch.exit_duration_min(limit_min, lead_s, margin_min)
     full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min)
     command = (*_command(job.entrypoint), *launch.megatron_argv(full))
     container = None

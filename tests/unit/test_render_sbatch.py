@@ -186,6 +186,17 @@ def test_spares_chain_and_comment() -> None:
     assert comment["flops_per_iter"] == 1.25e15 and comment["peak_tflops"] == 989.0
 
 
+@pytest.mark.parametrize(("limit", "lead", "exit_min"), [
+    ("04:00:00", 300, 240 - 5 - 5), ("00:10:00", 150, 10 - 3 - 1), ("00:30:00", 300, 30 - 5 - 3),
+])
+def test_short_limits_scale_signal_lead_and_margin(limit: str, lead: int, exit_min: int) -> None:
+    ctx = build_context(run_spec({"time_limit": limit}), sandbox(), facts(2),
+                        RenderOptions(run_dir="/r"))
+    assert f"#SBATCH --signal=B:TERM@{lead}" in ctx.directives
+    cmd = list(ctx.command)
+    assert cmd[cmd.index("--exit-duration-in-mins") + 1] == str(exit_min)
+
+
 @pytest.mark.parametrize(("limit", "minutes"), [("30", 30), ("1:30", 1), ("02:00:00", 120),
                                                 ("1-00:00:00", 1440), ("2-12", 3600),
                                                 ("INFINITE", None)])
