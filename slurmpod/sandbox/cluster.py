@@ -119,6 +119,7 @@ class Sandbox:
         from slurmpod.config import resolve_site_path
 
         self.layout = Layout(Path(state_dir).absolute())
+        self._site_given = site_path is not None
         self.site_path = (resolve_site_path(str(site_path)) if site_path is not None
                           else resolve_site_path(None))
         self.base_port = base_port
@@ -196,7 +197,7 @@ class Sandbox:
 
     def _write_state(self, ports: Ports, version: tuple[int, int, int]) -> None:
         doc = {
-            "format": STATE_FORMAT, "site": str(self.site_path), "user": _user(),
+            "format": STATE_FORMAT, "site": str(self.site_path.absolute()), "user": _user(),
             "slurm_version": release_string(version), "accounting": self.accounting,
             "ports": ports.to_dict(), "processes": [r.to_dict() for r in self._records],
         }
@@ -260,6 +261,12 @@ class Sandbox:
             old = self._records_from(state)
             live = [r for r in old if procs.is_ours(r)]
             if old and len(live) == len(old):
+                running_site = str((state or {}).get("site", ""))
+                if self._site_given and running_site != str(self.site_path.absolute()):
+                    raise SandboxError(
+                        f"{self.state_dir} already runs site {running_site}",
+                        hint=f"stop it first (slurmpod sandbox down --state {self.state_dir}) "
+                             f"to start {self.site_path}")
                 self._records = old
                 return UpResult(True, False, time.monotonic() - t0,
                                 sum(r.name.startswith("slurmd:") for r in old))

@@ -149,6 +149,11 @@ def test_second_up_reports_running(sandbox: SandboxFixture) -> None:
     assert [(p.name, p.pid) for p in sandbox.sb.status().processes] == before
     cli = sandbox.run([*_slurmpod(), "sandbox", "up", "--state", str(sandbox.sb.state_dir)])
     assert "already running" in cli.stdout
+    # Asking the live directory for another site is refused, and changes nothing.
+    other = sandbox.run([*_slurmpod(), "sandbox", "up", "dgx-h100-superpod", "--state",
+                         str(sandbox.sb.state_dir)], check=False)
+    assert other.returncode == 4 and "already runs site" in other.stderr
+    assert [(p.name, p.pid) for p in sandbox.sb.status().processes] == before
 
 
 def _slurmpod() -> list[str]:
