@@ -15,6 +15,7 @@ from slurmpod.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from slurmpod.fabric.check import CheckReport
+    from slurmpod.fabric.ibnetdiscover import Fabric
     from slurmpod.model.site import Site
 
 _FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs are kept apart "
@@ -24,8 +25,9 @@ _FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs
 @click.command()
 @click.argument("site")
 @click.option("--ibnetdiscover", "fabric_file", required=True,
-              type=click.Path(path_type=Path, dir_okay=False),
-              help="Saved output of `ibnetdiscover` (run on any host of the fabric).")
+              type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+              help="Saved output of `ibnetdiscover` (run on any host of the fabric); - reads "
+              "standard input.")
 @click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="Print at most this many findings (0: all); --json always has all.")
@@ -42,7 +44,6 @@ def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, 
     """
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.fabric.check import check_fabric, compile_filters
-    from slurmpod.fabric.ibnetdiscover import parse_file
     from slurmpod.topology.fabric_plan import plan_fabric
 
     rules = compile_filters(filters)
@@ -52,7 +53,7 @@ def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, 
         plan = plan_fabric(site_obj)
     except ValueError as exc:
         raise ConfigError(str(exc), file=str(path)) from None
-    fabric = parse_file(fabric_file)
+    fabric = _read_fabric(fabric_file)
     report = check_fabric(site_obj, plan, fabric, rules)
     if as_json:
         from slurmpod.cli.output import emit_json
@@ -87,8 +88,8 @@ def _print_report(report: CheckReport, limit: int) -> None:
 
 @click.command()
 @click.option("--ibnetdiscover", "fabric_file", required=True,
-              type=click.Path(path_type=Path, dir_okay=False),
-              help="Saved output of `ibnetdiscover`.")
+              type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+              help="Saved output of `ibnetdiscover`; - reads standard input.")
 @click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Directory for the draft site file and the generated artefacts.")
@@ -102,12 +103,11 @@ def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_na
     artefacts into OUT."""
     from slurmpod.fabric.check import compile_filters
     from slurmpod.fabric.discover import discover_site, draft_site_toml
-    from slurmpod.fabric.ibnetdiscover import parse_file
 
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     rules = compile_filters(filters)
-    fabric = parse_file(fabric_file)
+    fabric = _read_fabric(fabric_file)
     name = site_name or _site_name(out_dir)
     found = discover_site(fabric, rules)
     text = draft_site_toml(found, name, source=str(fabric_file))
@@ -135,6 +135,20 @@ def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_na
         click.echo(f"wrote {p}")
     click.echo(f"review {out_dir / 'site.toml'} (hardware fields are placeholders), then run "
                f"`slurmpod topo check {out_dir / 'site.toml'} --ibnetdiscover {fabric_file}`")
+
+
+def _read_fabric(path: Path) -> Fabric:
+    import sys
+
+    from slurmpod.fabric.ibnetdiscover import parse, parse_file
+
+    if str(path) == "-":
+        try:
+            return parse(sys.stdin.read(), "<stdin>")
+        except UnicodeDecodeError:
+            raise ConfigError("not text (binary data?); expected ibnetdiscover output",
+                              file="<stdin>") from None
+    return parse_file(path)
 
 
 def _site_name(out_dir: Path) -> str:

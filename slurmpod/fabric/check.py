@@ -13,7 +13,8 @@ in-network reduction for every job that crosses it. Findings:
 * `wrong-uplink`    a leaf/spine uplink lands on another switch or port than planned
 * `missing-link`, `node-missing`, `switch-missing`  expected cables that are not there
 * `degraded-link`   width x speed below `fabric.link_gbps` (4xNDR = 400, 4xHDR = 200, ...)
-* `unknown-node`, `unknown-hca`, `unknown-switch`, `unnamed-ca`, `unexpected-link`
+* `unknown-node`, `unknown-hca`, `unknown-switch`, `unnamed-ca`, `unexpected-link`,
+  `duplicate-hca` (two CAs with one `HOST DEVICE` description)
 * `storage-on-compute`  a storage/management HCA plugged into a compute leaf
 
 Storage and management HCAs (by the site's HCA `role`, or a `--hca-filter` regex over the CA's
@@ -222,7 +223,13 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
             apart_ids.add(ca.node_id)
             report.kept_apart.append(_apart(ctx, ca, attach, f"site role {role}"))
             continue
-        compute[(host, dev or "")] = ca
+        first = compute.setdefault((host, dev or ""), ca)
+        if first is not ca:
+            ctx.add("duplicate-hca", f"{host} {dev}",
+                    f"two CAs call themselves '{host} {dev}': {first.node_id} on "
+                    f"{_where(ctx, first, attach)} and {ca.node_id} on {_where(ctx, ca, attach)}",
+                    "fix the node description of the wrong one (a cloned image or a swapped "
+                    "HCA); only the first is checked")
 
     # 3. Name fabric switches as the plan does: by description first, then by what they carry.
     _match_switches(ctx, compute, attach)

@@ -238,6 +238,8 @@ def _render(model: _Model, site_name: str) -> str:
         if model.cas else "# Initiated from node 0000000000000000 port 0000000000000000",
     ]
     for n in sw_names:
+        if n not in by_node:
+            continue  # a switch without a single link is invisible to ibnetdiscover
         guid = sw_id[n][2:]
         out += ["", "vendid=0x2c9", "devid=0xd2f2", f"sysimgguid=0x{guid}",
                 f"switchguid=0x{guid}({guid.lstrip('0')})",
@@ -253,6 +255,8 @@ def _render(model: _Model, site_name: str) -> str:
                 out.append(f'[{port}]\t"H-{g:016x}"[{rport}]({g + 1:x}) \t\t# "{rname}" '
                            f"lid {lid[rname]} {rate}")
     for c in model.cas:
+        if c not in by_node:
+            continue  # so is an HCA whose cable is out
         g = ca_guid[c]
         out += ["", "vendid=0x2c9", "devid=0x1021", f"sysimgguid=0x{g:x}", f"caguid=0x{g:x}",
                 f'Ca\t1 "H-{g:016x}"\t\t# "{c}"']

@@ -273,3 +273,13 @@ def test_any_crossed_pair_of_hca_cables_is_one_swap_finding(pair):
     assert [f.kind for f in report.findings] == ["swapped-cables"]
     fix = report.findings[0].fix
     assert f"{a.leaf} port {a.port}" in fix and f"{b.leaf} port {b.port}" in fix
+
+
+def test_two_cas_with_one_description(sandbox):
+    site, plan = sandbox
+    text = synthesize(site, plan)
+    # gpu002's rail-0 HCA reports gpu001's description (a cloned image).
+    text = text.replace('"gpu002 mlx5_0"', '"gpu001 mlx5_0"')
+    report = check_fabric(site, plan, parse(text))
+    assert "duplicate-hca" in kinds(report)
+    assert "missing-link" in kinds(report)  # gpu002 mlx5_0 is now nowhere to be found

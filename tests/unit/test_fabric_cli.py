@@ -117,3 +117,12 @@ def test_synth_command_line_errors(tmp_path, capsys):
     assert rc == 3 and "give two endpoints" in err and not (tmp_path / "x.txt").exists()
     rc = synth.main(["sandbox", "-o", str(tmp_path / "x.txt"), "--missing", "nosuch:mlx5_0"])
     assert rc == 3
+
+
+def test_check_reads_standard_input(fabric, capsys, monkeypatch):
+    import io
+
+    text = fabric("--missing", "gpu002:mlx5_1").read_text()
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", "-"], capsys)
+    assert rc == 1 and "<stdin>" in out and "missing-link" in out
