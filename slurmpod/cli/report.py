@@ -1,0 +1,267 @@
+"""`slurmpod report`: the efficiency report of one job, or of the fleet over a time window.
+
+    slurmpod report 1234 [--json [--series] | --html FILE] [--site SITE] [--spool DIR]
+    slurmpod report --since 7d [--user U] [--account A] [--partition P] [--json | --csv | --html F]
+    ... [--prometheus FILE]
+
+Data: `sacct --json --duplicates` (every attempt of a requeued job), the AdminComment summary
+the EpilogSlurmctld hook stored, and the hook's spool record (summary + time series) when the
+spool is readable here. This module is the I/O edge; `slurmpod.report` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from slurmpod.errors import CommandError, SlurmError, UsageError
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Inventory
+    from slurmpod.report.model import JobReport, LogHints
+    from slurmpod.report.sacct import SacctJob
+
+_JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
+_SINCE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
+PROGRESS_MIN_JOBS = 100
+LOG_HEAD_BYTES = 4 << 20
+SACCT_TIMEOUT_S = 120.0
+
+
+def slurm_since(text: str) -> str:
+    """`7d`, `12h`, `2w`, `30m` -> sacct's `now-7days`; ISO dates pass through."""
+    t = text.strip()
+    m = _SINCE.match(t)
+    if m:
+        return f"now-{int(m.group(1))}{_UNITS[m.group(2)]}"
+    if _DATE.match(t):
+        return t
+    raise UsageError(f"--since {text!r}: expected a duration like 7d, 12h, 2w, 30m or a date "
+                     "YYYY-MM-DD[THH:MM[:SS]]")
+
+
+def _sacct(argv: list[str]) -> str:
+    from slurmpod.transport.local import LocalRunner
+
+    try:
+        return LocalRunner().run(argv, timeout_s=SACCT_TIMEOUT_S).stdout
+    except CommandError as exc:
+        raise SlurmError(f"sacct failed: {exc.message}",
+                         hint="is slurmdbd running and accounting enabled? try `sacct -X`"
+                         ) from None
+
+
+def _spool_dir(option: str | None) -> Path:
+    if option:
+        return Path(option)
+    sandbox = os.environ.get("SLURMPOD_SANDBOX")
+    if sandbox:
+        return Path(sandbox) / "spool"
+    return Path("/var/spool/slurmpod")
+
+
+def read_spool_record(spool: Path, job_id: str) -> dict[str, Any] | None:
+    """The latest attempt's record (`records/<job>.<restart>.json`), or None."""
+    best: tuple[int, Path] | None = None
+    try:
+        for p in (spool / "records").glob(f"{job_id}.*.json"):
+            restart = p.name[len(job_id) + 1:-len(".json")]
+            if restart.isdigit() and (best is None or int(restart) > best[0]):
+                best = (int(restart), p)
+    except OSError:
+        return None
+    if best is None:
+        return None
+    try:
+        doc = json.loads(best[1].read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("v") == 1 else None
+
+
+def log_hints(record: dict[str, Any] | None) -> LogHints | None:
+    """NCCL topology evidence from the head of the job's log, if this user can read it."""
+    from slurmpod.report.model import LogHints
+
+    path = str(((record or {}).get("log") or {}).get("path") or "")
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        head = fh.read(LOG_HEAD_BYTES)
+    warn = re.search(rb"NCCL_TOPO_FILE \S* ?is not readable", head) is not None
+    return LogHints(path=path, nccl_topo_warning=warn,
+                    nccl_topo_loaded=b"NCCL_TOPO_FILE set by environment to" in head,
+                    nccl_info=b"NCCL INFO" in head)
+
+
+def _inventory(site: str | None) -> Inventory | None:
+    from slurmpod.config import load_site, resolve_site_path
+
+    return load_site(resolve_site_path(site)).inventory
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    from slurmpod.fsutil import write_atomic
+
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write the {what}: {exc.strerror}") from None
+    click.echo(f"wrote {what} {path}", err=True)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None, *,
+                  with_series: bool, hints: bool = False, progress: bool = False,
+                  typical_mfu: dict[str, float] | None = None) -> list[JobReport]:
+    from slurmpod.report.model import build_job_report
+
+    def one(sj: SacctJob) -> JobReport:
+        rec = read_spool_record(spool, sj.record.job_id) if spool.is_dir() else None
+        return build_job_report(sj, spool_record=rec, inventory=inventory,
+                                log_hints=log_hints(rec) if hints else None,
+                                typical_mfu=typical_mfu, with_series=with_series)
+
+    if progress and len(jobs) >= PROGRESS_MIN_JOBS:
+        with click.progressbar(jobs, label="reading jobs", file=sys.stderr) as bar:
+            return [one(sj) for sj in bar]
+    return [one(sj) for sj in jobs]
+
+
+@click.command("report")
+@click.argument("job_id", required=False)
+@click.option("--since", help="Fleet report over this window: 7d, 12h, 2w or a date.")
+@click.option("--user", help="Fleet: only this user's jobs.")
+@click.option("--account", help="Fleet: only this account's jobs.")
+@click.option("--partition", help="Fleet: only this partition's jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--series", is_flag=True, help="With --json: include the job's time series.")
+@click.option("--jobs", "with_jobs", is_flag=True, help="With --json (fleet): one row per job.")
+@click.option("--csv", "as_csv", is_flag=True, help="Fleet: one CSV row per job on stdout.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a self-contained HTML report with plots.")
+@click.option("--prometheus", "prom_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Prometheus textfile (node_exporter textfile collector).")
+@click.option("--site", help="Site file or built-in name, for placement (default: sandbox).")
+@click.option("--spool", envvar="SLURMPOD_SPOOL",
+              help="The hooks' spool directory (default $SLURMPOD_SPOOL, the sandbox's spool "
+                   "when $SLURMPOD_SANDBOX is set, else /var/spool/slurmpod).")
+def report(job_id: str | None, since: str | None, user: str | None, account: str | None,
+           partition: str | None, as_json: bool, series: bool, with_jobs: bool, as_csv: bool,
+           html_file: Path | None, prom_file: Path | None, site: str | None,
+           spool: str | None) -> None:
+    """Efficiency report of JOB_ID, or of every job since a time (--since)."""
+    if (job_id is None) == (since is None):
+        raise UsageError("give a JOB_ID or --since WINDOW (not both)",
+                         hint="e.g. `slurmpod report 1234` or `slurmpod report --since 7d`")
+    if as_json and as_csv:
+        raise UsageError("--json and --csv are exclusive")
+    spool_dir = _spool_dir(spool)
+    if job_id is not None:
+        if user or account or partition or as_csv or with_jobs:
+            raise UsageError("--user/--account/--partition/--csv/--jobs are for the fleet "
+                             "report (--since)")
+        _job(job_id, as_json, series, html_file, prom_file, site, spool_dir)
+    else:
+        _fleet(str(since), user, account, partition, as_json, with_jobs, as_csv, html_file,
+               prom_file, spool_dir)
+
+
+def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
+         prom_file: Path | None, site: str | None, spool: Path) -> None:
+    from slurmpod.report.sacct import (
+        EXIT_CODE_ARGV,
+        parse_exit_codes,
+        parse_sacct_jobs,
+        with_exit_codes,
+    )
+
+    if not _JOB_ID.match(job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (123, 123_4 or 123+1)")
+    text = _sacct(["sacct", "--json", "--duplicates", f"--jobs={job_id}"])
+    jobs = [sj for sj in parse_sacct_jobs(text) if sj.record.job_id == job_id]
+    if jobs:
+        codes = _sacct([*EXIT_CODE_ARGV, f"--jobs={job_id}"])
+        jobs = with_exit_codes(jobs, parse_exit_codes(codes))
+    if not jobs:
+        raise SlurmError(f"job {job_id} is not in Slurm's accounting",
+                         hint="check the id; a job appears in sacct a few seconds after "
+                              "submission")
+    inv = _inventory(site)
+    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True)
+    if html_file is not None:
+        from slurmpod.report.html import job_html
+
+        _write(html_file, job_html(r, generated=_now()), "HTML report")
+    if prom_file is not None:
+        from slurmpod.report.prom import job_exposition
+
+        _write(prom_file, job_exposition([r]), "Prometheus textfile")
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(r.to_json(series=series))
+    elif html_file is None and prom_file is None:
+        from slurmpod.report.text import job_text
+
+        click.echo(job_text(r), nl=False)
+
+
+def _fleet(since: str, user: str | None, account: str | None, partition: str | None,
+           as_json: bool, with_jobs: bool, as_csv: bool, html_file: Path | None,
+           prom_file: Path | None, spool: Path) -> None:
+    from slurmpod.report.fleet import build_fleet
+    from slurmpod.report.sacct import (
+        EXIT_CODE_ARGV,
+        parse_exit_codes,
+        parse_sacct_jobs,
+        with_exit_codes,
+    )
+
+    start = slurm_since(since)
+    sel = [f"--starttime={start}", "--endtime=now"]
+    sel += [f"--user={user}"] if user else ["--allusers"]
+    if account:
+        sel.append(f"--accounts={account}")
+    if partition:
+        sel.append(f"--partition={partition}")
+    jobs = parse_sacct_jobs(_sacct(["sacct", "--json", "--duplicates", *sel]))
+    if jobs:
+        jobs = with_exit_codes(jobs, parse_exit_codes(_sacct([*EXIT_CODE_ARGV, *sel])))
+    reports = build_reports(jobs, spool, None, with_series=False, progress=True)
+    fl = build_fleet(reports, window=since,
+                     filters={"user": user, "account": account, "partition": partition})
+    if html_file is not None:
+        from slurmpod.report.html import fleet_html
+
+        _write(html_file, fleet_html(fl, generated=_now()), "HTML report")
+    if prom_file is not None:
+        from slurmpod.report.prom import fleet_exposition
+
+        _write(prom_file, fleet_exposition(fl), "Prometheus textfile")
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(fl.to_json(jobs=with_jobs))
+    elif as_csv:
+        click.echo(fl.to_csv(), nl=False)
+    elif html_file is None and prom_file is None:
+        from slurmpod.report.text import fleet_text
+
+        click.echo(fleet_text(fl), nl=False)

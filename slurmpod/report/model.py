@@ -1,0 +1,407 @@
+"""The per-job efficiency report: Slurm's accounting record + the hooks' figures -> JobReport.
+
+Pure: no Slurm, no files. Inputs are a `SacctJob` (sacct record and its attempts), the
+AdminComment summary the epilog stored (in the record), the spool record (summary + time
+series) when there is one, the site inventory and hints read from the job's log.
+
+Where figures come from, best first:
+1. the spool record (`<spool>/records/<job>.<restart>.json`): full statistics and the series;
+2. the AdminComment v1 (`hooks.ADMIN_FIELDS`): medians, MFU p10/p90, goodput, start-up, stalls;
+3. for a running job, the live Comment v1 (`mfu`, `tflops`, `iter`, `tokens_per_s`).
+
+GPU time (per GPU, seconds; × GPUs for GPU-seconds), all attempts of a requeued job included:
+allocated A = Σ attempts' elapsed; productive P = the log's productive time (Megatron's iteration
+timer, minus iterations redone after a restart), or goodput × the last attempt's elapsed when
+only the AdminComment is there. Lost = A − P, split into start-up (job start to first iteration),
+checkpoint stalls, then the rest: "restarts" when the job restarted (redone iterations, relaunch
+start-ups, the failed attempt's tail), else "other" (evaluation, shutdown, hangs). The causes add
+up to A − P exactly. Goodput = P / A.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from slurmpod.accounting.hooks import decode_field
+from slurmpod.model.site import Inventory
+from slurmpod.report.placement import Placement, placement_of
+from slurmpod.report.sacct import SacctJob
+
+LOSS_CAUSES = ("startup", "checkpoint", "restarts", "other")
+SPIKE_FACTOR = 1.5  # an iteration this many times the median is a spike (straggler, hiccup)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """median, p10, p90 of a steady-state figure (p10/p90 may be unknown)."""
+
+    median: float | None
+    p10: float | None = None
+    p90: float | None = None
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"median": self.median, "p10": self.p10, "p90": self.p90}
+
+    def scaled(self, k: float) -> Dist:
+        return Dist(*(None if v is None else v * k for v in (self.median, self.p10, self.p90)))
+
+
+@dataclass(frozen=True)
+class LogHints:
+    """What the CLI found in the job's log file, when it could read it."""
+
+    path: str
+    nccl_topo_warning: bool = False  # slurmpod's sbatch: NCCL_TOPO_FILE not readable, unset
+    nccl_topo_loaded: bool = False  # NCCL INFO: "NCCL_TOPO_FILE set by environment to ..."
+    nccl_info: bool = False  # NCCL_DEBUG=INFO output present (so absence of the above means)
+
+
+@dataclass(frozen=True)
+class Figures:
+    source: str  # "spool" | "admin_comment" | "live_comment" | "none"
+    iters: int | None = None
+    last_iter: int | None = None
+    mfu: Dist | None = None
+    tflops: Dist | None = None
+    tokens_per_s: float | None = None
+    iter_ms: Dist | None = None
+    peak_tflops: float | None = None
+    formula: str | None = None
+    gpus: int | None = None
+    log_restarts: int = 0
+    hook_goodput: float | None = None
+    ttfi_s: float | None = None
+    checkpoint_s: float | None = None
+    productive_s: float | None = None  # per GPU
+    redone_s: float | None = None  # iterations run again after a restart (per GPU)
+    checkpoints: tuple[tuple[int, float], ...] = ()  # (iteration, seconds)
+    err: str | None = None
+
+    @property
+    def has_training(self) -> bool:
+        return bool(self.iters) or self.mfu is not None or self.tflops is not None
+
+
+@dataclass(frozen=True)
+class Loss:
+    allocated_gpu_s: float
+    productive_gpu_s: float | None
+    by_cause_gpu_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def goodput(self) -> float | None:
+        if self.productive_gpu_s is None or self.allocated_gpu_s <= 0:
+            return None
+        return self.productive_gpu_s / self.allocated_gpu_s
+
+    @property
+    def lost_gpu_s(self) -> float | None:
+        return sum(self.by_cause_gpu_s.values()) if self.by_cause_gpu_s else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allocated_gpu_hours": _h(self.allocated_gpu_s),
+            "productive_gpu_hours": _h(self.productive_gpu_s),
+            "goodput": self.goodput,
+            "lost_gpu_hours": _h(self.lost_gpu_s),
+            "lost_gpu_hours_by_cause": {k: _h(v) for k, v in self.by_cause_gpu_s.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Stability:
+    n: int
+    median_ms: float | None
+    cv: float | None  # std / mean of steady iteration times
+    spread: float | None  # (p90 - p10) / median
+    spikes: int
+    max_ratio: float | None  # slowest steady iteration / median
+    spike_iters: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "median_ms": self.median_ms, "cv": self.cv, "spread": self.spread,
+                "spikes": self.spikes, "spike_factor": SPIKE_FACTOR,
+                "max_ratio": self.max_ratio, "spike_iterations": list(self.spike_iters[:50])}
+
+
+@dataclass(frozen=True)
+class Note:
+    level: str  # "warn" | "info"
+    code: str
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "code": self.code, "text": self.text}
+
+
+@dataclass(frozen=True)
+class JobReport:
+    job: Any  # JobRecord
+    attempts: tuple[Any, ...]
+    status: str  # "complete" | "running" | "no-training-log"
+    status_text: str
+    figures: Figures
+    loss: Loss
+    stability: Stability | None
+    placement: Placement | None
+    params_b: float | None  # model size estimated from FLOPs and tokens (6·N per token)
+    series: dict[str, list[Any]] = field(default_factory=dict)
+    notes: tuple[Note, ...] = ()
+
+    @property
+    def queue_s(self) -> float | None:
+        """Queue time of the first attempt (later attempts' waits are requeue delays)."""
+        j = self.job
+        if self.attempts and self.attempts[0].submit_s and self.attempts[0].start_s:
+            return float(max(0, self.attempts[0].start_s - self.attempts[0].submit_s))
+        if j.submit_time is None or j.start_time is None:
+            return None
+        return max(0.0, j.start_time.timestamp() - j.submit_time.timestamp())
+
+    @property
+    def gpus(self) -> int:
+        return self.job.n_gpus or self.figures.gpus or 0
+
+    def to_json(self, series: bool = False) -> dict[str, Any]:
+        j = self.job
+        f = self.figures
+        out: dict[str, Any] = {
+            "schema": "slurmpod.report.job/1",
+            "status": self.status, "status_text": self.status_text,
+            "job": {
+                "job_id": j.job_id, "name": j.name, "user": j.user, "account": j.account,
+                "partition": j.partition, "state": str(j.state), "exit_code": j.exit_code,
+                "signal": j.signal, "nodes": j.nodes, "n_nodes": j.n_nodes, "n_gpus": self.gpus,
+                "submit": _iso(j.submit_time), "start": _iso(j.start_time),
+                "end": _iso(j.end_time), "elapsed_s": j.elapsed_s, "queue_s": self.queue_s,
+                "restarts": max(j.restarts, len(self.attempts) - 1),
+                "attempts": [{"submit": a.submit_s, "start": a.start_s, "end": a.end_s,
+                              "elapsed_s": a.elapsed_s, "state": a.state}
+                             for a in self.attempts],
+            },
+            "placement": self.placement.to_json() if self.placement else None,
+            "figures": {
+                "source": f.source, "iterations": f.iters, "last_iteration": f.last_iter,
+                "mfu": f.mfu.to_json() if f.mfu else None,
+                "tflops_per_gpu": f.tflops.to_json() if f.tflops else None,
+                "tokens_per_s": f.tokens_per_s,
+                "iteration_ms": f.iter_ms.to_json() if f.iter_ms else None,
+                "peak_tflops": f.peak_tflops, "flops_formula": f.formula,
+                "log_restarts": f.log_restarts, "time_to_first_iteration_s": f.ttfi_s,
+                "checkpoint_stall_s": f.checkpoint_s, "redone_s": f.redone_s,
+                "params_billion": self.params_b, "error": f.err,
+            },
+            "gpu_time": self.loss.to_json(),
+            "stability": self.stability.to_json() if self.stability else None,
+            "notes": [n.to_json() for n in self.notes],
+        }
+        if series:
+            out["series"] = self.series
+        return out
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def _h(gpu_s: float | None) -> float | None:
+    return None if gpu_s is None else gpu_s / 3600.0
+
+
+def _f(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _i(x: Any) -> int | None:
+    v = _f(x)
+    return None if v is None else int(v)
+
+
+def _dist(stats: Any) -> Dist | None:
+    if not isinstance(stats, Mapping) or _f(stats.get("median")) is None:
+        return None
+    return Dist(_f(stats.get("median")), _f(stats.get("p10")), _f(stats.get("p90")))
+
+
+def figures_from_spool(record: Mapping[str, Any]) -> Figures:
+    """Figures of an epilog spool record (v1: `summary` with `metrics`, `series`)."""
+    s = record.get("summary") or {}
+    m = s.get("metrics") or {}
+    peak = _f(s.get("peak"))
+    mfu = _dist(m.get("mfu")) if peak and s.get("mfu") is not None else None
+    if mfu is None and _f(s.get("mfu")) is not None:
+        mfu = Dist(_f(s.get("mfu")), _f(s.get("mfu_p10")), _f(s.get("mfu_p90")))
+    tflops = _dist(m.get("tflops_per_gpu")) if s.get("tflops") is not None else None
+    if tflops is None and _f(s.get("tflops")) is not None:
+        tflops = Dist(_f(s.get("tflops")))
+    tokens = _dist(m.get("tokens_per_s"))
+    stalls = tuple((int(c.get("iteration", 0)), float(c.get("duration_s", 0.0)))
+                   for c in m.get("checkpoint_stalls") or [] if isinstance(c, Mapping))
+    return Figures(
+        source="spool", iters=_i(s.get("iters")), last_iter=_i(s.get("last_iter")), mfu=mfu,
+        tflops=tflops,
+        tokens_per_s=tokens.median if tokens else _f(s.get("tokens_per_s")),
+        iter_ms=_dist(m.get("iter_time_ms")) or (Dist(_f(s.get("iter_ms")))
+                                                 if _f(s.get("iter_ms")) else None),
+        peak_tflops=peak, formula=s.get("fv"), gpus=_i(s.get("gpus")),
+        log_restarts=_i(s.get("restarts")) or 0, hook_goodput=_f(s.get("goodput")),
+        ttfi_s=_f(s.get("ttfi_s")), checkpoint_s=_f(m.get("checkpoint_stall_s",
+                                                          s.get("ckpt_s"))),
+        productive_s=_f(m.get("productive_s")), redone_s=_f(m.get("lost_s")),
+        checkpoints=stalls, err=s.get("err"))
+
+
+def figures_from_admin(doc: Mapping[str, Any]) -> Figures:
+    """Figures of an AdminComment v1 (already decoded)."""
+    peak = _f(doc.get("peak"))
+    mfu = (Dist(_f(doc.get("mfu")), _f(doc.get("mfu_p10")), _f(doc.get("mfu_p90")))
+           if _f(doc.get("mfu")) is not None else None)
+    tflops = Dist(_f(doc.get("tflops"))) if _f(doc.get("tflops")) is not None else None
+    if tflops is not None and mfu is not None and peak:
+        tflops = Dist(tflops.median, *(None if v is None else v * peak
+                                       for v in (mfu.p10, mfu.p90)))
+    return Figures(
+        source="admin_comment", iters=_i(doc.get("iters")), last_iter=_i(doc.get("last_iter")),
+        mfu=mfu, tflops=tflops, tokens_per_s=_f(doc.get("tokens_per_s")),
+        iter_ms=Dist(_f(doc.get("iter_ms"))) if _f(doc.get("iter_ms")) else None,
+        peak_tflops=peak, formula=doc.get("fv"), gpus=_i(doc.get("gpus")),
+        log_restarts=_i(doc.get("restarts")) or 0, hook_goodput=_f(doc.get("goodput")),
+        ttfi_s=_f(doc.get("ttfi_s")), checkpoint_s=_f(doc.get("ckpt_s")), err=doc.get("err"))
+
+
+def figures_from_live(doc: Mapping[str, Any]) -> Figures:
+    """Figures of a running job's Comment v1 (the monitor's window medians)."""
+    mfu = _f(doc.get("mfu"))
+    tflops = _f(doc.get("tflops"))
+    return Figures(source="live_comment", last_iter=_i(doc.get("iter")),
+                   mfu=Dist(mfu) if mfu is not None else None,
+                   tflops=Dist(tflops) if tflops is not None else None,
+                   tokens_per_s=_f(doc.get("tokens_per_s")), peak_tflops=_f(doc.get("peak")),
+                   gpus=_i(doc.get("gpus")), formula=doc.get("formula"))
+
+
+def choose_figures(job: Any, spool_record: Mapping[str, Any] | None) -> Figures:
+    if spool_record is not None:
+        fig = figures_from_spool(spool_record)
+        if fig.has_training or fig.err:
+            return fig
+    admin = decode_field(job.admin_comment)
+    if admin and admin.get("v") == 1:
+        return figures_from_admin(admin)
+    if job.state.is_active:
+        live = decode_field(job.comment)
+        if live and ("mfu" in live or "tflops" in live):
+            return figures_from_live(live)
+    return Figures(source="none")
+
+
+def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss:
+    """GPU time and where it went (the module docstring has the rules)."""
+    alloc_s = float(sum(attempts_elapsed))
+    allocated = alloc_s * gpus
+    prod_s = fig.productive_s
+    if prod_s is None and fig.hook_goodput is not None and attempts_elapsed:
+        # The epilog's goodput is productive / (last attempt's elapsed × GPUs).
+        prod_s = fig.hook_goodput * attempts_elapsed[-1]
+    if prod_s is None or gpus <= 0:
+        return Loss(allocated, None)
+    prod_s = min(max(prod_s, 0.0), alloc_s)
+    rest = alloc_s - prod_s
+    startup = min(max(fig.ttfi_s or 0.0, 0.0), rest)
+    rest -= startup
+    ckpt = min(max(fig.checkpoint_s or 0.0, 0.0), rest)
+    rest -= ckpt
+    restarted = len(attempts_elapsed) > 1 or fig.log_restarts > 0
+    causes = {"startup": startup, "checkpoint": ckpt,
+              "restarts": rest if restarted else 0.0, "other": 0.0 if restarted else rest}
+    return Loss(allocated, prod_s * gpus, {k: v * gpus for k, v in causes.items()})
+
+
+def stability_of(series: Mapping[str, Sequence[Any]], fig: Figures) -> Stability | None:
+    """Iteration-time stability over the steady-state records (stragglers show as spikes)."""
+    ms = series.get("iter_ms") or []
+    steady = series.get("steady") or [True] * len(ms)
+    iters = series.get("iter") or [0] * len(ms)
+    vals = [(int(i), float(v)) for i, v, s in zip(iters, ms, steady, strict=False)
+            if s and v is not None and math.isfinite(v)]
+    if len(vals) >= 2:
+        xs = sorted(v for _, v in vals)
+        med = _median(xs)
+        mean = sum(xs) / len(xs)
+        var = sum((x - mean) ** 2 for x in xs) / len(xs)
+        spikes = tuple(i for i, v in vals if v > SPIKE_FACTOR * med)
+        p10, p90 = _pct(xs, 10), _pct(xs, 90)
+        return Stability(len(xs), med, math.sqrt(var) / mean if mean > 0 else None,
+                         (p90 - p10) / med if med > 0 else None, len(spikes),
+                         xs[-1] / med if med > 0 else None, spikes)
+    d = fig.iter_ms
+    if d and d.median and d.p10 is not None and d.p90 is not None:
+        return Stability(0, d.median, None, (d.p90 - d.p10) / d.median, 0, None)
+    return None
+
+
+def _median(xs: Sequence[float]) -> float:
+    return _pct(xs, 50)
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile of sorted values (numpy's default method)."""
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def params_estimate(fig: Figures, gpus: int) -> float | None:
+    """Parameters (billions) from model FLOPs ≈ 6·N per token: TFLOP/s·GPUs / (6·tokens/s).
+    Attention adds FLOPs beyond 6·N, so this slightly overstates N; it only picks a size class."""
+    if not fig.tflops or not fig.tflops.median or not fig.tokens_per_s or gpus <= 0:
+        return None
+    return fig.tflops.median * 1e12 * gpus / (6.0 * fig.tokens_per_s) / 1e9
+
+
+def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = None,
+                     inventory: Inventory | None = None, log_hints: LogHints | None = None,
+                     typical_mfu: Mapping[str, float] | None = None,
+                     with_series: bool = True) -> JobReport:
+    from slurmpod.report.rules import notes_for
+
+    job = sj.record
+    fig = choose_figures(job, spool_record)
+    gpus = job.n_gpus or fig.gpus or 0
+    attempts = sj.attempts or ()
+    elapsed = [a.elapsed_s for a in attempts] or [job.elapsed_s]
+    loss = split_loss(gpus, elapsed, fig)
+    series: dict[str, list[Any]] = {}
+    if spool_record is not None and with_series:
+        series = {k: list(v) for k, v in (spool_record.get("series") or {}).items()
+                  if isinstance(v, list)}
+    stab = stability_of(series, fig) if fig.has_training else None
+    placement = placement_of(job.nodes, inventory) if inventory is not None and job.nodes else None
+    if job.state.is_active:
+        status = "running"
+        text = (f"job is {job.state}: partial report"
+                + (", live figures from the job's Comment" if fig.source == "live_comment"
+                   else ", no figures yet") + "; final figures come when it ends")
+    elif fig.has_training:
+        status, text = "complete", f"figures from the {fig.source.replace('_', ' ')}"
+    else:
+        status = "no-training-log"
+        why = f" ({fig.err})" if fig.err else ""
+        text = ("no training log figures for this job" + why
+                + ": identity and placement only")
+    report = JobReport(job=job, attempts=tuple(attempts), status=status, status_text=text,
+                       figures=fig, loss=loss, stability=stab, placement=placement,
+                       params_b=params_estimate(fig, gpus), series=series)
+    notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
+    return JobReport(**{**report.__dict__, "notes": tuple(notes)})

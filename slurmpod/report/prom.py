@@ -1,0 +1,144 @@
+"""Prometheus text exposition (format 0.0.4) of job and fleet figures, for node_exporter's
+textfile collector. Pure: reports in, text out (the CLI writes it atomically).
+
+Names follow Prometheus conventions (`promtool check metrics`): `slurmpod_` prefix, base units
+(seconds, not hours: GPU time is `..._gpu_seconds`), ratios end in `_ratio`, every family has
+HELP and TYPE lines, all gauges (a textfile is a snapshot, not a counter). Label values escape
+backslash, double quote and newline as the format requires.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from slurmpod.report.fleet import FleetReport, Group
+from slurmpod.report.model import LOSS_CAUSES, JobReport
+
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+
+
+@dataclass
+class Family:
+    name: str
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, labels: Mapping[str, str], value: float | None) -> None:
+        if value is not None and math.isfinite(value):
+            self.samples.append((dict(labels), float(value)))
+
+
+class Exposition:
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}
+
+    def family(self, name: str, help_text: str) -> Family:
+        if not _NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        fam = self.families.get(name)
+        if fam is None:
+            fam = self.families[name] = Family(name, help_text)
+        return fam
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for fam in self.families.values():
+            if not fam.samples:
+                continue
+            help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n")
+            lines.append(f"# HELP {fam.name} {help_text}")
+            lines.append(f"# TYPE {fam.name} gauge")
+            for labels, value in fam.samples:
+                for k in labels:
+                    if not _LABEL.match(k) or k.startswith("__"):
+                        raise ValueError(f"invalid label name {k!r}")
+                lab = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
+                lines.append(f"{fam.name}{{{lab}}} {_fmt(value)}" if lab
+                             else f"{fam.name} {_fmt(value)}")
+        return "\n".join(lines) + "\n" if lines else ""
+
+
+def _job_metrics(x: Exposition, reports: Iterable[JobReport]) -> None:
+    # A `quantile` label is reserved for summaries (promtool rejects it on a gauge): `stat`.
+    mfu = x.family("slurmpod_job_mfu_ratio", "Steady-state MFU of the job (model FLOPs / "
+                   "peak dense BF16): stat=median|p10|p90.")
+    tfl = x.family("slurmpod_job_model_tflops_per_gpu", "Median steady-state model TFLOP/s "
+                   "per GPU of the job.")
+    tok = x.family("slurmpod_job_tokens_per_second", "Median steady-state tokens per second.")
+    good = x.family("slurmpod_job_goodput_ratio", "Productive GPU time / allocated GPU time.")
+    gpus = x.family("slurmpod_job_gpus", "GPUs allocated to the job.")
+    alloc = x.family("slurmpod_job_allocated_gpu_seconds", "GPU-seconds allocated to the job, "
+                     "all attempts.")
+    lost = x.family("slurmpod_job_lost_gpu_seconds", "GPU-seconds that trained nothing, by "
+                    "cause.")
+    restarts = x.family("slurmpod_job_restarts", "Times the job was requeued or relaunched.")
+    for r in reports:
+        j = r.job
+        base = {"job_id": j.job_id, "name": j.name, "user": j.user, "account": j.account,
+                "partition": j.partition, "state": str(j.state)}
+        f = r.figures
+        if f.mfu:
+            for stat, v in (("median", f.mfu.median), ("p10", f.mfu.p10), ("p90", f.mfu.p90)):
+                mfu.add({**base, "stat": stat}, v)
+        if f.tflops:
+            tfl.add(base, f.tflops.median)
+        tok.add(base, f.tokens_per_s)
+        good.add(base, r.loss.goodput)
+        gpus.add(base, float(r.gpus))
+        alloc.add(base, r.loss.allocated_gpu_s)
+        for cause in LOSS_CAUSES:
+            if cause in r.loss.by_cause_gpu_s:
+                lost.add({**base, "cause": cause}, r.loss.by_cause_gpu_s[cause])
+        restarts.add(base, float(max(j.restarts, len(r.attempts) - 1)))
+
+
+def _group_metrics(x: Exposition, level: str, groups: Iterable[Group], window: str) -> None:
+    prefix = f"slurmpod_{level}"
+    jobs = x.family(f"{prefix}_jobs", f"Finished jobs in the window, per {level}.")
+    alloc = x.family(f"{prefix}_allocated_gpu_seconds", f"GPU-seconds allocated, per {level}.")
+    mfu = x.family(f"{prefix}_mfu_ratio", f"GPU-hour-weighted MFU, per {level}.")
+    good = x.family(f"{prefix}_goodput_ratio", f"Productive / allocated GPU time, per {level}.")
+    lost = x.family(f"{prefix}_lost_gpu_seconds", f"GPU-seconds lost by cause, per {level}.")
+    for g in groups:
+        base = {"window": window} if level == "fleet" else {"window": window, level: g.key}
+        jobs.add(base, float(g.jobs))
+        alloc.add(base, g.gpu_hours * 3600)
+        mfu.add(base, g.mfu)
+        good.add(base, g.goodput)
+        for cause in LOSS_CAUSES:
+            lost.add({**base, "cause": cause}, g.lost.get(cause, 0.0) * 3600)
+
+
+def job_exposition(reports: Iterable[JobReport]) -> str:
+    x = Exposition()
+    _job_metrics(x, reports)
+    return x.render()
+
+
+def fleet_exposition(fleet: FleetReport, *, per_job: bool = False,
+                     reports: Iterable[JobReport] = ()) -> str:
+    x = Exposition()
+    _group_metrics(x, "fleet", [fleet.total], fleet.window)
+    run = x.family("slurmpod_fleet_running_jobs", "Jobs still running (not in the sums).")
+    run.add({"window": fleet.window}, float(fleet.n_running))
+    _group_metrics(x, "user", fleet.by_user, fleet.window)
+    _group_metrics(x, "account", fleet.by_account, fleet.window)
+    if per_job:
+        _job_metrics(x, reports)
+    return x.render()

@@ -1,0 +1,99 @@
+"""`sacct --json --duplicates` text -> job records plus every attempt of each job. Pure.
+
+`slurmpod.backends.parse.parse_sacct_json` merges the attempts of a requeued job into its
+latest record (and counts the rest as restarts); a report also needs the time the earlier
+attempts held their GPUs, so this module keeps each attempt's start, end and elapsed time too.
+
+Slurm 22.05's `sacct --json` (dbv0.0.38) reports exit code 0 for a job that exited 3 (recorded
+in tests/data/slurm/22.05/), so exit codes come from a second, narrow text query
+(`EXIT_CODE_ARGV`: job id and ExitCode only, no free text) merged in by `with_exit_codes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slurmpod.backends.parse import exit_of, load_json, num, parse_sacct_json, state_of
+from slurmpod.model.jobs import JobRecord
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job (a requeued job has several; the last is the job's own record)."""
+
+    submit_s: int | None  # epoch seconds (a requeued attempt is submitted again)
+    start_s: int | None
+    end_s: int | None
+    elapsed_s: int
+    state: str
+
+
+@dataclass(frozen=True)
+class SacctJob:
+    record: JobRecord
+    attempts: tuple[Attempt, ...]
+
+    @property
+    def allocated_s(self) -> int:
+        """Seconds the job held its nodes, summed over attempts."""
+        return sum(a.elapsed_s for a in self.attempts)
+
+
+def _id_of(job: Mapping[str, Any]) -> str:
+    """The job id as parse_sacct_json spells it (`123`, `123_4` array task, `123+1` het)."""
+    raw = str(int(num(job.get("job_id")) or 0))
+    array = job.get("array") or {}
+    parent, task = num(array.get("job_id")), num(array.get("task_id"))
+    if parent and task is not None:
+        return f"{int(parent)}_{int(task)}"
+    het = job.get("het") or {}
+    if num(het.get("job_id")):
+        return f"{int(num(het.get('job_id')) or 0)}+{int(num(het.get('job_offset')) or 0)}"
+    return raw
+
+
+def _int_or_none(value: Any) -> int | None:
+    n = num(value)
+    return int(n) if n else None
+
+
+def parse_sacct_jobs(text: str) -> list[SacctJob]:
+    """Jobs in the order sacct listed them (first appearance), each with all its attempts."""
+    data = load_json(text, "sacct --json")
+    attempts: dict[str, list[Attempt]] = {}
+    for job in data.get("jobs") or []:
+        t = job.get("time") or {}
+        attempts.setdefault(_id_of(job), []).append(Attempt(
+            submit_s=_int_or_none(t.get("submission")), start_s=_int_or_none(t.get("start")),
+            end_s=_int_or_none(t.get("end")),
+            elapsed_s=int(num(t.get("elapsed")) or 0), state=str(state_of(job.get("state")))))
+    records = parse_sacct_json(text)
+    return [SacctJob(r, tuple(attempts.get(r.job_id, ()))) for r in records]
+
+
+EXIT_CODE_ARGV = ("sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
+                  "--format=JobID,ExitCode")
+
+
+def parse_exit_codes(text: str) -> dict[str, tuple[int, int]]:
+    """`JobID|ExitCode` rows -> job id -> (exit code, signal); the last attempt wins."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        jid, sep, code = line.strip().partition("|")
+        if sep and jid and "." not in jid:
+            out[jid] = exit_of(code)
+    return out
+
+
+def with_exit_codes(jobs: Sequence[SacctJob],
+                    codes: Mapping[str, tuple[int, int]]) -> list[SacctJob]:
+    """Jobs with the exit code and signal of the text query where it has the job."""
+    out = []
+    for sj in jobs:
+        got = codes.get(sj.record.job_id)
+        if got is not None and got != (sj.record.exit_code, sj.record.signal):
+            sj = SacctJob(replace(sj.record, exit_code=got[0], signal=got[1]), sj.attempts)
+        out.append(sj)
+    return out

@@ -1,0 +1,134 @@
+"""Terminal rendering of job and fleet reports (plain text, fixed-width tables). Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from slurmpod.report.fleet import FleetReport, Group, JobRow
+from slurmpod.report.model import LOSS_CAUSES, Dist, JobReport
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.{digits}f} %"
+
+
+def num(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def dur(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    s = round(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def gpuh(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def dist_text(d: Dist | None, fmt: Any) -> str:
+    if d is None or d.median is None:
+        return "-"
+    if d.p10 is None or d.p90 is None:
+        return fmt(d.median)
+    return f"{fmt(d.median)} (p10 {fmt(d.p10)}, p90 {fmt(d.p90)})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def job_text(r: JobReport) -> str:
+    j, f, loss = r.job, r.figures, r.loss
+    js = r.to_json()["job"]
+    out = [f"Job {j.job_id} ({j.name})  {j.state}  exit {j.exit_code}"
+           + (f" signal {j.signal}" if j.signal else ""),
+           f"  {r.status_text}",
+           f"  user {j.user or '-'}  account {j.account or '-'}  partition {j.partition or '-'}",
+           f"  nodes {j.n_nodes} ({j.nodes or '-'})  GPUs {r.gpus}  restarts {js['restarts']}",
+           f"  submit {js['submit'] or '-'}  start {js['start'] or '-'}  end {js['end'] or '-'}",
+           f"  queued {dur(r.queue_s)}  ran {dur(j.elapsed_s)}"
+           + (f" over {len(r.attempts)} attempts ({dur(loss.allocated_gpu_s / r.gpus)} total)"
+              if len(r.attempts) > 1 and r.gpus else "")]
+    p = r.placement
+    if p is not None:
+        out += ["", "Placement",
+                f"  SUs {len(p.sus)} (min {num(p.min_sus, 'd')}): {', '.join(p.sus) or '-'}",
+                f"  racks {len(p.racks)} (min {num(p.min_racks, 'd')}): "
+                f"{', '.join(p.racks) or '-'}",
+                f"  NVLink domains {len(p.domains)} (min {num(p.min_domains, 'd')})"]
+        if p.unknown:
+            out.append(f"  not in the site file: {', '.join(p.unknown)}")
+    if f.has_training or f.source == "live_comment":
+        out += ["", f"Performance ({f.source.replace('_', ' ')}; peak {num(f.peak_tflops)} "
+                    f"TFLOP/s per GPU, FLOPs {f.formula or '-'})",
+                f"  MFU          {dist_text(f.mfu, pct)}",
+                f"  TFLOP/s/GPU  {dist_text(f.tflops, lambda v: num(v, '.4g'))}",
+                f"  tokens/s     {num(f.tokens_per_s, '.5g')}",
+                f"  iteration    {dist_text(f.iter_ms, lambda v: num(v, '.4g') + ' ms')}",
+                f"  iterations   {num(f.iters, 'd')} logged, last {num(f.last_iter, 'd')}"]
+        if r.params_b is not None:
+            out.append(f"  model size   ~{r.params_b:.3g} B parameters (from FLOPs / tokens)")
+    if loss.productive_gpu_s is not None:
+        out += ["", "GPU time",
+                f"  allocated {gpuh(loss.allocated_gpu_s / 3600)} GPU-h, productive "
+                f"{gpuh(loss.productive_gpu_s / 3600)} GPU-h, goodput {pct(loss.goodput)}",
+                "  lost: " + ", ".join(f"{c} {gpuh(loss.by_cause_gpu_s.get(c, 0) / 3600)}"
+                                       for c in LOSS_CAUSES) + " GPU-h"]
+    else:
+        out += ["", f"GPU time: allocated {gpuh(loss.allocated_gpu_s / 3600)} GPU-h "
+                    "(no productive-time figure)"]
+    s = r.stability
+    if s is not None:
+        out += ["", f"Iteration-time stability: median {num(s.median_ms)} ms, cv {pct(s.cv)}, "
+                    f"spread p10-p90 {pct(s.spread)}, {s.spikes} spike(s)"
+                + (f", worst {s.max_ratio:.2f}x median" if s.max_ratio else "")]
+    if r.notes:
+        out += ["", "Notes"] + [f"  [{n.level}] {n.text}" for n in r.notes]
+    return "\n".join(out) + "\n"
+
+
+def _group_rows(groups: Sequence[Group]) -> list[list[str]]:
+    return [[g.key or "-", str(g.jobs), gpuh(g.gpu_hours), pct(g.mfu), pct(g.goodput),
+             gpuh(g.lost_gpu_hours)] for g in groups]
+
+
+def _top_rows(rows: Sequence[JobRow]) -> list[list[str]]:
+    return [[r.job_id, r.user, r.name[:24], r.state, gpuh(r.gpu_hours), pct(r.mfu),
+             gpuh(r.lost_gpu_hours)] for r in rows]
+
+
+def fleet_text(fl: FleetReport) -> str:
+    t = fl.total
+    filt = ", ".join(f"{k} {v}" for k, v in fl.filters.items() if v) or "all jobs"
+    out = [f"Fleet report, since {fl.window} ({filt})",
+           f"  finished jobs {t.jobs} ({sum(1 for r in fl.rows if r.mfu is not None)} with MFU), "
+           f"running {fl.n_running}",
+           f"  GPU-hours {gpuh(t.gpu_hours)}, GPU-hour-weighted MFU {pct(t.mfu)} "
+           f"(over {gpuh(t.mfu_gpu_hours)} GPU-h), goodput {pct(t.goodput)}",
+           "  lost GPU-h: " + ", ".join(f"{c} {gpuh(t.lost.get(c, 0.0))}" for c in LOSS_CAUSES),
+           ""]
+    heads = ["", "jobs", "GPU-h", "MFU", "goodput", "lost GPU-h"]
+    out += ["Per user", table(["user", *heads[1:]], _group_rows(fl.by_user)), ""]
+    out += ["Per account", table(["account", *heads[1:]], _group_rows(fl.by_account)), ""]
+    if fl.top_lost:
+        out += ["Top jobs by lost GPU-hours",
+                table(["job", "user", "name", "state", "GPU-h", "MFU", "lost GPU-h"],
+                      _top_rows(fl.top_lost)), ""]
+    hist = [(lo, n) for lo, n, _ in fl.mfu_hist if n]
+    if hist:
+        width = max(n for _, n in hist)
+        out.append("MFU distribution (jobs)")
+        for lo, n in hist:
+            bar = "#" * max(1, round(30 * n / width))
+            out.append(f"  {100 * lo:5.1f}% {bar} {n}")
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,383 @@
+"""`slurmpod report` on the real sandbox Slurm: four sandbox-workload jobs (completed on a wider
+placement than needed, failed, requeued after a crash, no training log) go through the real
+EpilogSlurmctld hook and slurmdbd; per-job and fleet reports must agree with the jobs' own logs,
+spool records and `sacct --json -D`, the HTML must render with its plots in headless Chromium,
+and the Prometheus textfiles must pass `promtool check metrics`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slurmpod.accounting.hooks import decode_field
+from slurmpod.model.hostlist import expand
+
+EMU = [sys.executable, "-m", "slurmpod.workload.megatron_emu"]
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+        "--vocab-size", "256", "--log-interval", "1", "--lr", "1e-3"]
+FLOPS, PEAK = 2.0e9, 0.05
+_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|")
+_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if CI:
+            pytest.fail(f"CI must run this check: `{name}` is not installed (bash .ci/install)",
+                        pytrace=False)
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def wait_for(fetch: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = fetch()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}", pytrace=False)
+        time.sleep(0.3)
+
+
+def comment(gpus: int) -> str:
+    return json.dumps({"slurmpod": "it", "fmt": 1, "run": "report-it", "flops_per_iter": FLOPS,
+                       "gpus": gpus, "peak_tflops": PEAK})
+
+
+def mfu_of(ms: float, gpus: int) -> float:
+    return FLOPS / (ms / 1000) / gpus / 1e12 / PEAK
+
+
+def segments(text: str) -> list[list[tuple[int, float]]]:
+    """(iteration, ms) per launch: a new launch starts where the iteration does not increase."""
+    segs: list[list[tuple[int, float]]] = []
+    for m in _ITER.finditer(text):
+        it, ms = int(m.group(1)), float(m.group(2))
+        if not segs or it <= segs[-1][-1][0]:
+            segs.append([])
+        segs[-1].append((it, ms))
+    return segs
+
+
+@dataclass
+class Jobs:
+    done: str
+    failed: str
+    requeued: str
+    nolog: str
+    logs: dict[str, Path]
+    work: Path
+
+
+def _emu(d: Path, name: str, iters: int, extra: str = "") -> str:
+    ck = d / f"ck-{name}"
+    return (f"env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 {' '.join(EMU)} {' '.join(TINY)} "
+            f"--train-iters {iters} --save {ck} --load {ck} --save-interval 10 {extra}")
+
+
+@pytest.fixture(scope="module")
+def jobs(sandbox: Any) -> Jobs:
+    d = sandbox.tmp_dir / "report"
+    d.mkdir(exist_ok=True)
+    logs: dict[str, Path] = {}
+
+    def submit(name: str, gpus_nodes: int, script: str, *extra: str) -> str:
+        out = d / f"{name}-%j.out"
+        jid = sandbox.sbatch(f"-N{gpus_nodes}", "--exclusive", "--gpus-per-node=8",
+                             f"--job-name=rep-{name}", f"--output={out}",
+                             f"--comment={comment(8 * gpus_nodes)}", *extra, "--wrap", script)
+        logs[jid] = d / f"{name}-{jid}.out"
+        return jid
+
+    # Two nodes in two SUs (gpu004 is the last of su1, gpu005 the first of su2): wider than
+    # needed on purpose.
+    done = submit("done", 2, _emu(d, "done", 25), "--nodelist=gpu[004-005]")
+    failed = submit("failed", 1, _emu(d, "failed", 15) + "; exit 3")
+    # Attempt 0 crashes (SIGKILL, as a NCCL timeout would) after iteration 17, between
+    # checkpoints 10 and 20, and requeues itself; attempt 1 resumes from 10 and finishes.
+    req_log = d / "requeued-$SLURM_JOB_ID.out"
+    script = (
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then '
+        f"{_emu(d, 'req', 30)} & pid=$!; "
+        f"until grep -q 'iteration  *1[7-9]/' {req_log}; do sleep 0.1; done; "
+        "kill -9 $pid; wait $pid; scontrol requeue $SLURM_JOB_ID; sleep 60; "
+        f"else {_emu(d, 'req', 30)}; fi")
+    requeued = submit("requeued", 1, script, "--requeue", "--open-mode=append", "--time=5")
+    nolog = submit("nolog", 1, "echo no training here")
+    ids = [done, failed, requeued, nolog]
+    try:
+        # Slurm holds a requeued batch job for about 2 minutes (BeginTime); release it sooner.
+        wait_for(lambda: release_requeued(sandbox, requeued), 120, "the requeued job to pend")
+        for jid in ids:
+            wait_for(lambda jid=jid: finished(sandbox, jid), 240, f"job {jid} in accounting")
+        spool = sandbox.sb.spool_dir / "records"
+        # Attempt 0's epilog already runs with restart count 1: wait for the final record,
+        # the one that saw the relaunch in the appended log.
+        wait_for(lambda: final_record(spool / f"{requeued}.1.json"), 90, "the final record")
+        for jid in ids:
+            wait_for(lambda jid=jid: (decode_field(((sandbox.sacct_job(jid) or {}).get(
+                "comment") or {}).get("administrator")) or {}).get("v"), 90,
+                f"job {jid}'s AdminComment")
+    except BaseException:
+        sandbox.cancel(*ids)
+        raise
+    return Jobs(done, failed, requeued, nolog, logs, d)
+
+
+def final_record(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text())["summary"].get("restarts", 0) >= 1
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def finished(sandbox: Any, job_id: str) -> bool:
+    """The job's latest attempt is complete in accounting. (sacct --json on 22.05 lists a
+    requeued job's earlier attempts too, so the text output, which shows the latest, is read.)"""
+    cp = sandbox.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Partition"],
+                     check=False)
+    last = cp.stdout.strip().splitlines()[-1:] or [""]
+    state, _, partition = last[0].partition("|")
+    return state.split()[0:1] in (["COMPLETED"], ["FAILED"]) and bool(partition)
+
+
+def release_requeued(sandbox: Any, job_id: str) -> bool:
+    cp = sandbox.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], check=False)
+    if cp.stdout.split() != ["PENDING", "BeginTime"]:
+        return sandbox.squeue_state(job_id) in ("", "COMPLETED")  # already went through
+    sandbox.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    return True
+
+
+def slurmpod(sandbox: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = dict(sandbox.env)
+    env["SLURMPOD_SPOOL"] = str(sandbox.sb.spool_dir)
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "report", *args], env=env,
+                        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    if check:
+        assert cp.returncode == 0, cp.stderr
+    return cp
+
+
+def report_json(sandbox: Any, job_id: str) -> dict[str, Any]:
+    return json.loads(slurmpod(sandbox, job_id, "--json", "--series").stdout)
+
+
+def attempts_elapsed(sandbox: Any, job_id: str) -> list[int]:
+    """Every attempt's elapsed seconds, read straight from `sacct --json -D`."""
+    cp = sandbox.run(["sacct", "--json", "-D", "-j", job_id])
+    return [int(j["time"]["elapsed"]) for j in json.loads(cp.stdout)["jobs"]
+            if str(j["job_id"]) == job_id]
+
+
+def spool_record(sandbox: Any, job_id: str) -> dict[str, Any]:
+    recs = sorted((sandbox.sb.spool_dir / "records").glob(f"{job_id}.*.json"))
+    return json.loads(recs[-1].read_text())
+
+
+def test_completed_job_report_matches_log_and_accounting(sandbox: Any, jobs: Jobs) -> None:
+    r = report_json(sandbox, jobs.done)
+    j = r["job"]
+    assert r["status"] == "complete" and j["state"] == "COMPLETED" and j["exit_code"] == 0
+    assert j["n_gpus"] == 16 and j["n_nodes"] == 2 and j["restarts"] == 0
+    assert expand(j["nodes"]) == ["gpu004", "gpu005"]
+    # Placement against the sandbox inventory: gpu004 in su1, gpu005 in su2; 2 nodes fit one SU.
+    inv = sandbox.inventory.by_name
+    want_sus = sorted({sandbox.inventory.su_names[inv[n].su] for n in ("gpu004", "gpu005")})
+    p = r["placement"]
+    assert sorted(p["sus"]) == want_sus == ["su1", "su2"] and p["min_sus"] == 1
+    assert "SUs" in p["wider_than_needed"]
+    assert any(n["code"] == "placement-wide-sus" for n in r["notes"])
+    # MFU from the log itself: the steady state leaves out iterations 1-10.
+    (seg,) = segments(jobs.logs[jobs.done].read_text())
+    assert [i for i, _ in seg] == list(range(1, 26))
+    steady = [mfu_of(ms, 16) for i, ms in seg if i > 10]
+    f = r["figures"]
+    assert f["source"] == "spool" and f["iterations"] == 25
+    assert f["mfu"]["median"] == pytest.approx(float(np.median(steady)), rel=2e-3)
+    assert f["mfu"]["p10"] == pytest.approx(float(np.percentile(steady, 10)), rel=2e-3)
+    assert f["mfu"]["p90"] == pytest.approx(float(np.percentile(steady, 90)), rel=2e-3)
+    assert f["tflops_per_gpu"]["median"] == pytest.approx(
+        float(np.median([FLOPS / (ms / 1000) / 16 / 1e12 for i, ms in seg if i > 10])),
+        rel=2e-3)
+    # GPU time: allocated from sacct, productive = the iteration times the log printed.
+    alloc_s = sum(attempts_elapsed(sandbox, jobs.done))
+    prod_s = sum(ms for _, ms in seg) / 1000
+    g = r["gpu_time"]
+    assert g["allocated_gpu_hours"] == pytest.approx(alloc_s * 16 / 3600)
+    assert g["productive_gpu_hours"] == pytest.approx(prod_s * 16 / 3600, rel=1e-3)
+    assert g["goodput"] == pytest.approx(prod_s / alloc_s, rel=1e-3)
+    lost = g["lost_gpu_hours_by_cause"]
+    assert sum(lost.values()) == pytest.approx((alloc_s - prod_s) * 16 / 3600, rel=1e-6)
+    assert lost["restarts"] == 0
+    ck = spool_record(sandbox, jobs.done)["summary"]["metrics"]["checkpoint_stall_s"]
+    assert lost["checkpoint"] == pytest.approx(ck * 16 / 3600, rel=1e-6) and ck > 0
+    # The AdminComment in sacct agrees with the report too.
+    admin = decode_field(sandbox.sacct_job(jobs.done)["comment"]["administrator"])
+    assert admin["mfu"] == pytest.approx(f["mfu"]["median"], rel=1e-3)
+    assert len(r["series"]["iter"]) == 25
+    text = slurmpod(sandbox, jobs.done).stdout
+    assert f"Job {jobs.done}" in text and "spans 2 SUs" in text and "MFU" in text
+
+
+def test_failed_job_report(sandbox: Any, jobs: Jobs) -> None:
+    r = report_json(sandbox, jobs.failed)
+    assert r["job"]["state"] == "FAILED" and r["job"]["exit_code"] == 3
+    assert r["status"] == "complete" and r["figures"]["iterations"] == 15
+    assert any(n["code"] == "ended-badly" and "exit code 3" in n["text"] for n in r["notes"])
+    (seg,) = segments(jobs.logs[jobs.failed].read_text())
+    assert r["figures"]["mfu"]["median"] == pytest.approx(
+        float(np.median([mfu_of(ms, 8) for i, ms in seg if i > 10])), rel=2e-3)
+
+
+def test_requeued_job_counts_both_attempts_and_the_redone_work(sandbox: Any,
+                                                                jobs: Jobs) -> None:
+    r = report_json(sandbox, jobs.requeued)
+    j = r["job"]
+    assert j["state"] == "COMPLETED" and j["restarts"] == 1 and len(j["attempts"]) == 2
+    text = jobs.logs[jobs.requeued].read_text()
+    first, second = segments(text)
+    resumed = int(_LOADED.findall(text)[-1])
+    assert first[-1][0] >= 17 and resumed == 10 and second[0][0] == 11 and second[-1][0] == 30
+    redone_ms = sum(ms for i, ms in first if i > resumed)
+    prod_s = (sum(ms for _, ms in first) + sum(ms for _, ms in second) - redone_ms) / 1000
+    alloc_s = sum(attempts_elapsed(sandbox, jobs.requeued))
+    assert alloc_s == sum(a["elapsed_s"] for a in j["attempts"])
+    g = r["gpu_time"]
+    assert g["allocated_gpu_hours"] == pytest.approx(alloc_s * 8 / 3600)
+    assert g["productive_gpu_hours"] == pytest.approx(prod_s * 8 / 3600, rel=1e-3)
+    assert r["figures"]["redone_s"] == pytest.approx(redone_ms / 1000, rel=1e-3)
+    lost = g["lost_gpu_hours_by_cause"]
+    assert lost["restarts"] > redone_ms / 1000 * 8 / 3600 * 0.999 and lost["other"] == 0
+    assert sum(lost.values()) == pytest.approx((alloc_s - prod_s) * 8 / 3600, rel=1e-6)
+    assert any(n["code"] == "restarts" for n in r["notes"])
+    seg = r["series"]["segment"]
+    assert seg.count(0) == len(first) and seg.count(1) == len(second)
+
+
+def test_job_without_training_log_is_identity_and_placement_only(sandbox: Any,
+                                                                  jobs: Jobs) -> None:
+    r = report_json(sandbox, jobs.nolog)
+    assert r["status"] == "no-training-log" and "identity and placement only" in r["status_text"]
+    assert r["figures"]["mfu"] is None and r["gpu_time"]["productive_gpu_hours"] is None
+    assert r["placement"]["n_sus"] == 1 and r["job"]["n_gpus"] == 8
+    text = slurmpod(sandbox, jobs.nolog).stdout
+    assert "identity and placement only" in text
+
+
+def test_unknown_job_is_one_line_error(sandbox: Any) -> None:
+    cp = slurmpod(sandbox, "999999", check=False)
+    assert cp.returncode == 4 and cp.stderr.startswith("slurmpod: error: job 999999 is not")
+    assert "Traceback" not in cp.stderr
+
+
+def test_fleet_report_matches_job_reports(sandbox: Any, jobs: Jobs) -> None:
+    fleet = json.loads(slurmpod(sandbox, "--since", "1d", "--json", "--jobs").stdout)
+    rows = {row["job_id"]: row for row in fleet["job_rows"]}
+    for jid in (jobs.done, jobs.failed, jobs.requeued, jobs.nolog):
+        r = report_json(sandbox, jid)
+        row = rows[jid]
+        assert row["gpu_hours"] == pytest.approx(r["gpu_time"]["allocated_gpu_hours"])
+        assert row["mfu"] == (r["figures"]["mfu"] or {}).get("median")
+        assert row["goodput"] == r["gpu_time"]["goodput"]
+        assert row["restarts"] == r["job"]["restarts"] and row["state"] == r["job"]["state"]
+    # Totals from the rows, computed here independently.
+    all_rows = list(rows.values())
+    total = fleet["total"]
+    assert total["jobs"] == len(all_rows)
+    assert total["gpu_hours"] == pytest.approx(sum(x["gpu_hours"] for x in all_rows))
+    with_mfu = [x for x in all_rows if x["mfu"] is not None]
+    assert total["mfu_weighted"] == pytest.approx(
+        sum(x["mfu"] * x["gpu_hours"] for x in with_mfu) / sum(x["gpu_hours"] for x in with_mfu))
+    known = [x for x in all_rows if x["productive_gpu_hours"] is not None]
+    assert total["goodput"] == pytest.approx(
+        sum(x["productive_gpu_hours"] for x in known) / sum(x["gpu_hours"] for x in known))
+    assert total["lost_gpu_hours_by_cause"]["restarts"] == pytest.approx(
+        sum(x["lost_restarts_gpu_hours"] or 0 for x in all_rows))
+    assert fleet["top_lost"][0]["lost_gpu_hours"] == max(
+        x["lost_gpu_hours"] or 0 for x in all_rows)
+    assert sum(b["jobs"] for b in fleet["mfu_distribution"]["bins"]) == len(with_mfu)
+    # CSV: the same rows.
+    table = list(csv.DictReader(io.StringIO(slurmpod(sandbox, "--since", "1d", "--csv").stdout)))
+    by_id = {row["job_id"]: row for row in table}
+    assert float(by_id[jobs.done]["mfu"]) == pytest.approx(rows[jobs.done]["mfu"])
+    assert by_id[jobs.nolog]["mfu"] == ""
+    # Filters reach sacct.
+    none = json.loads(slurmpod(sandbox, "--since", "1d", "--json", "--user", "nobody").stdout)
+    assert none["jobs"] == 0
+
+
+def test_prometheus_textfiles_pass_promtool(sandbox: Any, jobs: Jobs) -> None:
+    promtool = need_tool("promtool")
+    out = jobs.work / "prom"
+    out.mkdir(exist_ok=True)
+    slurmpod(sandbox, jobs.requeued, "--prometheus", str(out / "job.prom"))
+    slurmpod(sandbox, "--since", "1d", "--prometheus", str(out / "fleet.prom"))
+    for name in ("job.prom", "fleet.prom"):
+        text = (out / name).read_text()
+        cp = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=60)
+        assert cp.returncode == 0, f"{name}: {cp.stdout}{cp.stderr}"
+    job_text = (out / "job.prom").read_text()
+    assert f'slurmpod_job_lost_gpu_seconds{{job_id="{jobs.requeued}"' in job_text
+    assert re.search(r'^slurmpod_fleet_allocated_gpu_seconds\{window="1d"\} [0-9.e+]+$',
+                     (out / "fleet.prom").read_text(), re.M)
+
+
+def _screenshot(html: Path) -> np.ndarray:
+    chromium = need_tool("chromium")
+    from matplotlib.image import imread
+
+    with tempfile.TemporaryDirectory(prefix="slurmpod-chromium-") as tmp:
+        png = Path(tmp) / "shot.png"
+        cp = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp}/profile", f"--screenshot={png}",
+             "--window-size=1200,3000", html.resolve().as_uri()],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert png.exists(), f"chromium made no screenshot (rc {cp.returncode}): {cp.stderr[-800:]}"
+        return imread(str(png))[:, :, :3]
+
+
+def colour_pixels(img: np.ndarray, hex_colour: str, tol: float = 0.06) -> int:
+    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(img - rgb).max(axis=2) < tol).sum())
+
+
+def test_html_renders_with_plots_in_chromium(sandbox: Any, jobs: Jobs) -> None:
+    out = jobs.work / "html"
+    out.mkdir(exist_ok=True)
+    slurmpod(sandbox, jobs.requeued, "--html", str(out / "job.html"), "--site", "sandbox")
+    html = (out / "job.html").read_text()
+    assert "http://" not in html and "https://" not in html  # nothing fetched
+    assert html.count("data:image/png;base64,") == 4
+    img = _screenshot(out / "job.html")
+    assert img.std() > 0.05  # not blank
+    assert colour_pixels(img, "#1d3557") > 500  # MFU line and training bar
+    assert colour_pixels(img, "#e76f51") > 200  # iteration-time line
+    assert colour_pixels(img, "#457b9d") > 500  # iteration-time histogram
+    assert colour_pixels(img, "#2a9d8f") > 300  # placement map cell (and checkpoints)
+    slurmpod(sandbox, "--since", "1d", "--html", str(out / "fleet.html"))
+    fimg = _screenshot(out / "fleet.html")
+    assert fimg.std() > 0.05 and colour_pixels(fimg, "#457b9d") > 500  # MFU distribution
+    assert colour_pixels(fimg, "#e63946") > 100  # restarts in lost GPU-hours over time

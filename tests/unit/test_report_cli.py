@@ -1,0 +1,150 @@
+"""`slurmpod report` end to end against a stand-in `sacct` on PATH that prints the recorded-shape
+files of tests/data/report/ (and logs its argv), plus the text and HTML renderings."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurmpod.cli.main import cli, main
+from slurmpod.cli.report import slurm_since
+
+DATA = Path(__file__).parents[1] / "data" / "report"
+
+
+@pytest.fixture()
+def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    argv_log = tmp_path / "sacct.argv"
+    script = bin_dir / "sacct"
+    script.write_text(f"""#!/bin/sh
+printf '%s\\n' "$*" >> {argv_log}
+case "$*" in
+  *--json*) cat {DATA / 'sacct-handmade-22.05.json'} ;;
+  *) cat {DATA / 'exit-codes-handmade.txt'} ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURMPOD_SPOOL", str(tmp_path / "spool"))
+    return argv_log
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["report", *args], catch_exceptions=False)
+
+
+def main_rc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """Through the real entry point: exit code and stderr as a user sees them."""
+    with pytest.raises(SystemExit) as exc:
+        main(["report", *args])
+    return int(exc.value.code or 0), capsys.readouterr().err
+
+
+def test_job_text_report(fake_sacct: Path) -> None:
+    res = run("102", "--site", "sandbox")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "Job 102 (fail-b)  FAILED  exit 3" in out
+    assert "SUs 2 (min 1): su1, su2" in out and "MFU          10.0 % (p10 9.0 %, p90 11.0 %)" in out
+    assert "[warn] the job spans 2 SUs" in out
+    argv = fake_sacct.read_text().splitlines()
+    assert argv[0] == "--json --duplicates --jobs=102"
+    assert argv[1].endswith("--format=JobID,ExitCode --jobs=102")
+
+
+def test_job_json_and_unknown_job(fake_sacct: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = json.loads(run("103", "--json").output)
+    assert doc["schema"] == "slurmpod.report.job/1" and doc["job"]["restarts"] == 1
+    assert doc["gpu_time"]["goodput"] == pytest.approx(0.5)
+    rc, err = main_rc(capsys, "999")
+    assert rc == 4 and err.startswith("slurmpod: error: job 999 is not in Slurm's accounting")
+    assert "Traceback" not in err
+
+
+def test_fleet_filters_reach_sacct_and_csv(fake_sacct: Path) -> None:
+    res = run("--since", "2w", "--user", "alice", "--account", "ml", "--partition", "batch",
+              "--csv")
+    assert res.exit_code == 0, res.output
+    first = fake_sacct.read_text().splitlines()[0]
+    assert first == ("--json --duplicates --starttime=now-2weeks --endtime=now --user=alice "
+                     "--accounts=ml --partition=batch")
+    assert res.output.splitlines()[0].startswith("job_id,name,user")
+    assert len(res.output.splitlines()) == 5  # header + 4 finished jobs
+
+
+def test_fleet_text(fake_sacct: Path) -> None:
+    res = run("--since", "7d")
+    assert res.exit_code == 0, res.output
+    assert "GPU-hour-weighted MFU 33.6 %" in res.output and "running 1" in res.output
+    assert "Top jobs by lost GPU-hours" in res.output
+    assert "--allusers" in fake_sacct.read_text()
+
+
+@pytest.mark.parametrize("args, msg", [
+    ([], "give a JOB_ID or --since"),
+    (["1", "--since", "7d"], "give a JOB_ID or --since"),
+    (["abc"], "is not a Slurm job id"),
+    (["--since", "7 days"], "--since '7 days'"),
+    (["1", "--csv"], "are for the fleet report"),
+    (["--since", "1d", "--json", "--csv"], "exclusive"),
+])
+def test_usage_errors(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = main_rc(capsys, *args)
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) <= 2
+
+
+def test_since_forms() -> None:
+    assert slurm_since("7d") == "now-7days" and slurm_since("12h") == "now-12hours"
+    assert slurm_since("2026-11-01") == "2026-11-01"
+
+
+def test_html_is_self_contained_with_plots(fake_sacct: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "r.html"
+    spool = tmp_path / "spool" / "records"
+    spool.mkdir(parents=True)
+    series = {"iter": list(range(1, 41)), "segment": [0] * 20 + [1] * 20,
+              "t": [float(i) for i in range(40)], "iter_ms": [100.0 + (i % 7) for i in range(40)],
+              "steady": [i > 10 for i in range(40)], "mfu": [0.2] * 40}
+    (spool / "103.1.json").write_text(json.dumps({"v": 1, "summary": {
+        "iters": 40, "mfu": 0.2, "tflops": 0.01, "peak": 0.05, "gpus": 8, "ttfi_s": 5,
+        "metrics": {"productive_s": 900.0, "checkpoint_stalls": [
+            {"iteration": 10, "duration_s": 2.0}]}}, "series": series}))
+    res = run("103", "--html", str(out), "--site", "sandbox")
+    assert res.exit_code == 0, res.output
+    html = out.read_text()
+    assert html.count('src="data:image/png;base64,') == 4  # run, histogram, timeline, map
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert 'id="plot-placement"' in html and "restarts" in html
+    fl = tmp_path / "f.html"
+    assert run("--since", "7d", "--html", str(fl)).exit_code == 0
+    assert fl.read_text().count('src="data:image/png;base64,') == 2
+
+
+def test_html_escapes_job_names(fake_sacct: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import dataclasses
+
+    from slurmpod.report.html import job_html
+    from slurmpod.report.model import build_job_report
+    from slurmpod.report.sacct import parse_sacct_jobs
+
+    sj = parse_sacct_jobs((DATA / "sacct-handmade-22.05.json").read_text())[0]
+    sj = dataclasses.replace(sj, record=dataclasses.replace(sj.record,
+                                                            name="<script>alert(1)</script>"))
+    html = job_html(build_job_report(sj), generated="now")
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_prometheus_file_written_atomically(fake_sacct: Path, tmp_path: Path) -> None:
+    target = tmp_path / "out" / "slurmpod.prom"
+    assert run("101", "--prometheus", str(target)).exit_code == 0
+    assert target.read_text().startswith("# HELP slurmpod_job_mfu_ratio")
+    assert [p.name for p in target.parent.iterdir()] == ["slurmpod.prom"]  # no temp left
