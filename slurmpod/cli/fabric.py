@@ -70,6 +70,9 @@ def _print_report(report: CheckReport, limit: int) -> None:
     click.echo(f"  HCA links {st['hca_links_seen']}/{st['hca_links_planned']} seen, switches "
                f"{st['switches_seen']} in the fabric / {st['switches_planned']} planned, "
                f"{st['switch_links_planned']} switch links planned, {st['kept_apart']} kept apart")
+    if st["leaves_mixing_rails"]:
+        click.echo(f"  SHARP rail invariant broken on {st['leaves_mixing_rails']} leaves (a leaf "
+                   "must connect the same HCA rail of every server)")
     for note in report.notes:
         click.echo(f"  note: {note}")
     if report.clean:

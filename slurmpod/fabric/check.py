@@ -287,7 +287,7 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
 
     missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
     gone = {s.name for s in missing_switches}
-    _check_node_links(ctx, compute, attach, gone)
+    mixed = _check_node_links(ctx, compute, attach, gone)
     check_switch_links(ctx, apart_switches, gone)
     for sw in missing_switches:
         ctx.add("switch-missing", sw.name,
@@ -311,6 +311,8 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
         "switch_links_planned": len(plan.switch_links),
         "kept_apart": len(report.kept_apart),
         "findings": len(ctx.findings),
+        # SHARP's invariant, counted: leaves that see an HCA of a rail other than their own.
+        "leaves_mixing_rails": len(mixed),
     }
     others = [n for n in nodes.values() if n.kind in ("router", "unknown")]
     if others:
@@ -384,7 +386,8 @@ def _elect(ctx: _Ctx, votes: dict[str, dict[str, int]]) -> None:
 
 
 def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
-                      attach: dict[str, tuple[FabricNode, Port]], gone: set[str]) -> None:
+                      attach: dict[str, tuple[FabricNode, Port]], gone: set[str]) -> set[str]:
+    """HCA cables against the plan; returns the leaves that see a foreign rail."""
     plan = ctx.plan
     want = plan.link_gbps
     missing: dict[str, list] = defaultdict(list)
@@ -423,6 +426,9 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
                     f"reseat or replace the cable {nl.node} {nl.hca} <-> {nl.leaf} port "
                     f"{nl.port} (port down on either end)")
 
+    mixed = {actual[0] for actual, _e, rail in misplaced.values()
+             if rail is not None and (sw := ctx.planned.get(actual[0])) is not None
+             and sw.tier == "leaf" and sw.rail is not None and sw.rail != rail}
     occupant = {actual: key for key, (actual, _e, _r) in misplaced.items()}
     done: set[tuple[str, str]] = set()
     _whole_node_moves(ctx, misplaced, per_node, done)
@@ -448,12 +454,13 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
                 f"{want} ({speed_name(want)})",
                 "if the fabric really runs at that rate, set fabric.link_gbps; otherwise check "
                 "the subnet manager's speed settings")
-        return
+        return mixed
     for node, hca, actual, port in slow:
         ctx.add("degraded-link", f"{node} {hca}",
                 f"{node} {hca} on {actual[0]} port {actual[1]} runs at {port.rate} "
                 f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
                 f"reseat or replace the cable/transceiver at {actual[0]} port {actual[1]}")
+    return mixed
 
 
 def _whole_node_moves(ctx: _Ctx, misplaced: dict[tuple[str, str], tuple[Pos, Pos, int | None]],

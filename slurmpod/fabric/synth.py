@@ -177,7 +177,13 @@ def _move(site: Site, plan: FabricPlan, model: _Model, spec: str) -> None:
         ca = (f"{nl.node} {nl.hca}", 1)
         if ca in model.far:
             model.cut(ca)
-        model.connect(ca, (leaf, model.free_port(leaf, plan.downlinks_per_leaf)))
+        try:
+            port = model.free_port(leaf, plan.downlinks_per_leaf)
+        except ConfigError:
+            raise ConfigError(f"--move {spec!r}: {leaf} has no free downlink port (the SU is "
+                              "full)", hint="move it to a smaller SU, or cross cables with a "
+                              "node there using --swap") from None
+        model.connect(ca, (leaf, port))
 
 
 def _add_storage(site: Site, plan: FabricPlan, model: _Model) -> None:

@@ -57,6 +57,9 @@ def test_crossed_pair_of_one_node_is_one_swap(sandbox):
     # Node gpu001 is su_slot 0: its HCAs plug into port 1 of the su1 rail-0 and rail-1 leaves.
     assert re.search(r"swap the cables in leaf-su1-rail[01] port 1 and leaf-su1-rail[01] port 1",
                      f.fix)
+    assert report.stats["leaves_mixing_rails"] == 2  # both rail leaves now see a foreign rail
+    same_rail = run(sandbox, [("swap", "gpu001:mlx5_0,gpu005:mlx5_0")])
+    assert same_rail.stats["leaves_mixing_rails"] == 0  # wrong SU, but every leaf keeps its rail
 
 
 def test_a_chain_of_three_is_three_moves_with_wrong_rail(sandbox):
