@@ -331,12 +331,12 @@ class LogParser:
             if bm and not bm.group(1):
                 self._start_dump(base + ls)
                 return self._dump_lines(data, nl + 1, end, base)
+        elif b"] datetime: " in line:  # before checkpoint lines: a marker label may say anything
+            self._datetime_line(line, base + ls, data, ls)
         elif b" checkpoint " in line:
             self._checkpoint_line(line, base + ls)
             if self._want_timer:
                 self._timer_after(data, nl, end)
-        elif b"] datetime: " in line:
-            self._datetime_line(line, base + ls, data, ls)
         elif b"\t" in line:
             self._progress_line(line)
         return nl + 1
