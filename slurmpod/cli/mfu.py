@@ -159,14 +159,16 @@ def _text(log: Path, summary: Any, m: JobMetrics, source: str, peak_src: str) ->
     def row(name: str, st: Stats | None, spec: str, scale: float = 1.0) -> list[str]:
         if st is None:
             return [name, "-", "-", "-"]
+        if spec == "tflops":  # 0.1 resolution for real GPUs, 3 digits for the sandbox's
+            spec = ".1f" if st.median >= 10 else ".3g"
         return [name, *(_fmt(v * scale, spec) for v in (st.median, st.p10, st.p90))]
 
     rows = [row("iteration time (ms)", m.iter_time_ms, ".1f"),
             row("tokens/s", m.tokens_per_s, ",.0f"),
-            row("model TFLOP/s per GPU", m.tflops_per_gpu, ".1f"),
+            row("model TFLOP/s per GPU", m.tflops_per_gpu, "tflops"),
             row("MFU (%)", m.mfu, ".2f", 100.0)]
     if m.tflops_reported is not None:
-        rows.append(row("Megatron's TFLOP/s/GPU", m.tflops_reported, ".1f"))
+        rows.append(row("Megatron's TFLOP/s/GPU", m.tflops_reported, "tflops"))
     lines.append(table(["metric", "median", "p10", "p90"], rows))
     if m.reported_ratio is not None:
         lines.append(f"slurmpod ÷ Megatron-reported TFLOP/s: {m.reported_ratio:.3f} (Megatron "
