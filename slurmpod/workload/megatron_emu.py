@@ -348,6 +348,9 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int
     if save is not None:
         append_progress(save, dist, "Starting job")
     print(f"time to initialize megatron (seconds): {time.monotonic() - t_start:.3f}", file=out)
+    # Megatron's print_datetime marker; the log parser dates the launch and start-up from it.
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[after megatron is initialized] datetime: {stamp} ", file=out)
     print("training ...", file=out, flush=True)
     job_flops = 0.0
     job_t0 = time.monotonic()
