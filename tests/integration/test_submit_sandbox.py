@@ -150,6 +150,34 @@ def test_requeue_mid_run_resumes_from_last_checkpoint(sandbox: Any) -> None:
     wait_for(lambda: sandbox.squeue_state(jid) in ("", "COMPLETED"), 60, "the job to end")
 
 
+def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None:
+    """The real --signal=B:TERM@lead path: a 2-minute job gets SIGTERM 30 s before its limit,
+    the trainer saves, the script requeues the job, the next run continues from the save."""
+    d = sandbox.tmp_dir / "timelimit"
+    d.mkdir(exist_ok=True)
+    # exit_duration_in_mins set high so the signal, not Megatron's own timer, ends the run.
+    run = write_run(d / "run.toml", "timelimit", 1, train_iters=1_000_000, hidden=512, seq=256,
+                    extra="save_interval = 1000000\nexit_duration_in_mins = 100",
+                    job_extra='time_limit = "00:02:00"')
+    text = (d / "run.toml").read_text().replace('time_limit = "00:10:00"\n', "")
+    (d / "run.toml").write_text(text)
+    res = submit_json(sandbox, run, "--wait")
+    jid, run_dir = res["job_id"], d / "timelimit"
+    try:
+        assert "#SBATCH --signal=B:TERM@30" in Path(res["script"]).read_text()
+        wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 200, "the requeue")
+        sandbox.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+        its = re.compile(r"iteration\s+(\d+)/")
+        wait_for(lambda: len(its.findall(log_of(run_dir).split("restart 1/3")[-1])) >= 2
+                 and "restart 1/3" in log_of(run_dir), 120, "the resumed run")
+        first, second = log_of(run_dir).split("restart 1/3", 1)
+        assert "SIGTERM received" in first and "requeueing" in first
+        saved = re.findall(r"successfully saved checkpoint from iteration\s+(\d+)", first)
+        assert saved and int(its.findall(second)[0]) == int(saved[-1]) + 1
+    finally:
+        sandbox.cancel(jid)
+
+
 def test_retry_does_not_submit_twice(sandbox: Any) -> None:
     d = sandbox.tmp_dir / "idem"
     d.mkdir(exist_ok=True)

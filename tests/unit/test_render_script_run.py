@@ -26,6 +26,7 @@ SITE = load_site(builtin_site_path("sandbox"))
 
 SRUN = r"""#!/bin/bash
 printf '%s\0' "$@" > "$STUB_DIR/srun.args"
+echo $$ > "$STUB_DIR/srun.pid"
 while [ $# -gt 0 ] && [[ "$1" == --* ]]; do shift; done
 export SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2
 pids=()
@@ -49,6 +50,11 @@ case "$1 $2" in
   "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.${3: -1} NodeHostName=$3" ;;
 esac
 exit 0
+"""
+SCANCEL = r"""#!/bin/bash
+# Like `scancel --signal=TERM JOB`: the step's tasks get the signal (through the srun stand-in).
+echo "$*" >> "$STUB_DIR/scancel.log"
+kill -TERM "$(cat "$STUB_DIR/srun.pid")"
 """
 SINFO = r"""#!/bin/bash
 printf '%s\n' ${STUB_BAD_NODES:-}
@@ -81,7 +87,7 @@ def _stubs(tmp: Path) -> Path:
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("sinfo", SINFO),
-                       ("trainer", TRAINER)):
+                       ("scancel", SCANCEL), ("trainer", TRAINER)):
         p = bin_dir / name
         p.write_text(text)
         p.chmod(0o755)
@@ -202,6 +208,7 @@ def test_sigterm_is_forwarded_then_job_requeues(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)  # what --signal=B:TERM@lead delivers to the batch shell
     out, err = proc.communicate(timeout=30)
     assert "SIGTERM received" in err
+    assert (tmp_path / "scancel.log").read_text() == "--signal=TERM 4242\n"
     assert (tmp_path / "term.0").exists() and (tmp_path / "term.1").exists()
     assert _requeued(tmp_path) and proc.returncode == 0, out + err
     ck = tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt"
