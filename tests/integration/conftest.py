@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -214,8 +215,23 @@ def sandbox() -> Iterator[SandboxFixture]:
     state = new_state_dir("slurmpod-it-")
     scratch = state / "work"
     scratch.mkdir()
+    # `timeout pytest …` sends SIGTERM: turn it into an interrupt so the sandbox still goes down
+    # (its daemons run in their own sessions and would otherwise outlive the test run).
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
     sb = start_sandbox(state)
     try:
         yield SandboxFixture(sb, load_site(resolve_site_path(None)), scratch)
     finally:
-        finish_sandbox(sb)
+        if previous is signal.SIG_DFL:  # a second SIGTERM must not cut `down` short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            finish_sandbox(sb)
+        finally:
+            if previous is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
