@@ -4,7 +4,8 @@
     slurmpod report --since 7d [--user U] [--account A] [--partition P] [--json | --csv | --html F]
     ... [--prometheus FILE]
 
-Data: `sacct --json --duplicates` (every attempt of a requeued job), the AdminComment summary
+Data: sacct (slurmpod's `--parsable2` fields, every attempt of a requeued job; see
+`slurmpod.report.sacct` for why not `--json`), the AdminComment summary
 the EpilogSlurmctld hook stored, and the hook's spool record (summary + time series) when the
 spool is readable here. This module is the I/O edge; `slurmpod.report` is pure.
 """
@@ -50,10 +51,11 @@ def slurm_since(text: str) -> str:
 
 
 def _sacct(argv: list[str]) -> str:
+    from slurmpod.report.sacct import TIME_ENV
     from slurmpod.transport.local import LocalRunner
 
     try:
-        return LocalRunner().run(argv, timeout_s=SACCT_TIMEOUT_S).stdout
+        return LocalRunner().run(argv, timeout_s=SACCT_TIMEOUT_S, env=TIME_ENV).stdout
     except CommandError as exc:
         raise SlurmError(f"sacct failed: {exc.message}",
                          hint="is slurmdbd running and accounting enabled? try `sacct -X`"
@@ -69,20 +71,29 @@ def _spool_dir(option: str | None) -> Path:
     return Path("/var/spool/slurmpod")
 
 
-def read_spool_record(spool: Path, job_id: str) -> dict[str, Any] | None:
-    """The latest attempt's record (`records/<job>.<restart>.json`), or None."""
-    best: tuple[int, Path] | None = None
+def spool_index(spool: Path) -> dict[str, Path]:
+    """job id -> its latest attempt's record (`records/<job>.<restart>.json`), listing the
+    directory once (a fleet report looks up thousands of jobs)."""
+    best: dict[str, tuple[int, Path]] = {}
     try:
-        for p in (spool / "records").glob(f"{job_id}.*.json"):
-            restart = p.name[len(job_id) + 1:-len(".json")]
-            if restart.isdigit() and (best is None or int(restart) > best[0]):
-                best = (int(restart), p)
+        with os.scandir(spool / "records") as it:
+            for entry in it:
+                stem, dot, ext = entry.name.rpartition(".")
+                job_id, _, restart = stem.rpartition(".")
+                if ext != "json" or not dot or not restart.isdigit() or not _JOB_ID.match(job_id):
+                    continue
+                if job_id not in best or int(restart) > best[job_id][0]:
+                    best[job_id] = (int(restart), Path(entry.path))
     except OSError:
-        return None
-    if best is None:
+        return {}
+    return {k: p for k, (_, p) in best.items()}
+
+
+def read_spool_record(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
         return None
     try:
-        doc = json.loads(best[1].read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("v") == 1 else None
@@ -132,11 +143,14 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
                   typical_mfu: dict[str, float] | None = None) -> list[JobReport]:
     from slurmpod.report.model import build_job_report
 
+    index = spool_index(spool)
+
     def one(sj: SacctJob) -> JobReport:
-        rec = read_spool_record(spool, sj.record.job_id) if spool.is_dir() else None
+        rec = read_spool_record(index.get(sj.record.job_id))
         return build_job_report(sj, spool_record=rec, inventory=inventory,
                                 log_hints=log_hints(rec) if hints else None,
-                                typical_mfu=typical_mfu, with_series=with_series)
+                                typical_mfu=typical_mfu, with_series=with_series,
+                                with_notes=with_series)
 
     if progress and len(jobs) >= PROGRESS_MIN_JOBS:
         with click.progressbar(jobs, label="reading jobs", file=sys.stderr) as bar:
@@ -183,22 +197,18 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
                prom_file, spool_dir)
 
 
+def _load(selection: list[str]) -> list[SacctJob]:
+    from slurmpod.report.sacct import attempts_argv, jobs_from_text, records_argv
+
+    records = _sacct(records_argv(selection))
+    return jobs_from_text(records, _sacct(attempts_argv(selection)) if records.strip() else "")
+
+
 def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
          prom_file: Path | None, site: str | None, spool: Path) -> None:
-    from slurmpod.report.sacct import (
-        EXIT_CODE_ARGV,
-        parse_exit_codes,
-        parse_sacct_jobs,
-        with_exit_codes,
-    )
-
     if not _JOB_ID.match(job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id (123, 123_4 or 123+1)")
-    text = _sacct(["sacct", "--json", "--duplicates", f"--jobs={job_id}"])
-    jobs = [sj for sj in parse_sacct_jobs(text) if sj.record.job_id == job_id]
-    if jobs:
-        codes = _sacct([*EXIT_CODE_ARGV, f"--jobs={job_id}"])
-        jobs = with_exit_codes(jobs, parse_exit_codes(codes))
+    jobs = [sj for sj in _load([f"--jobs={job_id}"]) if sj.record.job_id == job_id]
     if not jobs:
         raise SlurmError(f"job {job_id} is not in Slurm's accounting",
                          hint="check the id; a job appears in sacct a few seconds after "
@@ -227,12 +237,7 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
            as_json: bool, with_jobs: bool, as_csv: bool, html_file: Path | None,
            prom_file: Path | None, spool: Path) -> None:
     from slurmpod.report.fleet import build_fleet
-    from slurmpod.report.sacct import (
-        EXIT_CODE_ARGV,
-        parse_exit_codes,
-        parse_sacct_jobs,
-        with_exit_codes,
-    )
+    from slurmpod.report.sacct import select
 
     start = slurm_since(since)
     sel = [f"--starttime={start}", "--endtime=now"]
@@ -241,9 +246,7 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
         sel.append(f"--accounts={account}")
     if partition:
         sel.append(f"--partition={partition}")
-    jobs = parse_sacct_jobs(_sacct(["sacct", "--json", "--duplicates", *sel]))
-    if jobs:
-        jobs = with_exit_codes(jobs, parse_exit_codes(_sacct([*EXIT_CODE_ARGV, *sel])))
+    jobs = select(_load(sel), user=user, account=account, partition=partition)
     reports = build_reports(jobs, spool, None, with_series=False, progress=True)
     fl = build_fleet(reports, window=since,
                      filters={"user": user, "account": account, "partition": partition})

@@ -12,9 +12,10 @@ Where figures come from, best first:
 GPU time (per GPU, seconds; × GPUs for GPU-seconds), all attempts of a requeued job included:
 allocated A = Σ attempts' elapsed; productive P = the log's productive time (Megatron's iteration
 timer, minus iterations redone after a restart), or goodput × the last attempt's elapsed when
-only the AdminComment is there. Lost = A − P, split into start-up (job start to first iteration),
-checkpoint stalls, then the rest: "restarts" when the job restarted (redone iterations, relaunch
-start-ups, the failed attempt's tail), else "other" (evaluation, shutdown, hangs). The causes add
+only the AdminComment is there. Lost = A − P, split into start-up (job start to the start of
+the first logged iteration), checkpoint stalls, then the rest: "restarts" when the job restarted
+(redone iterations, relaunch start-ups, the failed attempt's tail), else "other" (evaluation,
+shutdown, hangs). Each cause is capped by what is left of A − P, in that order, so the causes add
 up to A − P exactly. Goodput = P / A.
 """
 
@@ -80,6 +81,9 @@ class Figures:
     redone_s: float | None = None  # iterations run again after a restart (per GPU)
     checkpoints: tuple[tuple[int, float], ...] = ()  # (iteration, seconds)
     err: str | None = None
+    # Time the first logged record itself trained: the epilog's time to first iteration ends
+    # when that line is printed, so it includes this productive time, not start-up.
+    first_record_s: float | None = None
 
     @property
     def has_training(self) -> bool:
@@ -247,6 +251,14 @@ def figures_from_spool(record: Mapping[str, Any]) -> Figures:
     tokens = _dist(m.get("tokens_per_s"))
     stalls = tuple((int(c.get("iteration", 0)), float(c.get("duration_s", 0.0)))
                    for c in m.get("checkpoint_stalls") or [] if isinstance(c, Mapping))
+    ser = record.get("series") or {}
+    its, ms = ser.get("iter") or [], ser.get("iter_ms") or []
+    first_s = None
+    if its and ms and _f(ms[0]) is not None:
+        # The first line covers one log interval: the step to the next line (series keep
+        # their first point when downsampled).
+        covered = its[1] - its[0] if len(its) > 1 and its[1] > its[0] else 1
+        first_s = float(ms[0]) / 1000.0 * covered
     return Figures(
         source="spool", iters=_i(s.get("iters")), last_iter=_i(s.get("last_iter")), mfu=mfu,
         tflops=tflops,
@@ -258,7 +270,7 @@ def figures_from_spool(record: Mapping[str, Any]) -> Figures:
         ttfi_s=_f(s.get("ttfi_s")), checkpoint_s=_f(m.get("checkpoint_stall_s",
                                                           s.get("ckpt_s"))),
         productive_s=_f(m.get("productive_s")), redone_s=_f(m.get("lost_s")),
-        checkpoints=stalls, err=s.get("err"))
+        checkpoints=stalls, err=s.get("err"), first_record_s=first_s)
 
 
 def figures_from_admin(doc: Mapping[str, Any]) -> Figures:
@@ -295,7 +307,10 @@ def choose_figures(job: Any, spool_record: Mapping[str, Any] | None) -> Figures:
         fig = figures_from_spool(spool_record)
         if fig.has_training or fig.err:
             return fig
-    admin = decode_field(job.admin_comment)
+    text = job.admin_comment
+    # sacctmgr stores quotes as backticks (hooks.py): decode that form directly rather than
+    # letting decode_field fail on it first (a fleet report decodes thousands).
+    admin = decode_field(text.replace("`", '"') if text.startswith("{`") else text)
     if admin and admin.get("v") == 1:
         return figures_from_admin(admin)
     if job.state.is_active:
@@ -317,7 +332,7 @@ def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss
         return Loss(allocated, None)
     prod_s = min(max(prod_s, 0.0), alloc_s)
     rest = alloc_s - prod_s
-    startup = min(max(fig.ttfi_s or 0.0, 0.0), rest)
+    startup = min(max((fig.ttfi_s or 0.0) - (fig.first_record_s or 0.0), 0.0), rest)
     rest -= startup
     ckpt = min(max(fig.checkpoint_s or 0.0, 0.0), rest)
     rest -= ckpt
@@ -373,7 +388,7 @@ def params_estimate(fig: Figures, gpus: int) -> float | None:
 def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = None,
                      inventory: Inventory | None = None, log_hints: LogHints | None = None,
                      typical_mfu: Mapping[str, float] | None = None,
-                     with_series: bool = True) -> JobReport:
+                     with_series: bool = True, with_notes: bool = True) -> JobReport:
     from slurmpod.report.rules import notes_for
 
     job = sj.record
@@ -386,7 +401,9 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     if spool_record is not None and with_series:
         series = {k: list(v) for k, v in (spool_record.get("series") or {}).items()
                   if isinstance(v, list)}
-    stab = stability_of(series, fig) if fig.has_training else None
+    stab = (stability_of(series, fig)
+            if fig.has_training and (series or (fig.iter_ms and fig.iter_ms.p10 is not None))
+            else None)
     placement = placement_of(job.nodes, inventory) if inventory is not None and job.nodes else None
     if job.state.is_active:
         status = "running"
@@ -403,5 +420,7 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     report = JobReport(job=job, attempts=tuple(attempts), status=status, status_text=text,
                        figures=fig, loss=loss, stability=stab, placement=placement,
                        params_b=params_estimate(fig, gpus), series=series)
+    if not with_notes:
+        return report
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
     return JobReport(**{**report.__dict__, "notes": tuple(notes)})

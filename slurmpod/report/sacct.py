@@ -1,4 +1,12 @@
-"""`sacct --json --duplicates` text -> job records plus every attempt of each job. Pure.
+"""sacct output -> job records plus every attempt of each job. Pure.
+
+Two inputs give the same `SacctJob`s:
+- the text queries `slurmpod report` runs (`records_argv` + `attempts_argv`): slurmpod's
+  `--parsable2` field list (`backends.parse.SACCT_FIELDS`, the CLI backend's own parser), one row
+  per attempt (`--duplicates --allocations`), and a narrow attempts query without free text.
+  Allocation rows only: a fleet of 10,000 jobs is ~3 MB of text instead of ~190 MB of JSON
+  whose step statistics the report never reads (benchmarks/report_scale.py compares both);
+- `sacct --json --duplicates` (`parse_sacct_jobs`), for recorded JSON.
 
 `slurmpod.backends.parse.parse_sacct_json` merges the attempts of a requeued job into its
 latest record (and counts the rest as restarts); a report also needs the time the earlier
@@ -15,7 +23,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmpod.backends.parse import exit_of, load_json, num, parse_sacct_json, state_of
+from slurmpod.backends.parse import (
+    SACCT_DELIMITER,
+    SACCT_FIELDS,
+    exit_of,
+    load_json,
+    num,
+    parse_sacct_json,
+    parse_sacct_parsable,
+    state_of,
+)
+from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord
 
 
@@ -61,7 +79,13 @@ def _int_or_none(value: Any) -> int | None:
 
 def parse_sacct_jobs(text: str) -> list[SacctJob]:
     """Jobs in the order sacct listed them (first appearance), each with all its attempts."""
-    data = load_json(text, "sacct --json")
+    try:
+        data = load_json(text, "sacct --json")
+    except SlurmError as exc:
+        # 22.05 answers a query that matches no job with an error entry (exit status 0).
+        if exc.message.endswith("Nothing found"):
+            return []
+        raise
     attempts: dict[str, list[Attempt]] = {}
     for job in data.get("jobs") or []:
         t = job.get("time") or {}
@@ -97,3 +121,55 @@ def with_exit_codes(jobs: Sequence[SacctJob],
             sj = SacctJob(replace(sj.record, exit_code=got[0], signal=got[1]), sj.attempts)
         out.append(sj)
     return out
+
+
+def select(jobs: Sequence[SacctJob], *, user: str | None = None, account: str | None = None,
+           partition: str | None = None) -> list[SacctJob]:
+    """Apply the fleet filters on the client too: Slurm 22.05's sacct returned other users' jobs
+    for `--user=nobody` on the sandbox, so its own filtering is not relied on."""
+    def ok(r: JobRecord) -> bool:
+        return ((user is None or r.user == user)
+                and (account is None or r.account == account)
+                and (partition is None or partition in r.partition.split(",")))
+
+    return [sj for sj in jobs if ok(sj.record)]
+
+
+ATTEMPT_FIELDS = ("JobID", "Submit", "Start", "End", "ElapsedRaw", "State")
+TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}  # epoch seconds: no guessing at the cluster's zone
+
+
+def records_argv(selection: Sequence[str]) -> list[str]:
+    return ["sacct", "--noheader", "--parsable2", f"--delimiter={SACCT_DELIMITER}",
+            f"--format={','.join(SACCT_FIELDS)}", "--duplicates", "--allocations", *selection]
+
+
+def attempts_argv(selection: Sequence[str]) -> list[str]:
+    return ["sacct", "--noheader", "--parsable2", "--duplicates", "--allocations",
+            f"--format={','.join(ATTEMPT_FIELDS)}", *selection]
+
+
+def _epoch(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def parse_attempts(text: str) -> dict[str, list[Attempt]]:
+    """`JobID|Submit|Start|End|ElapsedRaw|State` rows (epoch times) -> job id -> attempts."""
+    out: dict[str, list[Attempt]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != len(ATTEMPT_FIELDS) or not parts[0] or "." in parts[0]:
+            continue
+        jid, submit, start, end, elapsed, state = parts
+        out.setdefault(jid, []).append(Attempt(
+            submit_s=_epoch(submit), start_s=_epoch(start), end_s=_epoch(end),
+            elapsed_s=int(elapsed) if elapsed.isdigit() else 0,
+            state=str(state_of(state))))
+    return out
+
+
+def jobs_from_text(records_text: str, attempts_text: str) -> list[SacctJob]:
+    """The two text queries' outputs -> jobs in sacct's order, with their attempts."""
+    attempts = parse_attempts(attempts_text)
+    return [SacctJob(r, tuple(attempts.get(r.job_id, ())))
+            for r in parse_sacct_parsable(records_text)]

@@ -20,7 +20,13 @@ from slurmpod.report.model import (
     stability_of,
 )
 from slurmpod.report.placement import fewest, placement_of
-from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
+from slurmpod.report.sacct import (
+    jobs_from_text,
+    parse_attempts,
+    parse_exit_codes,
+    parse_sacct_jobs,
+    with_exit_codes,
+)
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -47,6 +53,27 @@ def test_attempts_and_exit_codes_from_the_two_queries(jobs: dict) -> None:
     assert jobs["102"].record.exit_code == 3 and str(jobs["102"].record.state) == "FAILED"
 
 
+def test_text_queries_give_the_same_jobs_as_json(jobs: dict) -> None:
+    text = jobs_from_text((DATA / "report" / "handmade.records.txt").read_text(),
+                          (DATA / "report" / "handmade.attempts.txt").read_text())
+    assert [sj.record.job_id for sj in text] == list(jobs)
+    for sj in text:
+        ref = jobs[sj.record.job_id]
+        assert sj.attempts == ref.attempts
+        for key in ("state", "exit_code", "user", "account", "partition", "nodes", "n_nodes",
+                    "n_gpus", "elapsed_s", "start_time", "end_time", "admin_comment", "comment",
+                    "restarts"):
+            assert getattr(sj.record, key) == getattr(ref.record, key), key
+    assert text[2].record.restarts == 1  # two attempt rows of job 103
+
+
+def test_attempt_rows_skip_steps_and_unknown_times() -> None:
+    got = parse_attempts("9|10|20|Unknown|5|RUNNING\n9.batch|10|20|Unknown|5|RUNNING\n"
+                         "8|1|2|3|1|CANCELLED by 0\nbad line\n")
+    assert list(got) == ["9", "8"] and got["9"][0].end_s is None
+    assert got["8"][0].state == "CANCELLED"
+
+
 def test_recorded_22_05_sacct_keeps_every_attempt() -> None:
     text = (DATA / "slurm" / "22.05" / "sacct.json").read_text()
     by = {sj.record.job_id: sj for sj in parse_sacct_jobs(text)}
@@ -54,6 +81,11 @@ def test_recorded_22_05_sacct_keeps_every_attempt() -> None:
     assert [(a.state, a.elapsed_s) for a in by["4"].attempts] == [("REQUEUED", 6),
                                                                    ("RUNNING", 36)]
     assert by["6_0"].record.job_id == "6_0" and len(by["6_0"].attempts) == 1
+
+
+def test_no_matching_job_is_an_empty_list_not_an_error() -> None:
+    text = (DATA / "slurm" / "22.05" / "sacct_unknown_job.json").read_text()
+    assert parse_sacct_jobs(text) == []
 
 
 def test_exit_code_text_ignores_steps_and_keeps_the_last_attempt() -> None:
@@ -163,6 +195,9 @@ def test_spool_record_beats_admin_comment_and_gives_stability(jobs: dict) -> Non
     assert r.figures.checkpoints == ((10, 5.0),)
     # productive 2700 s of 3600 s (not the AdminComment's 0.9)
     assert r.loss.goodput == pytest.approx(0.75)
+    # start-up: 100 s to the first line minus that line's own 100 ms iteration, × 32 GPUs
+    assert r.figures.first_record_s == pytest.approx(0.1)
+    assert r.loss.by_cause_gpu_s["startup"] == pytest.approx(99.9 * 32)
     s = r.stability
     # steady: ten records, one of 400 ms among 100 ms: median 100, one spike of 4×
     assert (s.n, s.median_ms, s.spikes, s.max_ratio, s.spike_iters) == (10, 100.0, 1, 4.0, (15,))

@@ -25,9 +25,11 @@ def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script = bin_dir / "sacct"
     script.write_text(f"""#!/bin/sh
 printf '%s\\n' "$*" >> {argv_log}
+[ "$SLURM_TIME_FORMAT" = "%s" ] || {{ echo "sacct: want epoch times" >&2; exit 1; }}
 case "$*" in
-  *--json*) cat {DATA / 'sacct-handmade-22.05.json'} ;;
-  *) cat {DATA / 'exit-codes-handmade.txt'} ;;
+  *--delimiter*) cat {DATA / 'handmade.records.txt'} ;;
+  *ElapsedRaw,State*) cat {DATA / 'handmade.attempts.txt'} ;;
+  *) echo "unexpected sacct call" >&2; exit 1 ;;
 esac
 """)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -55,8 +57,8 @@ def test_job_text_report(fake_sacct: Path) -> None:
     assert "SUs 2 (min 1): su1, su2" in out and "MFU          10.0 % (p10 9.0 %, p90 11.0 %)" in out
     assert "[warn] the job spans 2 SUs" in out
     argv = fake_sacct.read_text().splitlines()
-    assert argv[0] == "--json --duplicates --jobs=102"
-    assert argv[1].endswith("--format=JobID,ExitCode --jobs=102")
+    assert argv[0].endswith("--duplicates --allocations --jobs=102") and len(argv) == 2
+    assert argv[1].endswith("--format=JobID,Submit,Start,End,ElapsedRaw,State --jobs=102")
 
 
 def test_job_json_and_unknown_job(fake_sacct: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,10 +75,13 @@ def test_fleet_filters_reach_sacct_and_csv(fake_sacct: Path) -> None:
               "--csv")
     assert res.exit_code == 0, res.output
     first = fake_sacct.read_text().splitlines()[0]
-    assert first == ("--json --duplicates --starttime=now-2weeks --endtime=now --user=alice "
-                     "--accounts=ml --partition=batch")
+    assert first.endswith("--duplicates --allocations --starttime=now-2weeks --endtime=now "
+                          "--user=alice --accounts=ml --partition=batch")
     assert res.output.splitlines()[0].startswith("job_id,name,user")
-    assert len(res.output.splitlines()) == 5  # header + 4 finished jobs
+    # the stand-in sacct ignores the filters (as 22.05 did): slurmpod filters again
+    assert [ln.split(",")[0] for ln in res.output.splitlines()[1:]] == ["101", "103", "104"]
+    res = run("--since", "1d", "--partition", "gpu", "--json")
+    assert json.loads(res.output)["jobs"] == 0
 
 
 def test_fleet_text(fake_sacct: Path) -> None:
@@ -148,3 +153,16 @@ def test_prometheus_file_written_atomically(fake_sacct: Path, tmp_path: Path) ->
     assert run("101", "--prometheus", str(target)).exit_code == 0
     assert target.read_text().startswith("# HELP slurmpod_job_mfu_ratio")
     assert [p.name for p in target.parent.iterdir()] == ["slurmpod.prom"]  # no temp left
+
+
+def test_spool_index_takes_the_latest_attempt(tmp_path: Path) -> None:
+    from slurmpod.cli.report import spool_index
+
+    rec = tmp_path / "records"
+    rec.mkdir()
+    for name in ("7.0.json", "7.2.json", "7.10.json", "8_1.0.json", "x.0.json", "9.json",
+                 ".7.3.json.tmp"):
+        (rec / name).write_text("{}")
+    idx = spool_index(tmp_path)
+    assert {k: p.name for k, p in idx.items()} == {"7": "7.10.json", "8_1": "8_1.0.json"}
+    assert spool_index(tmp_path / "missing") == {}
