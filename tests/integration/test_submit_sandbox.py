@@ -178,6 +178,32 @@ def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None
         sandbox.cancel(jid)
 
 
+def test_hot_spare_allocated_but_not_used(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "spare"
+    d.mkdir(exist_ok=True)
+    run = write_run(d / "run.toml", "spare", 1, train_iters=3)
+    res = submit_json(sandbox, run, "--spares", "1", "--wait")
+    jid = res["job_id"]
+    wait_for(lambda: "training complete" in log_of(d / "spare"), 120, "the job")
+    allocated = sandbox.nodes_of(jid)
+    ranks = re.findall(r"megatron_emu: rank (\d+)/8 node (\S+)", log_of(d / "spare"))
+    assert len(allocated) == 2 and len(ranks) == 8
+    assert {node for _, node in ranks} == {allocated[0]}  # the spare stood by
+
+
+def test_chain_of_singletons_stops_when_training_is_done(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "chain"
+    d.mkdir(exist_ok=True)
+    run = write_run(d / "run.toml", "chain", 1, train_iters=3)
+    res = submit_json(sandbox, run, "--chain", "2")
+    first, second = res["job_ids"]
+    wait_for(lambda: "nothing left to train" in log_of(d / "chain"), 180, "the second job")
+    log = log_of(d / "chain")
+    # The second job started only after the first had finished, then found the work done.
+    assert log.index("training complete") < log.index(f"job {second} run chain")
+    assert f"job {first} run chain" in log
+
+
 def test_retry_does_not_submit_twice(sandbox: Any) -> None:
     d = sandbox.tmp_dir / "idem"
     d.mkdir(exist_ok=True)
