@@ -172,14 +172,17 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
               help="Write a self-contained HTML report with plots.")
 @click.option("--prometheus", "prom_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Prometheus textfile (node_exporter textfile collector).")
+@click.option("--typical-since", metavar="WINDOW",
+              help="Job report: judge MFU against the fleet's typical MFU for the model's size "
+                   "class over WINDOW (e.g. 30d) instead of the 35 % reference.")
 @click.option("--site", help="Site file or built-in name, for placement (default: sandbox).")
 @click.option("--spool", envvar="SLURMPOD_SPOOL",
               help="The hooks' spool directory (default $SLURMPOD_SPOOL, the sandbox's spool "
                    "when $SLURMPOD_SANDBOX is set, else /var/spool/slurmpod).")
 def report(job_id: str | None, since: str | None, user: str | None, account: str | None,
            partition: str | None, as_json: bool, series: bool, with_jobs: bool, as_csv: bool,
-           html_file: Path | None, prom_file: Path | None, site: str | None,
-           spool: str | None) -> None:
+           html_file: Path | None, prom_file: Path | None, typical_since: str | None,
+           site: str | None, spool: str | None) -> None:
     """Efficiency report of JOB_ID, or of every job since a time (--since)."""
     if (job_id is None) == (since is None):
         raise UsageError("give a JOB_ID or --since WINDOW (not both)",
@@ -191,8 +194,11 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
         if user or account or partition or as_csv or with_jobs:
             raise UsageError("--user/--account/--partition/--csv/--jobs are for the fleet "
                              "report (--since)")
-        _job(job_id, as_json, series, html_file, prom_file, site, spool_dir)
+        _job(job_id, as_json, series, html_file, prom_file, site, spool_dir, typical_since)
     else:
+        if typical_since:
+            raise UsageError("--typical-since is for a job report; a fleet report computes "
+                             "the typical MFU over its own window")
         _fleet(str(since), user, account, partition, as_json, with_jobs, as_csv, html_file,
                prom_file, spool_dir)
 
@@ -205,7 +211,8 @@ def _load(selection: list[str]) -> list[SacctJob]:
 
 
 def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
-         prom_file: Path | None, site: str | None, spool: Path) -> None:
+         prom_file: Path | None, site: str | None, spool: Path,
+         typical_since: str | None = None) -> None:
     if not _JOB_ID.match(job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id (123, 123_4 or 123+1)")
     jobs = [sj for sj in _load([f"--jobs={job_id}"]) if sj.record.job_id == job_id]
@@ -213,8 +220,15 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
         raise SlurmError(f"job {job_id} is not in Slurm's accounting",
                          hint="check the id; a job appears in sacct a few seconds after "
                               "submission")
+    typical = None
+    if typical_since:
+        from slurmpod.report.fleet import build_fleet
+
+        window = [f"--starttime={slurm_since(typical_since)}", "--endtime=now", "--allusers"]
+        peers = build_reports(_load(window), spool, None, with_series=False, progress=True)
+        typical = build_fleet(peers, window=typical_since).typical_mfu
     inv = _inventory(site)
-    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True)
+    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True, typical_mfu=typical)
     if html_file is not None:
         from slurmpod.report.html import job_html
 

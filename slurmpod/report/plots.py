@@ -48,22 +48,35 @@ def mfu_over_run(series: Mapping[str, Sequence[Any]], peak: float | None) -> str
         return None
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
-    if series.get("mfu"):
-        ax1.plot(it, [100 * v for v in _finite(series["mfu"])], color="#1d3557", lw=1.2)
-        ax1.set_ylabel("MFU (%)")
-    elif series.get("tflops"):
-        ax1.plot(it, _finite(series["tflops"]), color="#1d3557", lw=1.2)
-        ax1.set_ylabel("TFLOP/s per GPU")
-    else:
+    seg = list(series.get("segment") or [0] * len(it))
+    # One line per launch: a relaunch resumes from an earlier checkpoint, so its iterations
+    # overlap the previous launch's (those were redone); joining them would zigzag.
+    parts: list[tuple[int, int]] = []
+    start = 0
+    for k in range(1, len(it) + 1):
+        if k == len(it) or seg[k] != seg[k - 1]:
+            parts.append((start, k))
+            start = k
+    top_key = "mfu" if series.get("mfu") else "tflops" if series.get("tflops") else None
+    top = _finite(series[top_key]) if top_key else []
+    if top_key == "mfu":
+        top = [100 * v for v in top]
+    for n, (a, b) in enumerate(parts):
+        alpha = 1.0 if n == len(parts) - 1 else 0.55
+        label = f"launch {n + 1}" if len(parts) > 1 else None
+        if top:
+            ax1.plot(it[a:b], top[a:b], color="#1d3557", lw=1.2, alpha=alpha, label=label)
+        ax2.plot(it[a:b], _finite(ms[a:b]), color="#e76f51", lw=1.3, alpha=alpha)
+        if n > 0:
+            for ax in (ax1, ax2):
+                ax.axvline(it[a], color="#e63946", ls="--", lw=1)
+    if top_key is None:
         ax1.text(0.5, 0.5, "no FLOPs figure for this job", ha="center", transform=ax1.transAxes)
-    ax2.plot(it, _finite(ms), color="#e76f51", lw=1.0)
+    ax1.set_ylabel("MFU (%)" if top_key == "mfu" else "TFLOP/s per GPU")
+    if len(parts) > 1 and top:
+        ax1.legend(fontsize=8)
     ax2.set_ylabel("iteration time (ms)")
     ax2.set_xlabel("iteration")
-    seg = series.get("segment") or []
-    for k in range(1, len(seg)):
-        if seg[k] != seg[k - 1]:
-            for ax in (ax1, ax2):
-                ax.axvline(it[k], color="#e63946", ls="--", lw=1)
     ax1.set_title("MFU and iteration time over the run (dashed: restart)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

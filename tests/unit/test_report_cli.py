@@ -166,3 +166,37 @@ def test_spool_index_takes_the_latest_attempt(tmp_path: Path) -> None:
     idx = spool_index(tmp_path)
     assert {k: p.name for k, p in idx.items()} == {"7": "7.10.json", "8_1": "8_1.0.json"}
     assert spool_index(tmp_path / "missing") == {}
+
+
+def test_typical_mfu_from_a_window(fake_sacct: Path) -> None:
+    # Fleet typical for <1B (weighted median of 0.1/8 GPU-h, 0.3/4, 0.4/32) is 40 %: job 103's
+    # 30 % is not far below it (60 % of 40 % = 24 %), but job 102's 10 % is.
+    doc = json.loads(run("102", "--json", "--typical-since", "30d").output)
+    (note,) = [n for n in doc["notes"] if n["code"] == "low-mfu"]
+    assert "typical 40.0 % for <1B models" in note["text"]
+    doc = json.loads(run("103", "--json", "--typical-since", "30d").output)
+    assert "low-mfu" not in [n["code"] for n in doc["notes"]]
+    assert "--starttime=now-30days" in fake_sacct.read_text()
+
+
+def test_progress_bar_on_stderr_for_many_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    row = (DATA / "handmade.records.txt").read_text().splitlines()[0].split("\x1f")
+    att = (DATA / "handmade.attempts.txt").read_text().splitlines()[0].split("|")
+    recs, atts = [], []
+    for k in range(150):
+        jid = str(5000 + k)
+        recs.append("\x1f".join([jid, *row[1:-1], jid]))
+        atts.append("|".join([jid, *att[1:]]))
+    (tmp_path / "r.txt").write_text("\n".join(recs) + "\n")
+    (tmp_path / "a.txt").write_text("\n".join(atts) + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "sacct"
+    script.write_text(f"""#!/bin/sh
+case "$*" in *--delimiter*) cat {tmp_path / 'r.txt'} ;; *) cat {tmp_path / 'a.txt'} ;; esac
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    rc, err = main_rc(capsys, "--since", "1d", "--json")
+    assert rc == 0 and "reading jobs" in err
