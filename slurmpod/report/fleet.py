@@ -1,6 +1,7 @@
 """The fleet report: many job reports -> GPU-hours, weighted MFU, goodput, losses, tables. Pure.
 
-Finished jobs only enter the sums; running jobs are counted apart (their GPU time is not final).
+Finished jobs only enter the sums; running and pending jobs are counted apart (their GPU time
+is not final).
 - GPU-hour-weighted MFU = Σ MFU·GPU-h / Σ GPU-h over the jobs that have an MFU figure.
 - Goodput = Σ productive GPU-h / Σ allocated GPU-h over the jobs whose productive time is known.
 - Lost GPU-h by cause: the per-job split of `slurmpod.report.model` summed.

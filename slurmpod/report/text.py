@@ -112,7 +112,7 @@ def fleet_text(fl: FleetReport) -> str:
     filt = ", ".join(f"{k} {v}" for k, v in fl.filters.items() if v) or "all jobs"
     out = [f"Fleet report, since {fl.window} ({filt})",
            f"  finished jobs {t.jobs} ({sum(1 for r in fl.rows if r.mfu is not None)} with MFU), "
-           f"running {fl.n_running}",
+           f"running or pending {fl.n_running}",
            f"  GPU-hours {gpuh(t.gpu_hours)}, GPU-hour-weighted MFU {pct(t.mfu)} "
            f"(over {gpuh(t.mfu_gpu_hours)} GPU-h), goodput {pct(t.goodput)}",
            "  lost GPU-h: " + ", ".join(f"{c} {gpuh(t.lost.get(c, 0.0))}" for c in LOSS_CAUSES),

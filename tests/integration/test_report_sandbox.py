@@ -288,6 +288,23 @@ def test_job_without_training_log_is_identity_and_placement_only(sandbox: Any,
     assert "identity and placement only" in text
 
 
+def test_running_job_gets_a_partial_report(sandbox: Any, jobs: Jobs) -> None:
+    jid = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8", "--job-name=rep-running",
+                         f"--output={jobs.work}/running-%j.out", "--wrap", "sleep 60")
+    try:
+        sandbox.wait_running(jid)
+        r = wait_for(lambda: (lambda d: d if d["job"]["state"] == "RUNNING" else None)(
+            report_json(sandbox, jid)), 30, "the running job in accounting")
+        assert r["status"] == "running" and "partial report" in r["status_text"]
+        assert r["job"]["end"] is None and r["figures"]["source"] == "none"
+        assert r["gpu_time"]["productive_gpu_hours"] is None
+        fleet = json.loads(slurmpod(sandbox, "--since", "1d", "--json", "--jobs").stdout)
+        assert fleet["running_jobs"] >= 1
+        assert jid not in {row["job_id"] for row in fleet["job_rows"]}  # not in the sums
+    finally:
+        sandbox.cancel(jid)
+
+
 def test_unknown_job_is_one_line_error(sandbox: Any) -> None:
     cp = slurmpod(sandbox, "999999", check=False)
     assert cp.returncode == 4 and cp.stderr.startswith("slurmpod: error: job 999999 is not")

@@ -87,7 +87,7 @@ def test_fleet_filters_reach_sacct_and_csv(fake_sacct: Path) -> None:
 def test_fleet_text(fake_sacct: Path) -> None:
     res = run("--since", "7d")
     assert res.exit_code == 0, res.output
-    assert "GPU-hour-weighted MFU 33.6 %" in res.output and "running 1" in res.output
+    assert "GPU-hour-weighted MFU 33.6 %" in res.output and "running or pending 1" in res.output
     assert "Top jobs by lost GPU-hours" in res.output
     assert "--allusers" in fake_sacct.read_text()
 
@@ -200,3 +200,21 @@ case "$*" in *--delimiter*) cat {tmp_path / 'r.txt'} ;; *) cat {tmp_path / 'a.tx
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     rc, err = main_rc(capsys, "--since", "1d", "--json")
     assert rc == 0 and "reading jobs" in err
+
+
+def test_log_hints_read_nccl_evidence_and_refuse_symlinks(tmp_path: Path) -> None:
+    from slurmpod.cli.report import log_hints
+
+    log = tmp_path / "job.out"
+    # the warning slurmpod's sbatch template prints when the topology file is unreadable
+    log.write_text("slurmpod: warning: NCCL_TOPO_FILE /etc/slurmpod/nccl-topo/x.xml is not "
+                   "readable; unsetting it\ngpu001:1:1 [0] NCCL INFO Bootstrap : Using ib0\n")
+    h = log_hints({"log": {"path": str(log)}})
+    assert h.nccl_topo_warning and h.nccl_info and not h.nccl_topo_loaded
+    log.write_text("gpu001 NCCL INFO NCCL_TOPO_FILE set by environment to /etc/t.xml\n")
+    h = log_hints({"log": {"path": str(log)}})
+    assert h.nccl_topo_loaded and not h.nccl_topo_warning
+    link = tmp_path / "link.out"
+    link.symlink_to(log)
+    assert log_hints({"log": {"path": str(link)}}) is None
+    assert log_hints({"log": {}}) is None and log_hints(None) is None
