@@ -218,6 +218,6 @@ def fleet_lost_over_time(fl: FleetReport) -> str | None:
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("lost GPU-hours")
-    ax.legend(ncol=4)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"Lost GPU-hours by cause, per {fl.bucket}")
     return _uri(fig)
