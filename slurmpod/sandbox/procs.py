@@ -58,6 +58,23 @@ def _proc_argv(pid: int) -> tuple[str, ...] | None:
     return tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
 
 
+def _settled_argv(proc: subprocess.Popen[bytes], given: tuple[str, ...]) -> tuple[str, ...]:
+    """The command line /proc shows for a just-started child, which is what is_ours compares.
+
+    Popen returns once the exec has begun, but the kernel sets the new argument area a moment
+    later, so read until two reads agree. For a script it is the interpreter's command line.
+    """
+    deadline = time.monotonic() + 1.0
+    last: tuple[str, ...] | None = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        now = _proc_argv(proc.pid)
+        if now and now == last:
+            return now
+        last = now
+        time.sleep(0.005)
+    return last or given
+
+
 def start_ticks(pid: int) -> int:
     st = _proc_stat(pid)
     return st[1] if st else -1
@@ -88,16 +105,13 @@ class Launcher:
                                     stderr=subprocess.STDOUT, env=dict(self.env), cwd=self.cwd,
                                     start_new_session=True, close_fds=True)
         self.children[proc.pid] = proc
-        # Popen returns after the exec: /proc now shows the program's own command line (for a
-        # script that is the interpreter's), which is what is_ours compares later.
         ticks = start_ticks(proc.pid)
-        shown = _proc_argv(proc.pid) or tuple(argv)
+        shown = _settled_argv(proc, tuple(argv))
         return ProcRecord(name, proc.pid, shown, ticks, str(log or out), str(out))
 
     def running(self, rec: ProcRecord) -> bool:
         """Alive? Children started here are asked directly; others are checked in /proc."""
-        proc = self.children.get(rec.pid)
-        return proc.poll() is None if proc is not None else is_ours(rec)
+        return _running(rec, self.children) if rec.pid in self.children else is_ours(rec)
 
     def exit_code(self, rec: ProcRecord) -> int | None:
         """The exit status of a child started here (None if running or not ours)."""
@@ -133,24 +147,34 @@ def stop(records: Sequence[ProcRecord], timeout_s: float = 15.0,
             skipped.append(rec.name)
     for rec in targets:
         _signal(rec, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    pending = list(targets)
-    while pending and time.monotonic() < deadline:
-        for rec in pending:
-            _reap(rec.pid, kids)
-        pending = [r for r in pending if is_ours(r)]
-        if pending:
-            time.sleep(0.05)
+    pending = _wait_gone(targets, timeout_s, kids)
     for rec in pending:
         _signal(rec, signal.SIGKILL)
-    kill_deadline = time.monotonic() + 5.0
-    while pending and time.monotonic() < kill_deadline:
+    _wait_gone(pending, 5.0, kids)
+    return skipped
+
+
+def _running(rec: ProcRecord, kids: Mapping[int, subprocess.Popen[bytes]]) -> bool:
+    """Not yet exited. The command line is not consulted: an exiting process already shows an
+    empty one, while its PID (same start time) is not free until it is reaped."""
+    if rec.pid in kids:
+        return kids[rec.pid].poll() is None
+    st = _proc_stat(rec.pid)
+    return st is not None and st[0] not in ("Z", "X") and st[1] == rec.start_ticks
+
+
+def _wait_gone(records: Sequence[ProcRecord], timeout_s: float,
+               kids: Mapping[int, subprocess.Popen[bytes]]) -> list[ProcRecord]:
+    deadline = time.monotonic() + timeout_s
+    pending = list(records)
+    while pending:
         for rec in pending:
             _reap(rec.pid, kids)
-        pending = [r for r in pending if is_ours(r)]
-        if pending:
-            time.sleep(0.05)
-    return skipped
+        pending = [r for r in pending if _running(r, kids)]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return pending
 
 
 def _signal(rec: ProcRecord, sig: int) -> None:
