@@ -107,10 +107,11 @@ def load_site_env(template_dirs: tuple[Path, ...]) -> dict[str, str | None]:
 
 
 def plan_or_refuse(run: RunSpec, site: Site) -> dict[str, Any]:
-    """The planner's JSON; a ConfigError (exit 3) when the layout is invalid or does not fit."""
+    """The planner's JSON; a ConfigError (exit 3) when the layout is invalid or does not fit.
+    Without the group placement: it only adds warnings, and it is what needs numpy."""
     from slurmpod.megatron.plan import make_plan
 
-    plan = make_plan(run, site)
+    plan = make_plan(run, site, placement=False)
     data = plan.to_json()
     if not data.get("ok", True):
         errors = list(data.get("errors") or [])

@@ -1,7 +1,9 @@
 """Run spec + site -> Plan: layout, FLOPs, memory per GPU, placement, errors with fixes.
 
 `make_plan` is pure: the numbers are computed even for an invalid layout, so the user sees how
-far off it is. The CLI prints the plan and exits 3 when `plan.ok` is false.
+far off it is. The CLI prints the plan and exits 3 when `plan.ok` is false. numpy (placement)
+is imported only when a placement is asked for: `slurmpod submit` needs the verdict, not the
+group map, and numpy alone costs more start-up than the whole plan.
 """
 
 from __future__ import annotations
@@ -9,8 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
 from slurmpod.megatron.memory import (
@@ -20,7 +20,6 @@ from slurmpod.megatron.memory import (
     param_counts,
     weight_and_optimizer_bytes,
 )
-from slurmpod.megatron.placement import NodeMap, Placement, node_map_from_arrays, place
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
     LAYOUT_KEYS,
@@ -34,6 +33,7 @@ from slurmpod.megatron.validate import (
 )
 
 if TYPE_CHECKING:
+    from slurmpod.megatron.placement import Placement
     from slurmpod.model.site import Site
 
 # Share of HBM kept free for the CUDA context, NCCL buffers, allocator fragmentation and
@@ -49,9 +49,9 @@ class _SiteArrays:
     hbm_gib: float
     peak_tflops_bf16: float
     gpu_model: str
-    domain: np.ndarray
-    rack: np.ndarray
-    su: np.ndarray
+    domain: tuple[int, ...]  # per site node, in inventory order
+    rack: tuple[int, ...]
+    su: tuple[int, ...]
     nodes_per_su: int
     nodes_per_rack: int
     nodes_per_domain: int
@@ -61,6 +61,8 @@ class _SiteArrays:
 
 
 _SITE_CACHE: dict[int, tuple[Site, _SiteArrays]] = {}
+# The same columns as int64 arrays, built on the first placement (keyed like _SITE_CACHE).
+_NUMPY_CACHE: dict[int, tuple[Any, ...]] = {}
 
 
 def _site_arrays(site: Site) -> _SiteArrays:
@@ -75,9 +77,8 @@ def _site_arrays(site: Site) -> _SiteArrays:
     arrays = _SiteArrays(
         node_type=grp.node_type, gpus_per_node=nt.gpus, domain_gpus=nt.domain_gpus,
         hbm_gib=nt.gpu.hbm_gib, peak_tflops_bf16=nt.gpu.peak_tflops_bf16, gpu_model=nt.gpu.model,
-        domain=np.array([n.domain for n in inv.nodes], dtype=np.int64),
-        rack=np.array([n.rack for n in inv.nodes], dtype=np.int64),
-        su=np.array([n.su for n in inv.nodes], dtype=np.int64),
+        domain=tuple(n.domain for n in inv.nodes), rack=tuple(n.rack for n in inv.nodes),
+        su=tuple(n.su for n in inv.nodes),
         nodes_per_su=grp.nodes_per_su, nodes_per_rack=grp.nodes_per_rack, nodes_per_domain=npd,
         block_nodes=npd if topo == "block" else grp.nodes_per_su, topology=topo,
         site_name=site.site.name,
@@ -180,8 +181,10 @@ class Plan:
         }
 
 
-def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
-    """Plan `run` on `site` (`nodes` overrides `[job] nodes`)."""
+def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
+              placement: bool = True) -> Plan:
+    """Plan `run` on `site` (`nodes` overrides `[job] nodes`). With `placement=False` the plan
+    has no group placement and none of its warnings; errors and fit are the same."""
     sa = _site_arrays(site)
     n_nodes = nodes if nodes is not None else run.job.nodes
     c = ModelConfig.from_args(run.megatron)
@@ -244,14 +247,10 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
     warnings = layout_warnings(c, world, shape)
     warnings.extend(f"{e} (the default [job] time_limit)" for e in part_errs
                     if time_is_default and e.startswith("job.time_limit"))
-    placement: Placement | None = None
-    if world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
-        nm: NodeMap = node_map_from_arrays(sa.domain, sa.rack, sa.su, n_nodes, sa.nodes_per_su,
-                                           sa.nodes_per_rack, sa.nodes_per_domain)
-        placement = place(tp=c.tp, cp=c.cp, pp=c.pp, ep=c.ep, etp=c.etp, nodes=n_nodes,
-                          gpus_per_node=sa.gpus_per_node, node_map=nm,
-                          block_nodes=sa.block_nodes, moe=c.is_moe)
-        warnings.extend(_placement_warnings(placement, c))
+    where: Placement | None = None
+    if placement and world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
+        where = _place(sa, c, n_nodes)
+        warnings.extend(_placement_warnings(where, c))
     return Plan(
         run_name=run.job.name, site=sa.site_name, nodes=n_nodes, gpus_per_node=sa.gpus_per_node,
         world_size=world, tp=c.tp, cp=c.cp, pp=c.pp, vpp=c.vpp, ep=c.ep, etp=c.etp,
@@ -265,11 +264,28 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None) -> Plan:
         megatron_weight_and_optimizer_bytes_per_gpu=megatron_weight_and_optimizer_bytes(c, world),
         activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
         hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
-        gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=placement,
+        gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=where,
         is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
         min_blocks=math.ceil(n_nodes / sa.block_nodes),
         errors=errors, warnings=warnings,
     )
+
+
+def _place(sa: _SiteArrays, c: ModelConfig, n_nodes: int) -> Placement:
+    import numpy as np
+
+    from slurmpod.megatron.placement import node_map_from_arrays, place
+
+    arrays = _NUMPY_CACHE.get(id(sa))
+    if arrays is None or arrays[0] is not sa:
+        arrays = (sa, *(np.array(v, dtype=np.int64) for v in (sa.domain, sa.rack, sa.su)))
+        _NUMPY_CACHE[id(sa)] = arrays
+    _, domain, rack, su = arrays
+    nm = node_map_from_arrays(domain, rack, su, n_nodes, sa.nodes_per_su, sa.nodes_per_rack,
+                              sa.nodes_per_domain)
+    return place(tp=c.tp, cp=c.cp, pp=c.pp, ep=c.ep, etp=c.etp, nodes=n_nodes,
+                 gpus_per_node=sa.gpus_per_node, node_map=nm, block_nodes=sa.block_nodes,
+                 moe=c.is_moe)
 
 
 def slurm_minutes(limit: str) -> float:
