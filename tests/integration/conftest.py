@@ -162,8 +162,9 @@ class SandboxFixture:
         cp = self.run(["squeue", "-h", "-j", job_id, "-o", "%N"], check=False)
         text = cp.stdout.strip()
         if not text:
-            job = self.sacct_job(job_id)
-            text = str((job or {}).get("nodes", ""))
+            # Gone from squeue: finished. Only a complete sacct record lists every node.
+            job = self.wait_job(job_id)
+            text = str(job.get("nodes", ""))
         return expand(text) if text and text != "None assigned" else []
 
     def cancel(self, *job_ids: str) -> None:
