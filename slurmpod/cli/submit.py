@@ -78,12 +78,7 @@ def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
               help="Write the script here (atomically) instead of stdout.")
 def render(run_file: Path, output: Path | None, **kw: Any) -> None:
     """Render the sbatch script for RUN_FILE (refuses an invalid or non-fitting plan: exit 3)."""
-    from slurmpod.submit import prepare, read_run_and_site, resolve_run_dir
-
-    run, site, label = read_run_and_site(run_file, kw["site"])
-    opts = _options(label, kw)
-    run_dir = resolve_run_dir(run, kw["run_dir"], str(Path.cwd()))
-    prep = prepare(run, site, opts, run_dir)
+    prep = _prepare_local(run_file, kw)
     if output is None:
         sys.stdout.write(prep.script)
         return
@@ -114,20 +109,24 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
     """Plan, render, store and submit RUN_FILE; print the job id."""
     from slurmpod import submit as sub
 
-    run, site, label = sub.read_run_and_site(run_file, kw["site"])
-    opts = _options(label, kw)
+    if host is None:
+        prep = _prepare_local(run_file, kw)  # a ConfigError before any Slurm command
+    else:
+        # Over SSH the run directory depends on the remote home: prepare once connected.
+        run, site, label = sub.read_run_and_site(run_file, kw["site"])
+        opts = _options(label, kw)
     if backend == "pyslurm" and host:
         raise UsageError("--backend pyslurm talks to the local Slurm; drop --host or use cli")
     runner = _runner(host)
     if remote_env:
         runner = sub.EnvRunner(runner, _pairs(remote_env, "--remote-env"))
     try:
-        base = str(Path.cwd()) if host is None else _remote_home(runner)
-        run_dir = sub.resolve_run_dir(run, kw["run_dir"], base)
-        prep = sub.prepare(run, site, opts, run_dir)
+        if host is not None:
+            run_dir = sub.resolve_run_dir(run, kw["run_dir"], _remote_home(runner))
+            prep = sub.prepare(run, site, opts, run_dir)
         if dry_run:
-            res = sub.SubmitResult([], run_dir, prep.script_path, prep.token, runner.where,
-                                   dry_run=True, min_sus=prep.facts.min_sus)
+            res = sub.SubmitResult([], prep.run_dir, prep.script_path, prep.token, runner.where,
+                                   dry_run=True, min_sus=prep.min_sus)
             if as_json:
                 from slurmpod.cli.output import emit_json
 
@@ -138,8 +137,9 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
                            f"{runner.where}", err=True)
             return
         be = sub.make_backend(backend, runner)
-        res = sub.submit(prep, runner, be, chain=opts.chain, force=force)
+        res = sub.submit(prep, runner, be, chain=kw["chain"], force=force)
         if wait:
+            site = prep.site if isinstance(prep, sub.Prepared) else _load_site(kw["site"])
             res = sub.wait_for_start(be, site, res, timeout_s=wait_timeout)
     finally:
         runner.close()
@@ -156,6 +156,31 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
         spans = f"{len(res.sus)} SU(s) {','.join(res.sus)}" if res.sus else "no nodes"
         click.echo(f"job {res.job_ids[0]} {res.state} on {res.nodes or '-'}: {spans} "
                    f"(minimum {res.min_sus})")
+
+
+def _prepare_local(run_file: Path, kw: dict[str, Any]):  # -> Prepared | Rendered
+    """Prepare RUN_FILE for this machine (run directory below the cwd), reusing the stored
+    script when these exact inputs were prepared before (see slurmpod.submit)."""
+    from slurmpod import submit as sub
+    from slurmpod.config import resolve_site_path
+
+    base = str(Path.cwd())
+    key = sub.prepared_key(run_file, resolve_site_path(kw["site"]), kw["template_dirs"], kw, base)
+    hit = sub.cache_load(key) if key else None
+    if hit is not None:  # stored only after a successful prepare of these very inputs
+        return hit
+    run, site, label = sub.read_run_and_site(run_file, kw["site"])
+    opts = _options(label, kw)
+    prep = sub.prepare(run, site, opts, sub.resolve_run_dir(run, kw["run_dir"], base))
+    if key:
+        sub.cache_store(key, prep)
+    return prep
+
+
+def _load_site(site: str | None):  # -> Site
+    from slurmpod.config import load_site, resolve_site_path
+
+    return load_site(resolve_site_path(site))
 
 
 def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:

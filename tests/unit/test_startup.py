@@ -1,0 +1,229 @@
+"""Start-up stays lean: what a command imports, which way imports point, and the prepared-script
+cache that lets a repeated submit skip validation, planning and rendering.
+
+Import structure, not timing: a fresh interpreter runs the command and reports which heavy
+libraries ended up in sys.modules (timings live in benchmarks/submit_overhead.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slurmpod
+
+PACKAGE = Path(slurmpod.__file__).resolve().parent
+HEAVY = ("numpy", "pydantic", "jinja2", "paramiko")
+
+# Runs the CLI in this fresh interpreter, then reports the exit code and the heavy modules loaded.
+CHILD = r"""
+import json, sys
+from slurmpod.cli.main import main
+rc = 0
+try:
+    main(json.loads(sys.argv[1]))
+except SystemExit as exc:
+    rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+heavy = sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)
+sys.stderr.write("\nSTARTUP " + json.dumps({"rc": rc, "heavy": heavy}) + "\n")
+"""
+
+
+def run_cli(args: list[str], cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> tuple[int, list[str], str, str]:
+    """(exit code, heavy modules imported, stdout, stderr without the report line)."""
+    cp = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args), json.dumps(HEAVY)],
+                        capture_output=True, text=True, timeout=120, cwd=cwd,
+                        env={**os.environ, **(env or {})})
+    head, sep, tail = cp.stderr.rpartition("\nSTARTUP ")
+    assert sep, f"child did not report: {cp.stderr[-2000:]}"
+    report = json.loads(tail)
+    return report["rc"], report["heavy"], cp.stdout, head
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["submit", "--help"],
+                                  ["render", "--help"]])
+def test_help_imports_no_heavy_library(args: list[str]) -> None:
+    rc, heavy, out, _ = run_cli(args)
+    assert rc == 0 and "Usage:" in out
+    assert heavy == []
+
+
+def test_the_child_does_see_heavy_imports() -> None:
+    # The probe itself must be able to fail: planning imports pydantic (site and run spec).
+    rc, heavy, out, err = run_cli(["plan", "--preset", "llama3-8b", "--nodes", "2", "--json"])
+    assert rc == 0, err
+    assert "pydantic" in heavy and json.loads(out)["nodes"] == 2
+
+
+# --- import direction ---------------------------------------------------------------------------
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports (also inside functions), absolute, for relative ones too."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    pkg_parts = list(rel.parts[:-1])  # the package: same for a module and an __init__
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level + 1]
+                out.add(".".join([*base, *([node.module] if node.module else [])]))
+            elif node.module:
+                out.add(node.module)
+    return out
+
+
+def _package_imports(sub: str) -> dict[str, set[str]]:
+    target = PACKAGE / sub
+    files = sorted(target.rglob("*.py")) if target.is_dir() else [target.with_suffix(".py")]
+    assert files, f"nothing to scan under {target}"
+    return {str(f.relative_to(PACKAGE.parent)): _imports(f) for f in files}
+
+
+def _slurmpod_layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "slurmpod" and len(parts) > 1 else None
+
+
+def test_import_scan_sees_imports_inside_functions() -> None:
+    # render_script imports jinja2 lazily; the scan must still see it.
+    assert "jinja2" in _imports(PACKAGE / "render" / "sbatch.py")
+    assert "slurmpod.megatron.placement" in _imports(PACKAGE / "megatron" / "plan.py")
+
+
+def test_model_imports_only_model_and_errors() -> None:
+    for path, mods in _package_imports("model").items():
+        layers = {_slurmpod_layer(m) for m in mods} - {None}
+        assert layers <= {"model", "errors"}, f"{path} imports {sorted(layers)}"
+
+
+@pytest.mark.parametrize("core", ["model", "megatron", "render", "topology"])
+def test_core_never_imports_the_edges(core: str) -> None:
+    edges = {"cli", "backends", "sandbox", "transport", "accounting", "report", "submit"}
+    for path, mods in _package_imports(core).items():
+        bad = {_slurmpod_layer(m) for m in mods} & edges
+        assert not bad, f"{path} imports slurmpod.{sorted(bad)[0]} (imports point downward)"
+
+
+@pytest.mark.parametrize("pure", ["model", "megatron", "render", "topology", "backends/parse"])
+def test_pure_code_runs_no_commands(pure: str) -> None:
+    for path, mods in _package_imports(pure).items():
+        assert not mods & {"subprocess", "pty", "paramiko"}, f"{path} runs commands"
+        assert not any(m.startswith("slurmpod.transport") for m in mods), path
+
+
+# --- the prepared-script cache --------------------------------------------------------------------
+
+RUN = """
+[job]
+name = "{name}"
+nodes = 1
+time_limit = "00:05:00"
+entrypoint = "/bin/true"
+
+[megatron]
+num_layers = 4
+hidden_size = 256
+num_attention_heads = 8
+seq_length = 128
+vocab_size = 1024
+tensor_model_parallel_size = {tp}
+global_batch_size = 8
+train_iters = 10
+"""
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    (tmp_path / "run.toml").write_text(RUN.format(name="cached", tp=8))
+    return tmp_path, {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def _entries(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "slurmpod" / "prepared").glob("*.json"))
+
+
+def test_repeated_render_reuses_the_script_without_pydantic(work) -> None:
+    tmp, env = work
+    args = ["render", "run.toml", "--topo-dir", ""]
+    rc1, heavy1, first, err = run_cli(args, cwd=tmp, env=env)
+    assert rc1 == 0, err
+    assert {"pydantic", "jinja2"} <= set(heavy1)
+    assert len(_entries(tmp)) == 1
+    rc2, heavy2, second, _ = run_cli(args, cwd=tmp, env=env)
+    assert rc2 == 0 and second == first
+    assert heavy2 == []
+    # The run directory is below the cwd it was prepared in.
+    assert f"#SBATCH --chdir={tmp}/slurmpod-runs/cached" in second
+
+
+def test_changed_inputs_are_prepared_afresh(work, tmp_path: Path) -> None:
+    tmp, env = work
+    args = ["render", "run.toml", "--topo-dir", ""]
+    first = run_cli(args, cwd=tmp, env=env)[2]
+    (tmp / "run.toml").write_text(RUN.format(name="renamed", tp=8))
+    rc, heavy, second, _ = run_cli(args, cwd=tmp, env=env)
+    assert rc == 0 and "pydantic" in heavy
+    assert "--job-name=renamed" in second and "--job-name=cached" in first
+    # Another option, another working directory: other scripts, not the stored one.
+    other = run_cli([*args, "--nccl-debug"], cwd=tmp, env=env)[2]
+    assert "NCCL_DEBUG" in other and "NCCL_DEBUG=" not in second
+    (tmp / "sub").mkdir()
+    moved = run_cli(["render", "../run.toml", "--topo-dir", ""], cwd=tmp / "sub", env=env)[2]
+    assert f"--chdir={tmp}/sub/slurmpod-runs/renamed" in moved
+    assert len(_entries(tmp)) == 4
+
+
+def test_site_template_edit_is_seen(work) -> None:
+    tmp, env = work
+    tdir = tmp / "site-templates" / "sbatch"
+    tdir.mkdir(parents=True)
+    tpl = tdir / "megatron.sbatch.j2"
+    tpl.write_text('{% extends "sbatch/megatron-base.sbatch.j2" %}\n'
+                   "{% block accounting_monitor %}# site v1{% endblock %}\n")
+    args = ["render", "run.toml", "--topo-dir", "", "--template-dir", str(tmp / "site-templates")]
+    rc, _, first, err = run_cli(args, cwd=tmp, env=env)
+    assert rc == 0, err
+    # Same path, new content (and size, so even a coarse mtime clock cannot hide the edit).
+    tpl.write_text(tpl.read_text().replace("site v1", "site v2 (longer)"))
+    second = run_cli(args, cwd=tmp, env=env)[2]
+    assert "# site v1" in first and "# site v2 (longer)" in second
+
+
+def test_damaged_entry_is_ignored(work) -> None:
+    tmp, env = work
+    args = ["render", "run.toml", "--topo-dir", ""]
+    first = run_cli(args, cwd=tmp, env=env)[2]
+    (entry,) = _entries(tmp)
+    data = json.loads(entry.read_text())
+    data["script"] = data["script"].replace("#SBATCH --exclusive", "#SBATCH --oversubscribe")
+    entry.write_text(json.dumps(data))
+    rc, heavy, second, _ = run_cli(args, cwd=tmp, env=env)
+    assert rc == 0 and second == first and "pydantic" in heavy
+
+
+def test_refusals_are_never_stored(work) -> None:
+    tmp, env = work
+    (tmp / "run.toml").write_text(RUN.format(name="bad", tp=3))  # TP=3 divides no 8-GPU node
+    for _ in range(2):
+        rc, heavy, out, err = run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env)
+        assert rc == 3 and out == "" and "TP=3" in err and "pydantic" in heavy
+    assert _entries(tmp) == []
+
+
+def test_unwritable_cache_only_costs_time(work) -> None:
+    tmp, _ = work
+    blocker = tmp / "not-a-dir"
+    blocker.write_text("")
+    env = {"XDG_CACHE_HOME": str(blocker)}
+    runs = [run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env) for _ in range(2)]
+    assert [r[0] for r in runs] == [0, 0] and runs[0][2] == runs[1][2]
+    assert all("pydantic" in r[1] for r in runs)
