@@ -51,7 +51,10 @@ _NOT_TYPOS: frozenset[str] = frozenset({
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a validator is built on first validation, for the model validated only, not
+    # for each nested class at import. Hence nested defaults are default_factory: an instance
+    # made in a class body would build them all at import again.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class JobSpec(_Strict):
@@ -76,7 +79,7 @@ class JobSpec(_Strict):
 class MegatronArgs(BaseModel):
     """`[megatron]`: known keys typed; unknown keys kept (extra='allow') for the command line."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=1)
@@ -147,7 +150,7 @@ class MegatronArgs(BaseModel):
 
 
 class RunSpec(_Strict):
-    job: JobSpec = JobSpec()
+    job: JobSpec = Field(default_factory=JobSpec)
     megatron: MegatronArgs
 
 

@@ -19,7 +19,10 @@ SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a validator is built on first validation, for the model validated only, not
+    # for each nested class at import. Hence nested defaults are default_factory: an instance
+    # made in a class body would build them all at import again.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Gpu(_Strict):
@@ -225,11 +228,11 @@ class SiteInfo(_Strict):
 
 class Site(_Strict):
     site: SiteInfo
-    slurm: SlurmTarget = SlurmTarget()
+    slurm: SlurmTarget = Field(default_factory=SlurmTarget)
     node_types: dict[str, NodeType]
-    fabric: Fabric = Fabric()
+    fabric: Fabric = Field(default_factory=Fabric)
     su_groups: list[SuGroup] = Field(min_length=1)
-    naming: Naming = Naming()
+    naming: Naming = Field(default_factory=Naming)
     partitions: list[Partition] = Field(default_factory=list)
 
     @model_validator(mode="after")
