@@ -6,12 +6,14 @@ Backends talk to Slurm only through a runner, so "where" (local subprocess or SS
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from slurmpod.errors import CommandError
 
@@ -73,6 +75,53 @@ class CommandRunner(Protocol):
 
     def close(self) -> None:
         ...
+
+
+class BaseRunner(ABC):
+    """What LocalRunner and SshRunner do alike around one command: argv elements made strings
+    (an empty argv refused), the runner's default timeout applied, a non-zero exit raised as
+    CommandError when `check`. Subclasses only start the command (`_execute`)."""
+
+    default_timeout_s: float
+
+    @property
+    @abstractmethod
+    def where(self) -> str:
+        ...
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input_text: str | None = None,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        """Run `argv` (never through a local shell); CommandError on non-zero exit if `check`."""
+        args = [os.fspath(a) for a in argv]
+        if not args:
+            raise ValueError("empty argv")
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        result = self._execute(args, input_text, timeout, env, cwd)
+        return check_result(result) if check else result
+
+    @abstractmethod
+    def _execute(self, args: list[str], input_text: str | None, timeout: float,
+                 env: Mapping[str, str] | None, cwd: str | None) -> CommandResult:
+        """Run `args` once to completion; raise only when it cannot run or runs past the
+        timeout (CommandTimeoutError)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the runner holds (an SSH connection)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def remote_command_line(

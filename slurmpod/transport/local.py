@@ -6,17 +6,17 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from slurmpod.errors import CommandError
 from slurmpod.fsutil import write_atomic
-from slurmpod.transport.base import CommandResult, CommandTimeoutError, check_result
+from slurmpod.transport.base import BaseRunner, CommandResult, CommandTimeoutError
 
 DEFAULT_TIMEOUT_S = 60.0
 
 
-class LocalRunner:
+class LocalRunner(BaseRunner):
     """Runs commands on this machine. `env` entries are added to the inherited environment."""
 
     def __init__(self, env: Mapping[str, str] | None = None,
@@ -28,20 +28,8 @@ class LocalRunner:
     def where(self) -> str:
         return "local"
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input_text: str | None = None,
-        timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        check: bool = True,
-    ) -> CommandResult:
-        args = [os.fspath(a) for a in argv]
-        if not args:
-            raise ValueError("empty argv")
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+    def _execute(self, args: list[str], input_text: str | None, timeout: float,
+                 env: Mapping[str, str] | None, cwd: str | None) -> CommandResult:
         full_env = None
         if self._env or env:
             full_env = {**os.environ, **self._env, **(env or {})}
@@ -59,9 +47,8 @@ class LocalRunner:
         except subprocess.TimeoutExpired as exc:
             err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
             raise CommandTimeoutError(args, timeout, err, where=self.where) from None
-        result = CommandResult(tuple(args), proc.returncode, proc.stdout, proc.stderr,
-                               time.monotonic() - start)
-        return check_result(result) if check else result
+        return CommandResult(tuple(args), proc.returncode, proc.stdout, proc.stderr,
+                             time.monotonic() - start)
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> str:
         target = Path(path).expanduser().resolve()

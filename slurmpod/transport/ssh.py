@@ -12,15 +12,15 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import SshError
 from slurmpod.transport.base import (
+    BaseRunner,
     CommandResult,
     CommandTimeoutError,
-    check_result,
     remote_command_line,
 )
 
@@ -35,7 +35,7 @@ def _expand(path: str) -> str:
     return os.path.expanduser(os.path.expandvars(path))
 
 
-class SshRunner:
+class SshRunner(BaseRunner):
     """Runs commands on `host` (an alias from ~/.ssh/config or a host name)."""
 
     def __init__(
@@ -159,26 +159,10 @@ class SshRunner:
             self._client.close()
             self._client = None
 
-    def __enter__(self) -> SshRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- commands ---------------------------------------------------------------------------
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input_text: str | None = None,
-        timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        check: bool = True,
-    ) -> CommandResult:
-        args = [os.fspath(a) for a in argv]
+    def _execute(self, args: list[str], input_text: str | None, timeout: float,
+                 env: Mapping[str, str] | None, cwd: str | None) -> CommandResult:
         line = remote_command_line(args, env=env, cwd=cwd)
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
         client = self._connect()
         start = time.monotonic()
         try:
@@ -197,9 +181,8 @@ class SshRunner:
         except Exception as exc:
             self.close()
             raise SshError(f"running `{args[0]}` on {self.where} failed: {exc}") from None
-        result = CommandResult(tuple(args), rc, out.decode(errors="replace"),
-                               err.decode(errors="replace"), time.monotonic() - start)
-        return check_result(result) if check else result
+        return CommandResult(tuple(args), rc, out.decode(errors="replace"),
+                             err.decode(errors="replace"), time.monotonic() - start)
 
     def _drain(self, chan: Any, args: list[str], deadline: float,
                timeout: float) -> tuple[bytes, bytes]:
