@@ -16,6 +16,7 @@ from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
+    SACCT_TIME_ENV,
     parse_sacct_parsable,
     parse_sbatch_parsable,
     parse_scontrol_nodes,
@@ -34,8 +35,6 @@ _TRANSIENT = (
     "Zero Bytes were transmitted or received",
     "Resource temporarily unavailable",
 )
-# Epoch seconds in sacct/squeue text output, so no guessing at the cluster's time zone.
-_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 
 class CliBackend:
@@ -56,9 +55,10 @@ class CliBackend:
         self.timeout_s = timeout_s
         self._sleep = sleep
 
-    # -- plumbing ---------------------------------------------------------------------------
-    def _query(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> CommandResult:
-        """A read-only command: retried a bounded number of times on transient failures."""
+    # -- commands ---------------------------------------------------------------------------
+    def query(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run a read-only Slurm command (sinfo, squeue, sacct, scontrol show), retried a
+        bounded number of times on transient failures; CommandError naming it otherwise."""
         attempt = 0
         while True:
             try:
@@ -79,7 +79,7 @@ class CliBackend:
 
     # -- protocol ---------------------------------------------------------------------------
     def version(self) -> str:
-        out = self._query(["sinfo", "--version"]).stdout.split()
+        out = self.query(["sinfo", "--version"]).stdout.split()
         return out[-1] if out else ""
 
     def submit(
@@ -122,7 +122,7 @@ class CliBackend:
             return {}
         ids = list(dict.fromkeys(job_ids))
         # Slurm 22.05's `squeue --json` ignores --jobs and dumps every job: filter here too.
-        result = self._query(["squeue", "--json", "--all", "--states=all",
+        result = self.query(["squeue", "--json", "--all", "--states=all",
                               f"--jobs={','.join(ids)}"])
         found = {s.job_id: s for s in parse_squeue_json(result.stdout) if wanted(s.job_id, ids)}
         missing = [j for j in ids if j not in found
@@ -140,7 +140,7 @@ class CliBackend:
         # jobs (recorded in tests/data/slurm/22.05/sacct.json), the text ExitCode is right.
         argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={SACCT_DELIMITER}",
                 f"--format={','.join(SACCT_FIELDS)}", "--duplicates", f"--jobs={','.join(ids)}"]
-        result = self._query(argv, env=_TIME_ENV)
+        result = self.query(argv, env=SACCT_TIME_ENV)
         records = parse_sacct_parsable(result.stdout)
         return {r.job_id: r for r in records if wanted(r.job_id, ids)}
 
@@ -148,7 +148,7 @@ class CliBackend:
         argv = ["scontrol", "--oneliner", "show", "node"]
         if names:
             argv.append(names)
-        return parse_scontrol_nodes(self._query(argv).stdout)
+        return parse_scontrol_nodes(self.query(argv).stdout)
 
     def update_comment(self, job_id: str, comment: str) -> None:
         # One argv element: scontrol takes everything after `Comment=` as the value.

@@ -215,16 +215,20 @@ def _comment(value: Any, key: str) -> str:
     return _str(value) if key == "job" else ""
 
 
+def sacct_json_job_id(job: Mapping[str, Any]) -> str:
+    """The id of one `sacct --json` job entry: `123`, `123_4` (array task) or `123+1` (het)."""
+    array = job.get("array") or {}
+    het = job.get("het") or {}
+    return _array_job_id(str(_int(job.get("job_id"))), array.get("job_id"), array.get("task_id"),
+                         het.get("job_id"), het.get("job_offset"))
+
+
 def parse_sacct_json(text: str) -> list[JobRecord]:
     """One JobRecord per job id; earlier attempts of a requeued job (`-D`) count as restarts."""
     data = load_json(text, "sacct --json")
     attempts: dict[str, list[JobRecord]] = {}
     for job in data.get("jobs") or []:
-        raw = str(_int(job.get("job_id")))
-        array = job.get("array") or {}
-        het = job.get("het") or {}
-        job_id = _array_job_id(raw, array.get("job_id"), array.get("task_id"),
-                               het.get("job_id"), het.get("job_offset"))
+        job_id = sacct_json_job_id(job)
         steps = tuple(_step_from_json(s) for s in job.get("steps") or [])
         code, sig = exit_of(job.get("exit_code"))
         batch = next((s for s in steps if s.step_id == "batch"), None)
@@ -279,6 +283,8 @@ SACCT_FIELDS: tuple[str, ...] = (
 # ASCII unit separator: comments are free text (JSON with `|` is common), a control
 # character never appears in them.
 SACCT_DELIMITER = "\x1f"
+# Epoch seconds in sacct's text output, so no guessing at the cluster's time zone.
+SACCT_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 
 def _sacct_time(text: str, tz: tzinfo) -> datetime | None:

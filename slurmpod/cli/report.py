@@ -51,13 +51,16 @@ def slurm_since(text: str) -> str:
 
 
 def _sacct(argv: list[str]) -> str:
-    from slurmpod.report.sacct import TIME_ENV
+    """sacct's output, with the CLI backend's retry while slurmdbd is briefly unreachable."""
+    from slurmpod.backends.cli import CliBackend
+    from slurmpod.backends.parse import SACCT_TIME_ENV
     from slurmpod.transport.local import LocalRunner
 
     try:
-        return LocalRunner().run(argv, timeout_s=SACCT_TIMEOUT_S, env=TIME_ENV).stdout
-    except CommandError as exc:
-        raise SlurmError(f"sacct failed: {exc.message}",
+        return CliBackend(LocalRunner(), timeout_s=SACCT_TIMEOUT_S).query(
+            argv, env=SACCT_TIME_ENV).stdout
+    except CommandError as exc:  # the message already names sacct and its last stderr line
+        raise SlurmError(exc.message,
                          hint="is slurmdbd running and accounting enabled? try `sacct -X`"
                          ) from None
 

@@ -31,6 +31,7 @@ from slurmpod.backends.parse import (
     num,
     parse_sacct_json,
     parse_sacct_parsable,
+    sacct_json_job_id,
     state_of,
 )
 from slurmpod.errors import SlurmError
@@ -59,19 +60,6 @@ class SacctJob:
         return sum(a.elapsed_s for a in self.attempts)
 
 
-def _id_of(job: Mapping[str, Any]) -> str:
-    """The job id as parse_sacct_json spells it (`123`, `123_4` array task, `123+1` het)."""
-    raw = str(int(num(job.get("job_id")) or 0))
-    array = job.get("array") or {}
-    parent, task = num(array.get("job_id")), num(array.get("task_id"))
-    if parent and task is not None:
-        return f"{int(parent)}_{int(task)}"
-    het = job.get("het") or {}
-    if num(het.get("job_id")):
-        return f"{int(num(het.get('job_id')) or 0)}+{int(num(het.get('job_offset')) or 0)}"
-    return raw
-
-
 def _int_or_none(value: Any) -> int | None:
     n = num(value)
     return int(n) if n else None
@@ -89,7 +77,7 @@ def parse_sacct_jobs(text: str) -> list[SacctJob]:
     attempts: dict[str, list[Attempt]] = {}
     for job in data.get("jobs") or []:
         t = job.get("time") or {}
-        attempts.setdefault(_id_of(job), []).append(Attempt(
+        attempts.setdefault(sacct_json_job_id(job), []).append(Attempt(
             submit_s=_int_or_none(t.get("submission")), start_s=_int_or_none(t.get("start")),
             end_s=_int_or_none(t.get("end")),
             elapsed_s=int(num(t.get("elapsed")) or 0), state=str(state_of(job.get("state")))))
@@ -136,7 +124,6 @@ def select(jobs: Sequence[SacctJob], *, user: str | None = None, account: str | 
 
 
 ATTEMPT_FIELDS = ("JobID", "Submit", "Start", "End", "ElapsedRaw", "State")
-TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}  # epoch seconds: no guessing at the cluster's zone
 
 
 def records_argv(selection: Sequence[str]) -> list[str]:

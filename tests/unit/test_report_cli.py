@@ -218,3 +218,30 @@ def test_log_hints_read_nccl_evidence_and_refuse_symlinks(tmp_path: Path) -> Non
     link.symlink_to(log)
     assert log_hints({"log": {"path": str(link)}}) is None
     assert log_hints({"log": {}}) is None and log_hints(None) is None
+
+
+def test_sacct_retried_while_slurmdbd_is_unreachable(
+        fake_sacct: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The first call fails the way sacct does while slurmdbd restarts; the report's queries go
+    # through the CLI backend's bounded retry, so the report still comes out.
+    real = fake_sacct.parent / "bin" / "sacct"
+    flaky = fake_sacct.parent / "bin" / "sacct.real"
+    real.rename(flaky)
+    marker = fake_sacct.parent / "failed-once"
+    real.write_text(f"""#!/bin/sh
+if [ ! -e {marker} ]; then
+  touch {marker}
+  echo "sacct: error: slurm_persist_conn_open_without_init: failed to open" >&2
+  exit 1
+fi
+exec {flaky} "$@"
+""")
+    real.chmod(real.stat().st_mode | stat.S_IEXEC)
+    res = run("102")
+    assert res.exit_code == 0, res.output
+    assert marker.exists() and "Job 102 (fail-b)  FAILED  exit 3" in res.output
+    marker.unlink()
+    real.write_text("#!/bin/sh\necho 'sacct: error: Invalid user id' >&2\nexit 1\n")
+    rc, err = main_rc(capsys, "102")
+    assert rc == 4 and err.startswith("slurmpod: error: sacct failed: sacct: error: Invalid user")
+    assert "slurmdbd" in err and not marker.exists()
