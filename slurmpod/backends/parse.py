@@ -342,46 +342,43 @@ def _rows(text: str, n_fields: int, delimiter: str) -> Iterable[list[str]]:
         raise SlurmError(f"sacct: truncated row: {pending[:80]!r}")
 
 
-def _record_from_row(row: dict[str, str], steps: list[dict[str, str]], tz: tzinfo) -> JobRecord:
+def _row_common(row: dict[str, str], tz: tzinfo) -> dict[str, Any]:
+    """The fields a job row and a step row read from the same sacct columns."""
     code, sig = exit_of(row.get("ExitCode", "0:0"))
-    alloc = row.get("AllocTRES", "")
+    return {
+        "name": row.get("JobName", ""),
+        "state": JobState.parse(row.get("State")),
+        "exit_code": code,
+        "signal": sig,
+        "elapsed_s": _int(row.get("ElapsedRaw")),
+        "nodes": _nodes(row.get("NodeList")),
+        "n_nodes": _int(row.get("NNodes")),
+        "start_time": _sacct_time(row.get("Start", ""), tz),
+        "end_time": _sacct_time(row.get("End", ""), tz),
+    }
+
+
+def _record_from_row(row: dict[str, str], steps: list[dict[str, str]], tz: tzinfo) -> JobRecord:
     return JobRecord(
         job_id=row.get("JobID", ""),
-        name=row.get("JobName", ""),
         user=row.get("User", ""),
         account=row.get("Account", ""),
         partition=row.get("Partition", ""),
-        state=JobState.parse(row.get("State")),
-        exit_code=code,
-        signal=sig,
         submit_time=_sacct_time(row.get("Submit", ""), tz),
-        start_time=_sacct_time(row.get("Start", ""), tz),
-        end_time=_sacct_time(row.get("End", ""), tz),
-        elapsed_s=_int(row.get("ElapsedRaw")),
-        nodes=_nodes(row.get("NodeList")),
-        n_nodes=_int(row.get("NNodes")),
-        n_gpus=gpus_from_tres(alloc),
+        n_gpus=gpus_from_tres(row.get("AllocTRES", "")),
         comment=row.get("Comment", ""),
         admin_comment=row.get("AdminComment", ""),
         steps=tuple(_step_from_row(s, tz) for s in steps),
+        **_row_common(row, tz),
     )
 
 
 def _step_from_row(row: dict[str, str], tz: tzinfo) -> StepRecord:
-    code, sig = exit_of(row.get("ExitCode", "0:0"))
     ntasks = row.get("NTasks", "")
     return StepRecord(
         step_id=row.get("JobID", "").partition(".")[2],
-        name=row.get("JobName", ""),
-        state=JobState.parse(row.get("State")),
-        exit_code=code,
-        signal=sig,
-        elapsed_s=_int(row.get("ElapsedRaw")),
-        nodes=_nodes(row.get("NodeList")),
-        n_nodes=_int(row.get("NNodes")),
         n_tasks=int(ntasks) if ntasks.isdigit() else None,
-        start_time=_sacct_time(row.get("Start", ""), tz),
-        end_time=_sacct_time(row.get("End", ""), tz),
+        **_row_common(row, tz),
     )
 
 
