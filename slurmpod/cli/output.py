@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import click
+
+from slurmpod.textfmt import table  # the commands' tables and the reports' are one layout
 
 
 def emit_json(data: Any) -> None:
@@ -24,10 +25,4 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain left-aligned text table."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+__all__ = ["emit_json", "table"]

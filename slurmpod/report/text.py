@@ -8,6 +8,7 @@ from typing import Any
 
 from slurmpod.report.fleet import FleetReport, Group, JobRow
 from slurmpod.report.model import LOSS_CAUSES, Dist, JobReport
+from slurmpod.textfmt import table
 
 
 def pct(x: float | None, digits: int = 1) -> str:
@@ -37,14 +38,6 @@ def dist_text(d: Dist | None, fmt: Any) -> str:
     if d.p10 is None or d.p90 is None:
         return fmt(d.median)
     return f"{fmt(d.median)} (p10 {fmt(d.p10)}, p90 {fmt(d.p90)})"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def job_text(r: JobReport) -> str:
