@@ -6,6 +6,7 @@ asks. pydantic is imported here, never at CLI start-up.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -105,8 +106,18 @@ def load_site(path: Path | str) -> Site:
     return site
 
 
-def resolve_site_path(site: str | None, default: str = "sandbox") -> Path:
-    """A path, or the name of a built-in site (`dgx-h100-superpod`, `sandbox`, …)."""
+DEFAULT_SITE = "dgx-h100-superpod"
+SITE_ENV = "SLURMPOD_SITE"
+
+
+def resolve_site_path(site: str | None, default: str = DEFAULT_SITE) -> Path:
+    """A path, or the name of a built-in site (`dgx-h100-superpod`, `sandbox`, …).
+
+    Without one, `$SLURMPOD_SITE` (set by `slurmpod sandbox env` to the sandbox's measured site),
+    else the built-in `default`.
+    """
+    if site is None:
+        site = os.environ.get(SITE_ENV) or None
     if site is None:
         return builtin_site_path(default)
     p = Path(site)

@@ -97,6 +97,7 @@ def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> No
     sb = Sandbox(state, None, progress=lambda m: click.echo(f"    {m}", err=True))
     res = sb.up()
     click.echo(f"    {'already running' if res.already_running else 'up'}: {res.nodes} nodes idle")
+    # SLURM_CONF, and SLURMPOD_SITE: the sandbox site with the "GPU" peak measured on this CPU.
     env = sb.client_env()
     _echo_indented(sb.run(["scontrol", "show", "topology"]).stdout)
 
@@ -106,11 +107,11 @@ def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> No
     entry = f"{sys.executable} -m slurmpod.workload.megatron_emu"
     run_file.write_text(DEMO_RUN.format(entrypoint=json.dumps(entry),
                                         work_dir=json.dumps(str(run_dir)), iters=iters))
-    _echo_indented(_slurmpod(["plan", str(run_file), "--site", "sandbox"], env).stdout)
+    _echo_indented(_slurmpod(["plan", str(run_file)], env).stdout)
 
     _step(4, total, "Submit: render the sbatch script and queue it on the sandbox")
     topo_dir = out_dir / "nccl-topo"
-    sub = json.loads(_slurmpod(["submit", str(run_file), "--site", "sandbox", "--force",
+    sub = json.loads(_slurmpod(["submit", str(run_file), "--force",
                                 "--topo-dir", str(topo_dir), "--json"], env).stdout)
     job_id = sub["job_ids"][-1]
     click.echo(f"    job {job_id} submitted; script {sub.get('script')}")
@@ -120,7 +121,7 @@ def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> No
     click.echo(f"    job {job_id} {record['State']} in {record['Elapsed']} on {record['NodeList']}")
 
     _step(6, total, f"Report: what Slurm accounting and the hooks recorded for job {job_id}")
-    rep = _slurmpod(["report", job_id, "--site", "sandbox", "--spool", str(sb.spool_dir)], env,
+    rep = _slurmpod(["report", job_id, "--spool", str(sb.spool_dir)], env,
                     check=False)
     if rep.returncode == 0:
         _echo_indented(rep.stdout)

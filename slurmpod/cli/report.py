@@ -178,7 +178,8 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
 @click.option("--typical-since", metavar="WINDOW",
               help="Job report: judge MFU against the fleet's typical MFU for the model's size "
                    "class over WINDOW (e.g. 30d) instead of the 35 % reference.")
-@click.option("--site", help="Site file or built-in name, for placement (default: sandbox).")
+@click.option("--site", help="Site file or built-in name, for placement "
+                             "(default: $SLURMPOD_SITE, else dgx-h100-superpod).")
 @click.option("--spool", envvar="SLURMPOD_SPOOL",
               help="The hooks' spool directory (default $SLURMPOD_SPOOL, the sandbox's spool "
                    "when $SLURMPOD_SANDBOX is set, else /var/spool/slurmpod).")

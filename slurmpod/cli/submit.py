@@ -18,7 +18,8 @@ _CPU_BIND = click.Choice(["numactl", "slurm", "none"])
 def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by render and submit (applied bottom-up, so listed in reverse)."""
     opts = [
-        click.option("--site", help="Site file or built-in site name (default: sandbox)."),
+        click.option("--site", help="Site file or built-in site name "
+                                    "(default: $SLURMPOD_SITE, else dgx-h100-superpod)."),
         click.option("--template-dir", "template_dirs", multiple=True,
                      type=click.Path(file_okay=False, path_type=Path),
                      help="Site template dir; its sbatch/*.j2 and nccl-env.toml override the "

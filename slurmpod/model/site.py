@@ -30,6 +30,9 @@ class Gpu(_Strict):
     name: str = Field("", description="marketing name, e.g. 'H100 SXM5 80GB'")
     peak_tflops_bf16: float = Field(gt=0, description="dense BF16 peak per GPU, TFLOP/s")
     hbm_gib: float = Field(gt=0, description="HBM per GPU, GiB")
+    emulated: bool = Field(
+        False, description="a sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this "
+        "CPU's measured matmul rate, so sandbox MFU figures mean something")
 
 
 class PciDevice(_Strict):

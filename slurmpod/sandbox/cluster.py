@@ -116,12 +116,14 @@ class Sandbox:
     def __init__(self, state_dir: Path | str, site_path: Path | str | None = None, *,
                  base_port: int | None = None, accounting: bool = True,
                  progress: Progress | None = None, idle_timeout_s: float = 90.0) -> None:
-        from slurmpod.config import resolve_site_path
+        from slurmpod.config import builtin_site_path, resolve_site_path
 
         self.layout = Layout(Path(state_dir).absolute())
         self._site_given = site_path is not None
+        # The default is the built-in sandbox site, never $SLURMPOD_SITE (which `sandbox env`
+        # points at a running sandbox's measured copy).
         self.site_path = (resolve_site_path(str(site_path)) if site_path is not None
-                          else resolve_site_path(None))
+                          else builtin_site_path("sandbox"))
         self.base_port = base_port
         self.accounting = accounting
         self.progress: Progress = progress or (lambda _msg: None)
@@ -148,7 +150,10 @@ class Sandbox:
 
     def env(self) -> dict[str, str]:
         """What a client needs to talk to this sandbox (add it to os.environ)."""
-        return {"SLURM_CONF": str(self.slurm_conf), "SLURMPOD_SANDBOX": str(self.state_dir)}
+        env = {"SLURM_CONF": str(self.slurm_conf), "SLURMPOD_SANDBOX": str(self.state_dir)}
+        if self.layout.site_file.is_file():
+            env["SLURMPOD_SITE"] = str(self.layout.site_file)
+        return env
 
     def client_env(self) -> dict[str, str]:
         """os.environ without inherited job variables, plus `env()` and the sbin directories."""
@@ -284,11 +289,18 @@ class Sandbox:
                state: dict[str, Any] | None, t0: float) -> int:
         from slurmpod.config import load_site
         from slurmpod.sandbox.configs import SandboxSettings, generated_artefacts, render_files
+        from slurmpod.sandbox.measured_site import write_measured_site
 
         site = load_site(self.site_path)
         nodes = [n.name for n in site.inventory.nodes]
         ports = self._choose_ports(len(nodes), state)
-        settings = SandboxSettings(self.layout, ports, _user(), version, self.site_path.absolute(),
+        peak = write_measured_site(self.site_path, self.layout.site_file)
+        if peak is not None:
+            self.progress(f"emulated GPU peak: {peak * 1e3:.2f} GFLOP/s measured on this CPU "
+                          f"({self.layout.site_file})")
+        # The hooks get the measured site, so their MFU uses the same peak as submit and plan.
+        hook_site = self.layout.site_file if peak is not None else self.site_path.absolute()
+        settings = SandboxSettings(self.layout, ports, _user(), version, hook_site,
                                     self.accounting)
         files = render_files(site, settings, generated_artefacts(site, settings))
         self._rotate_logs()

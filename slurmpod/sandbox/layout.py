@@ -56,6 +56,11 @@ class Layout:
         return self.etc / "slurmdbd.conf"
 
     @property
+    def site_file(self) -> Path:
+        """The site with its emulated GPUs' peak measured on this CPU (see measured_site.py)."""
+        return self.root / "site.toml"
+
+    @property
     def state_file(self) -> Path:
         """What `up` started (PIDs, argv, start times), the ports and the site."""
         return self.root / "sandbox.json"
