@@ -10,8 +10,7 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,7 @@ import numpy as np
 import pytest
 
 from slurmpod.accounting.hooks import decode_field, validate_admin_comment, validate_comment
-
-EMU = [sys.executable, "-m", "slurmpod.workload.megatron_emu"]
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-        "--vocab-size", "256", "--log-interval", "1", "--lr", "1e-3"]
-_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|")
+from tests.helpers import EMU, TINY, log_iterations, wait_for
 
 
 def hook_env(sandbox: Any) -> dict[str, str]:
@@ -34,17 +28,6 @@ def hook_env(sandbox: Any) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["SLURMPOD_MONITOR_INTERVAL_S"] = "1"
     return env
-
-
-def wait_for(fetch: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fetch()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}", pytrace=False)
-        time.sleep(0.3)
 
 
 def live_comment(sandbox: Any, job_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -58,11 +41,6 @@ def live_comment(sandbox: Any, job_id: str) -> tuple[str, dict[str, Any]] | None
 def admin_comment(sandbox: Any, job_id: str) -> dict[str, Any] | None:
     job = sandbox.sacct_job(job_id) or {}
     return decode_field((job.get("comment") or {}).get("administrator"))
-
-
-def log_iterations(text: str) -> list[tuple[int, float]]:
-    """(iteration, ms) from Megatron lines: an independent reading of the log for the checks."""
-    return [(int(m.group(1)), float(m.group(2))) for m in _ITER.finditer(text)]
 
 
 def mfu_of(ms: float, comment: dict[str, Any]) -> float:

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +24,9 @@ import pytest
 
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.hostlist import expand
+from tests.helpers import EMU, LOADED, TINY, segments, wait_for
 
-EMU = [sys.executable, "-m", "slurmpod.workload.megatron_emu"]
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-        "--vocab-size", "256", "--log-interval", "1", "--lr", "1e-3"]
 FLOPS, PEAK = 2.0e9, 0.05
-_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|")
-_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -47,17 +40,6 @@ def need_tool(name: str) -> str:
     return path
 
 
-def wait_for(fetch: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fetch()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}", pytrace=False)
-        time.sleep(0.3)
-
-
 def comment(gpus: int) -> str:
     return json.dumps({"slurmpod": "it", "fmt": 1, "run": "report-it", "flops_per_iter": FLOPS,
                        "gpus": gpus, "peak_tflops": PEAK})
@@ -65,17 +47,6 @@ def comment(gpus: int) -> str:
 
 def mfu_of(ms: float, gpus: int) -> float:
     return FLOPS / (ms / 1000) / gpus / 1e12 / PEAK
-
-
-def segments(text: str) -> list[list[tuple[int, float]]]:
-    """(iteration, ms) per launch: a new launch starts where the iteration does not increase."""
-    segs: list[list[tuple[int, float]]] = []
-    for m in _ITER.finditer(text):
-        it, ms = int(m.group(1)), float(m.group(2))
-        if not segs or it <= segs[-1][-1][0]:
-            segs.append([])
-        segs[-1].append((it, ms))
-    return segs
 
 
 @dataclass
@@ -260,7 +231,7 @@ def test_requeued_job_counts_both_attempts_and_the_redone_work(sandbox: Any,
     assert j["state"] == "COMPLETED" and j["restarts"] == 1 and len(j["attempts"]) == 2
     text = jobs.logs[jobs.requeued].read_text()
     first, second = segments(text)
-    resumed = int(_LOADED.findall(text)[-1])
+    resumed = int(LOADED.findall(text)[-1])
     assert first[-1][0] >= 17 and resumed == 10 and second[0][0] == 11 and second[-1][0] == 30
     redone_ms = sum(ms for i, ms in first if i > resumed)
     prod_s = (sum(ms for _, ms in first) + sum(ms for _, ms in second) - redone_ms) / 1000

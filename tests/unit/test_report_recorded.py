@@ -5,7 +5,6 @@ and from the raw sacct JSON, independently of slurmpod's parsers."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,22 +14,11 @@ from slurmpod.config import load_site, resolve_site_path
 from slurmpod.report.fleet import build_fleet
 from slurmpod.report.model import build_job_report
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
+from tests.helpers import LOADED, segments
 
 REC = Path(__file__).parents[1] / "data" / "report" / "sandbox-22.05"
-_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|")
-_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
 FLOPS, PEAK = 2.0e9, 0.05  # the jobs' Comment (flops_per_iter, peak_tflops)
 LOGS = {"1": "done-1.out", "2": "failed-2.out", "3": "requeued-3.out", "4": "nolog-4.out"}
-
-
-def segments(text: str) -> list[list[tuple[int, float]]]:
-    segs: list[list[tuple[int, float]]] = []
-    for m in _ITER.finditer(text):
-        it, ms = int(m.group(1)), float(m.group(2))
-        if not segs or it <= segs[-1][-1][0]:
-            segs.append([])
-        segs[-1].append((it, ms))
-    return segs
 
 
 def raw_elapsed(job_id: str) -> list[int]:
@@ -77,7 +65,7 @@ def test_requeued_job(reports: dict) -> None:
     r = reports["3"]
     text = (REC / LOGS["3"]).read_text()
     first, second = segments(text)
-    resumed = int(_LOADED.findall(text)[-1])
+    resumed = int(LOADED.findall(text)[-1])
     assert (first[-1][0], resumed, second[0][0], second[-1][0]) == (17, 10, 11, 30)
     redone_ms = sum(ms for i, ms in first if i > resumed)
     prod_s = (sum(ms for _, ms in first + second) - redone_ms) / 1000
