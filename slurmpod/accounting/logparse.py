@@ -425,13 +425,8 @@ class LogParser:
                 self._n_duplicates += 1
                 return
             seg = self._new_segment(base + ls, "iteration-reset")
-        if t == t:
-            if seg.first_time_s is None:
-                seg.first_time_s = t
-            seg.last_time_s = t
-            if self._first_time is None:
-                self._first_time = t
-            self._last_time = t
+        if t == t:  # seg is the current (last) segment, the one _see_time stamps
+            self._see_time(t)
         if seg.first_iteration is None:
             seg.first_iteration = iteration
         seg.last_iteration = iteration
