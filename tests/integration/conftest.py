@@ -79,6 +79,21 @@ def new_state_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+def sandbox_site_variant(where: Path, name: str, changes: Sequence[tuple[str, str]]) -> Path:
+    """The built-in sandbox site with textual `changes` (old, new) and cluster_name `name`,
+    written to `where/<name>.toml`. A change whose text is gone from sandbox.toml fails the test
+    instead of silently testing the unchanged site."""
+    from slurmpod.config import builtin_site_path
+
+    text = builtin_site_path("sandbox").read_text()
+    for old, new in (*changes, ('cluster_name = "sandbox"', f'cluster_name = "{name}"')):
+        assert old in text, f"sandbox.toml changed: {old!r} not found"
+        text = text.replace(old, new)
+    path = where / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
 @dataclass
 class SandboxFixture:
     sb: Any  # slurmpod.sandbox.cluster.Sandbox

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmpod.config import builtin_site_path, load_site
+from slurmpod.config import load_site
 from slurmpod.model.hostlist import expand
 
 from .conftest import (
@@ -17,20 +17,15 @@ from .conftest import (
     finish_sandbox,
     new_state_dir,
     require_sandbox_tools,
+    sandbox_site_variant,
     start_sandbox,
 )
 
 
 def _block_site(where: Path) -> Path:
-    text = builtin_site_path("sandbox").read_text()
-    for old, new in (('topology = "tree"', 'topology = "block"'), ("sus = 4", "sus = 2"),
-                     ("nodes_per_su = 4", "nodes_per_su = 2"),
-                     ('cluster_name = "sandbox"', 'cluster_name = "blocks"')):
-        assert old in text, f"sandbox.toml changed: {old!r} not found"
-        text = text.replace(old, new)
-    path = where / "blocks.toml"
-    path.write_text(text)
-    return path
+    return sandbox_site_variant(where, "blocks", [('topology = "tree"', 'topology = "block"'),
+                                                  ("sus = 4", "sus = 2"),
+                                                  ("nodes_per_su = 4", "nodes_per_su = 2")])
 
 
 @pytest.fixture(scope="module")

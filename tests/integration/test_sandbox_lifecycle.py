@@ -16,22 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from slurmpod.config import builtin_site_path
 from slurmpod.errors import SlurmpodError
 
-from .conftest import finish_sandbox, new_state_dir, require_sandbox_tools, start_sandbox
+from .conftest import (
+    finish_sandbox,
+    new_state_dir,
+    require_sandbox_tools,
+    sandbox_site_variant,
+    start_sandbox,
+)
 
 
 def tiny_site(where: Path) -> Path:
     """The built-in sandbox site cut down to one SU of 2 nodes."""
-    text = builtin_site_path("sandbox").read_text()
-    for old, new in (("sus = 4", "sus = 1"), ("nodes_per_su = 4", "nodes_per_su = 2"),
-                     ('cluster_name = "sandbox"', 'cluster_name = "tiny"')):
-        assert old in text, f"sandbox.toml changed: {old!r} not found"
-        text = text.replace(old, new)
-    path = where / "tiny.toml"
-    path.write_text(text)
-    return path
+    return sandbox_site_variant(where, "tiny", [("sus = 4", "sus = 1"),
+                                                ("nodes_per_su = 4", "nodes_per_su = 2")])
 
 
 def _pid_gone(pid: int) -> bool:
