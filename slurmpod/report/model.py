@@ -47,9 +47,6 @@ class Dist:
     def to_json(self) -> dict[str, float | None]:
         return {"median": self.median, "p10": self.p10, "p90": self.p90}
 
-    def scaled(self, k: float) -> Dist:
-        return Dist(*(None if v is None else v * k for v in (self.median, self.p10, self.p90)))
-
 
 @dataclass(frozen=True)
 class LogHints:

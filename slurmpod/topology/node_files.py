@@ -9,7 +9,6 @@ NCCL_TOPO_FILE (src/graph/xml.cc; NCCL skips XML comments, which carry the heade
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,11 +128,3 @@ def nccl_topology_xml(env: Any, header: str, site: Site, type_name: str) -> str:
     safe = " ".join(header.split()).replace("--", "- -")
     return env.get_template("topology/nccl-topo.xml.j2").render(
         header=safe, **nccl_topology_context(site, type_name))
-
-
-def iter_rail_rows(site: Site, plan: FabricPlan) -> Iterator[tuple[str, int, str, int | None]]:
-    """(node, gpu index, hca device, rail) for every GPU: for tests and the fabric checker."""
-    pairs = {t: gpu_pairs(nt) for t, nt in site.node_types.items()}
-    for node in site.inventory.nodes:
-        for p in pairs[node.node_type]:
-            yield node.name, p.index, p.hca.device, p.hca.rail
