@@ -13,7 +13,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import PurePath
 
@@ -215,7 +215,7 @@ class FakeBackend:
             raise self._fail(argv, f"Requeue of JobId={job_id} returned an error: "
                              "Job is pending execution")
         earlier = self._record(job)
-        job.attempts.append(JobRecord(**{**earlier.__dict__, "state": JobState.REQUEUED}))
+        job.attempts.append(replace(earlier, state=JobState.REQUEUED))
         job.restarts += 1
         job.state, job.start_t, job.end_t, job.nodes = JobState.PENDING, None, None, []
         if hold:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
@@ -270,7 +271,7 @@ def _merge_attempts(records: Sequence[JobRecord]) -> JobRecord:
         return records[0]
     latest = records[-1]
     restarts = max(latest.restarts, len(records) - 1)
-    return JobRecord(**{**latest.__dict__, "restarts": restarts})
+    return replace(latest, restarts=restarts)
 
 
 # -- sacct --parsable2 ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -420,4 +420,4 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     if not with_notes:
         return report
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
-    return JobReport(**{**report.__dict__, "notes": tuple(notes)})
+    return replace(report, notes=tuple(notes))
