@@ -56,8 +56,7 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
     ppid = parent_pid if parent_pid is not None else os.getppid()
 
     def show_job(jid: str) -> dict[str, str]:
-        out = backend.runner.run(["scontrol", "--oneliner", "show", "job", jid],
-                                 timeout_s=30.0).stdout
+        out = backend.query(["scontrol", "--oneliner", "show", "job", jid]).stdout
         return parse_scontrol_kv(out.strip().splitlines()[0]) if out.strip() else {}
 
     path = log_path or os.environ.get("SLURMPOD_LOG") or mon.find_log(job_id, ppid, show_job)
