@@ -227,3 +227,30 @@ def test_unwritable_cache_only_costs_time(work) -> None:
     runs = [run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env) for _ in range(2)]
     assert [r[0] for r in runs] == [0, 0] and runs[0][2] == runs[1][2]
     assert all("pydantic" in r[1] for r in runs)
+
+
+# --- pydantic's plugin scan -----------------------------------------------------------------------
+
+def test_validation_skips_the_plugin_scan_without_leaking_the_switch(monkeypatch) -> None:
+    from pydantic import BaseModel, field_validator
+
+    from slurmpod.config import validate
+
+    seen: list[str | None] = []
+
+    class Probe(BaseModel):
+        x: int
+
+        @field_validator("x")
+        @classmethod
+        def _record(cls, v: int) -> int:
+            seen.append(os.environ.get("PYDANTIC_DISABLE_PLUGINS"))
+            return v
+
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    assert validate(Probe, {"x": 1}, "probe.toml").x == 1
+    # Off while validating, gone afterwards: jobs submitted later inherit this environment.
+    assert seen == ["__all__"] and "PYDANTIC_DISABLE_PLUGINS" not in os.environ
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "some-plugin")
+    validate(Probe, {"x": 2}, "probe.toml")
+    assert seen[-1] == "some-plugin" and os.environ["PYDANTIC_DISABLE_PLUGINS"] == "some-plugin"
