@@ -254,3 +254,19 @@ def test_validation_skips_the_plugin_scan_without_leaking_the_switch(monkeypatch
     monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "some-plugin")
     validate(Probe, {"x": 2}, "probe.toml")
     assert seen[-1] == "some-plugin" and os.environ["PYDANTIC_DISABLE_PLUGINS"] == "some-plugin"
+
+
+def test_megatron_values_are_what_model_dump_gives() -> None:
+    # values()/explicit() read attributes instead of building pydantic's serializer; same dicts.
+    from slurmpod.config import validate
+    from slurmpod.megatron.runspec import MegatronArgs
+
+    m = validate(MegatronArgs, {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8,
+                                "seq_length": 32, "moe_layer_freq": [1, 0, 1, 0], "swiglu": True,
+                                "lr": 3e-4, "data_path": ["a", "b"]}, "run.toml")
+    full, given = m.values(), m.explicit()
+    assert list(full.items()) == list(m.model_dump().items())
+    assert list(given.items()) == list(m.model_dump(exclude_unset=True).items())
+    assert "kv_channels" in full and "kv_channels" not in given and given["lr"] == 3e-4
+    assert given["moe_layer_freq"] == [1, 0, 1, 0]
+    assert given["moe_layer_freq"] is not m.moe_layer_freq  # a copy, as model_dump gives
