@@ -35,10 +35,10 @@ sys.stderr.write("\nSTARTUP " + json.dumps({"rc": rc, "heavy": heavy}) + "\n")
 """
 
 
-def run_cli(args: list[str], cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> tuple[int, list[str], str, str]:
-    """(exit code, heavy modules imported, stdout, stderr without the report line)."""
-    cp = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args), json.dumps(HEAVY)],
+def run_cli(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+            watch: tuple[str, ...] = HEAVY) -> tuple[int, list[str], str, str]:
+    """(exit code, watched modules imported, stdout, stderr without the report line)."""
+    cp = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args), json.dumps(watch)],
                         capture_output=True, text=True, timeout=120, cwd=cwd,
                         env={**os.environ, **(env or {})})
     head, sep, tail = cp.stderr.rpartition("\nSTARTUP ")
@@ -163,6 +163,18 @@ def test_repeated_render_reuses_the_script_without_pydantic(work) -> None:
     assert heavy2 == []
     # The run directory is below the cwd it was prepared in.
     assert f"#SBATCH --chdir={tmp}/slurmpod-runs/cached" in second
+
+
+def test_first_render_loads_only_what_rendering_needs(work) -> None:
+    # A cache miss validates, plans and renders; it never needs Slurm, SSH, accounting, reports,
+    # fabric tools or numpy.
+    tmp, env = work
+    unneeded = ("numpy", "paramiko", "slurmpod.transport", "slurmpod.backends", "slurmpod.report",
+                "slurmpod.accounting", "slurmpod.fabric", "slurmpod.sandbox", "subprocess")
+    rc, loaded, out, err = run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env,
+                                   watch=(*unneeded, "pydantic", "jinja2"))
+    assert rc == 0 and "#SBATCH --job-name=cached" in out, err
+    assert loaded == ["jinja2", "pydantic"]
 
 
 def test_changed_inputs_are_prepared_afresh(work, tmp_path: Path) -> None:
