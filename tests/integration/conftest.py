@@ -226,7 +226,7 @@ def finish_sandbox(sb: Any) -> None:
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[SandboxFixture]:
     require_sandbox_tools()
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site
 
     state = new_state_dir("slurmpod-it-")
     scratch = state / "work"
@@ -238,7 +238,8 @@ def sandbox() -> Iterator[SandboxFixture]:
         signal.signal(signal.SIGTERM, _interrupt)
     sb = start_sandbox(state)
     try:
-        yield SandboxFixture(sb, load_site(resolve_site_path(None)), scratch)
+        # the site the sandbox was built from (not the default site, which $SLURMPOD_SITE picks)
+        yield SandboxFixture(sb, load_site(sb.site_path), scratch)
     finally:
         if previous is signal.SIG_DFL:  # a second SIGTERM must not cut `down` short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
