@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from slurmpod import __version__
-from slurmpod.errors import CommandError, ConfigError, SlurmError, SlurmpodError
+from slurmpod.errors import CommandError, ConfigError, SlurmError
 
 if TYPE_CHECKING:
     from slurmpod.backends.base import SlurmBackend
@@ -216,20 +216,6 @@ class EnvRunner:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def make_backend(name: str, runner: CommandRunner) -> SlurmBackend:
-    if name == "cli":
-        from slurmpod.backends.cli import CliBackend
-
-        return CliBackend(runner)
-    if name == "pyslurm":
-        from slurmpod.backends.pyslurm_backend import PyslurmBackend
-
-        out = runner.run(["sinfo", "--version"], timeout_s=30).stdout.split()
-        # load_pyslurm refuses (one clear line) when pyslurm is missing or does not match.
-        return PyslurmBackend(out[-1] if out else "")
-    raise SlurmpodError(f"unknown backend {name!r}; use cli or pyslurm")
 
 
 def _read_marker(runner: CommandRunner, run_dir: str) -> dict[str, Any] | None:

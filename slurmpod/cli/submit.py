@@ -137,7 +137,9 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
                 click.echo(f"dry run: would store {prep.script_path} and submit on "
                            f"{runner.where}", err=True)
             return
-        be = sub.make_backend(backend, runner)
+        from slurmpod.backends import make_backend
+
+        be = make_backend(backend, runner)
         res = sub.submit(prep, runner, be, chain=kw["chain"], force=force)
         if wait:
             site = prep.site if isinstance(prep, sub.Prepared) else _load_site(kw["site"])

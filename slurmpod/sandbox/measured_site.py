@@ -23,7 +23,7 @@ def with_measured_peak(site_data: dict[str, Any], peak_tflops: float) -> dict[st
     for node_type in data.get("node_types", {}).values():
         gpu = node_type.get("gpu", {})
         if gpu.get("emulated"):
-            gpu["peak_tflops_bf16"] = float(f"{peak_tflops:.6g}")
+            gpu["peak_tflops_bf16"] = float(f"{peak_tflops:.4g}")
             changed = True
     return data if changed else None
 

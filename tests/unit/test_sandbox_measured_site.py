@@ -11,7 +11,7 @@ def test_only_emulated_gpus_get_the_measured_peak(tmp_path: Path) -> None:
     out = with_measured_peak(data, 0.0123456789)
     assert out is not None
     (nt,) = out["node_types"].values()
-    assert nt["gpu"]["peak_tflops_bf16"] == 0.0123457
+    assert nt["gpu"]["peak_tflops_bf16"] == 0.01235
     assert data["node_types"]["emu8"]["gpu"]["peak_tflops_bf16"] == 0.05  # input untouched
     assert {k: v for k, v in out.items() if k != "node_types"} == {
         k: v for k, v in data.items() if k != "node_types"}
