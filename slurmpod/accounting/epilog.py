@@ -69,6 +69,15 @@ def setup_logging(spool_root: Path) -> logging.Handler | None:
     return handler
 
 
+# sacctmgr's answers when the job's own record has not reached slurmdbd yet (22.05: " Nothing
+# modified", or "Request didn't affect anything" from acct_storage_p_modify_job). slurmctld sends
+# the job's end to slurmdbd around the time EpilogSlurmctld starts, so this clears in seconds.
+NOT_YET_IN_SLURMDBD = ("Nothing modified", "didn't affect anything")
+# Waits between in-process retries of such an update before it goes to the spool (15 s in all,
+# well inside the PrologEpilogTimeout that docs/accounting.md recommends).
+NOT_YET_WAITS_S = (1.0, 2.0, 4.0, 8.0)
+
+
 def slurm_deliver(run: Callable[[list[str], float], tuple[int, str, str]]) -> Deliver:
     """Deliver updates with Slurm's commands. `run(argv, timeout_s) -> (rc, stdout, stderr)`."""
 
@@ -88,10 +97,10 @@ def slurm_deliver(run: Callable[[list[str], float], tuple[int, str, str]]) -> De
         text = f"{out}\n{err}".strip()
         # sacctmgr 22.05 exits 1 with " Nothing modified" when the job is not (yet) in slurmdbd:
         # slurmctld may still hold the job's start record in its queue. Keep it for later.
-        if rc != 0 or "Nothing modified" in text or "Error" in text:
+        not_yet = any(s in text for s in NOT_YET_IN_SLURMDBD)
+        if rc != 0 or not_yet or "Error" in text:
             last = text.splitlines()[-1].strip() if text else f"exit {rc}"
-            raise DeliveryError(f"{argv[0]} exited {rc}: {last}",
-                                retry=rc != 0 or "Nothing modified" in text)
+            raise DeliveryError(f"{argv[0]} exited {rc}: {last}", retry=rc != 0 or not_yet)
 
     return deliver
 
@@ -239,6 +248,7 @@ def run_epilog(
     slurm_conf: str | None = None,
     track_all: bool = False,
     now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Do everything the module docstring lists. Returns 0, always.
 
@@ -259,7 +269,7 @@ def run_epilog(
             deliver = slurm_deliver(run)
             times = lambda jid: job_times(run, jid)  # noqa: E731
         _epilog(env, spool, deliver, summarise, head_bytes, tail_bytes, peak_tflops, now,
-                track_all, times)
+                track_all, times, sleep)
     except Exception:  # never fail the epilog: record the bug and go on
         log.exception("epilog for job %s failed", env.get("SLURM_JOB_ID", "?"))
     finally:
@@ -273,7 +283,8 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
             head_bytes: int, tail_bytes: int, peak_tflops: float | None,
             now: Callable[[], float], track_all: bool,
-            times: Callable[[str], tuple[int | None, int | None]] | None = None) -> None:
+            times: Callable[[str], tuple[int | None, int | None]] | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> None:
     job = job_from_env(env)
     try:
         job_id = safe_job_id(job["job_id"])
@@ -326,7 +337,7 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
     except OSError as exc:
         log.error("job %s: cannot write record: %s", job_id, exc)
     try:
-        deliver(job_id, "admin_comment", admin)
+        _deliver_soon(deliver, job_id, "admin_comment", admin, sleep)
         log.info("job %s: admin comment delivered", job_id)
         delivered = True
     except DeliveryError as exc:
@@ -335,6 +346,23 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         delivered = False
     if delivered:
         _flush_queue(spool, deliver)
+
+
+def _deliver_soon(deliver: Deliver, job_id: str, kind: str, value: str,
+                  sleep: Callable[[float], None]) -> None:
+    """Deliver, waiting briefly while slurmdbd has not got the job's record yet. Otherwise the
+    update would sit in the spool until some later job's epilog (none, for a cluster's last job).
+    Other failures (slurmdbd down) go to the spool at once."""
+    for wait_s in NOT_YET_WAITS_S:
+        try:
+            deliver(job_id, kind, value)
+            return
+        except DeliveryError as exc:
+            if not any(s in str(exc) for s in NOT_YET_IN_SLURMDBD):
+                raise
+            log.info("job %s: not in slurmdbd yet; retrying in %g s", job_id, wait_s)
+            sleep(wait_s)
+    deliver(job_id, kind, value)
 
 
 def _flush_queue(spool: Spool, deliver: Deliver) -> None:

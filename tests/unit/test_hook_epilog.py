@@ -167,6 +167,31 @@ def test_slurm_deliver_reads_sacctmgr_outcome(rc: int, out: str, err: str, ok: b
             deliver("5", "admin_comment", "{}")
 
 
+def test_job_not_yet_in_slurmdbd_is_retried_before_spooling(tmp_path: Path) -> None:
+    """22.05: the epilog can run before slurmdbd has the job; sacctmgr then changes nothing."""
+    write_log(tmp_path)
+    answers = iter([(1, "", "sacctmgr: error: Request didn't affect anything"),
+                    (1, " Nothing modified\n", ""), (0, " Modified jobs...\n", "")])
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+        calls.append(argv)
+        return next(answers)
+
+    waits: list[float] = []
+    run_epilog(job_env(tmp_path), tmp_path / "spool", deliver=slurm_deliver(run),
+               sleep=waits.append)
+    assert len(calls) == 3 and waits == [1.0, 2.0]
+    assert Spool(tmp_path / "spool").list_pending() == []
+
+
+def test_slurmdbd_down_is_spooled_without_waiting(tmp_path: Path) -> None:
+    write_log(tmp_path)
+    waits: list[float] = []
+    run_epilog(job_env(tmp_path), tmp_path / "spool", deliver=Slurm(up=False), sleep=waits.append)
+    assert waits == [] and len(Spool(tmp_path / "spool").list_pending()) == 1
+
+
 def test_epilog_never_fails(tmp_path: Path) -> None:
     # no job id, no uid, a crashing summariser, an unwritable spool: always 0
     assert run_epilog({}, tmp_path / "s1", deliver=Slurm()) == 0
