@@ -194,7 +194,11 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
         "iter_ms": m.iter_time_ms.median if m.iter_time_ms else None,
         "tokens_per_s": m.tokens_per_s.median if m.tokens_per_s else None,
         "tflops_mlm": m.tflops_reported.median if m.tflops_reported else None,
-        "goodput": m.goodput if p.gpus and not truncated else None,
+        # A requeued job's log (--open-mode=append) holds earlier attempts too, while Slurm's
+        # start and end are this attempt's: goodput over all attempts is the report's job
+        # (it sums every attempt from `sacct -D`), not this epilog's.
+        "goodput": (m.goodput if p.gpus and not truncated and not job.get("restart")
+                    else None),
         "ttfi_s": m.time_to_first_iteration_s,
         "ckpt_s": m.checkpoint_stall_s if m.checkpoint_stalls else None,
     })

@@ -164,3 +164,11 @@ def test_truncated_log_has_no_goodput() -> None:
     job = {"comment": comment(gpus=16), "start_time": 1000, "end_time": 1040}
     assert summarise_log(log, job)[0]["goodput"] == pytest.approx(0.5)
     assert summarise_log(log, job, truncated=True)[0].get("goodput") is None
+
+
+def test_requeued_attempt_leaves_goodput_to_the_report() -> None:
+    # The appended log also holds earlier attempts, which this attempt's allocation did not pay for.
+    log = "".join(iteration_line(i + 1, 100, 1000.0) for i in range(20)).encode()
+    job = {"comment": comment(gpus=16), "start_time": 1000, "end_time": 1040}
+    assert summarise_log(log, job)[0]["goodput"] == pytest.approx(0.5)
+    assert summarise_log(log, {**job, "restart": 1})[0].get("goodput") is None
