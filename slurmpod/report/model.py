@@ -12,11 +12,13 @@ Where figures come from, best first:
 GPU time (per GPU, seconds; × GPUs for GPU-seconds), all attempts of a requeued job included:
 allocated A = Σ attempts' elapsed; productive P = the log's productive time (Megatron's iteration
 timer, minus iterations redone after a restart), or goodput × the last attempt's elapsed when
-only the AdminComment is there. Lost = A − P, split into start-up (job start to the start of
-the first logged iteration), checkpoint stalls, then the rest: "restarts" when the job restarted
-(redone iterations, relaunch start-ups, the failed attempt's tail), else "other" (evaluation,
-shutdown, hangs). Each cause is capped by what is left of A − P, in that order, so the causes add
-up to A − P exactly. Goodput = P / A.
+only the AdminComment is there. Lost = A − P, split into: the redone iterations (measured exactly
+by the log, so taken first), start-up (job start to the start of the first logged iteration),
+checkpoint stalls, then the rest. Redone work and the rest count as "restarts" when the job
+restarted (relaunch start-ups, the failed attempt's tail), the rest as "other" otherwise
+(evaluation, shutdown, hangs). Each part is capped by what is left of A − P, in that order, so
+the causes add up to A − P exactly; Slurm's whole-second elapsed times can only squeeze the
+estimated parts. Goodput = P / A.
 """
 
 from __future__ import annotations
@@ -329,13 +331,16 @@ def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss
         return Loss(allocated, None)
     prod_s = min(max(prod_s, 0.0), alloc_s)
     rest = alloc_s - prod_s
+    redone = min(max(fig.redone_s or 0.0, 0.0), rest)
+    rest -= redone
     startup = min(max((fig.ttfi_s or 0.0) - (fig.first_record_s or 0.0), 0.0), rest)
     rest -= startup
     ckpt = min(max(fig.checkpoint_s or 0.0, 0.0), rest)
     rest -= ckpt
     restarted = len(attempts_elapsed) > 1 or fig.log_restarts > 0
     causes = {"startup": startup, "checkpoint": ckpt,
-              "restarts": rest if restarted else 0.0, "other": 0.0 if restarted else rest}
+              "restarts": redone + rest if restarted else redone,
+              "other": 0.0 if restarted else rest}
     return Loss(allocated, prod_s * gpus, {k: v * gpus for k, v in causes.items()})
 
 
