@@ -85,13 +85,18 @@ def jobs(sandbox: Any) -> Jobs:
     failed = submit("failed", 1, _emu(d, "failed", 15) + "; exit 3")
     # Attempt 0 crashes (SIGKILL, as a NCCL timeout would) after iteration 17, between
     # checkpoints 10 and 20, and requeues itself; attempt 1 resumes from 10 and finishes.
-    req_log = d / "requeued-$SLURM_JOB_ID.out"
+    # The kill reacts to the log line itself (a pipe, not polling the file): the tiny model's
+    # iterations take milliseconds, and a late kill would let checkpoint 20 be saved. A wider
+    # model than TINY's (same for both attempts) gives the kill three slower iterations of slack.
+    slower = "--hidden-size 256 --seq-length 128"
+    pid_file = d / "requeued-emu.pid"
     script = (
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then '
-        f"{_emu(d, 'req', 30)} & pid=$!; "
-        f"until grep -q 'iteration  *1[7-9]/' {req_log}; do sleep 0.1; done; "
-        "kill -9 $pid; wait $pid; scontrol requeue $SLURM_JOB_ID; sleep 60; "
-        f"else {_emu(d, 'req', 30)}; fi")
+        f"( {_emu(d, 'req', 30, slower)} & echo $! > {pid_file}; wait ) | "
+        "while IFS= read -r line; do printf '%s\\n' \"$line\"; "
+        f"case \"$line\" in *' iteration '*' 17/'*) kill -9 \"$(cat {pid_file})\";; esac; done; "
+        "scontrol requeue $SLURM_JOB_ID; sleep 60; "
+        f"else {_emu(d, 'req', 30, slower)}; fi")
     requeued = submit("requeued", 1, script, "--requeue", "--open-mode=append", "--time=5")
     nolog = submit("nolog", 1, "echo no training here")
     ids = [done, failed, requeued, nolog]
