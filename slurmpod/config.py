@@ -37,14 +37,20 @@ def builtin_site_path(name: str) -> Path:
     return data_dir("site_configs") / f"{name}.toml"
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_input(path: Path,
+               not_found_hint: str = "check the path, or run from the directory holding it",
+               ) -> bytes:
+    """A user-named input file's bytes; a missing or unreadable one is a one-line ConfigError."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path),
-                          hint="check the path, or run from the directory holding it") from None
+        raise ConfigError("file not found", file=str(path), hint=not_found_hint) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    raw = read_input(path)
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -233,14 +233,10 @@ _LID = re.compile(r"\blid (\d+)")
 
 def parse_file(path: Path | str) -> Fabric:
     """Read and parse an ibnetdiscover output file (ConfigError naming the file on failure)."""
+    from slurmpod.config import read_input
+
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path),
-                          hint="save it with `ibnetdiscover > FILE` on a fabric host") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    raw = read_input(path, "save it with `ibnetdiscover > FILE` on a fabric host")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
