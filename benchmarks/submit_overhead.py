@@ -76,7 +76,7 @@ from slurmpod.submit import read_run_and_site, resolve_run_dir, plan_or_refuse, 
 from slurmpod.render.sbatch import RenderOptions
 mark("slurmpod.submit import")
 run, site, label = read_run_and_site(__import__("pathlib").Path(sys.argv[1]), None)
-mark("site + run spec (pydantic)")
+mark("site + run spec (msgspec)")
 plan_or_refuse(run, site); mark("plan (no placement: no numpy)")
 prepare(run, site, RenderOptions(topo_dir=""), "/tmp/x"); mark("plan again + render (jinja2)")
 prev = 0.0

@@ -1,28 +1,24 @@
 """Load TOML files into validated models; every problem becomes one ConfigError line.
 
 The line names the file, the key path (`su_groups[1].nodes_per_rack`) and the fix, as DESIGN.md
-asks. pydantic is imported here, never at CLI start-up.
+asks. msgspec (the validator, see `slurmpod.model.strict`) is imported here, never at CLI
+start-up.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from slurmpod.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from slurmpod.model.site import Site
+    from slurmpod.model.strict import Strict
 
-M = TypeVar("M", bound="BaseModel")
-
-_PLUGINS_VAR = "PYDANTIC_DISABLE_PLUGINS"
+S = TypeVar("S", bound="Strict")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -69,51 +65,16 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-@contextmanager
-def _no_plugin_scan() -> Iterator[None]:
-    """pydantic (2.x) builds a deferred model's validator on its first validation and, the first
-    time in a process, scans every installed distribution's entry points for pydantic plugins
-    (~10 ms). slurmpod uses none, so that build skips the scan. Only for the duration: the
-    variable must not reach the jobs sbatch submits (they inherit this environment)."""
-    if _PLUGINS_VAR in os.environ:  # the user's own choice stands
-        yield
-        return
-    os.environ[_PLUGINS_VAR] = "__all__"
-    try:
-        yield
-    finally:
-        os.environ.pop(_PLUGINS_VAR, None)
-
-
-def validate(model: type[M], data: dict[str, Any], file: str) -> M:
+def validate(model: type[S], data: Any, file: str) -> S:
     """Validate `data` against `model`, raising ConfigError for the first problem."""
-    from pydantic import ValidationError
+    import msgspec
 
     try:
-        with _no_plugin_scan():
-            return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = tuple(p for p in err["loc"] if p not in ("function-after",))
-        # Drop pydantic's internal markers for tagged/unions ("function-after[...]").
-        loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p and "(" in p))
-        key = format_loc(loc)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling (see docs/admin-guide.md)"
-        elif err["type"] == "missing":
-            msg = "required key is missing; add it"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-            # Cross-checks name their own key path; move it into the key slot.
-            head, sep, rest = msg.partition(": ")
-            if sep and " " not in head:
-                key = f"{key}.{head}" if key else head
-                msg = rest
-        else:
-            got = err.get("input")
-            if not isinstance(got, dict | list):
-                msg = f"{msg} (got {got!r})"
+        return msgspec.convert(data, model)
+    except msgspec.ValidationError as exc:
+        from slurmpod.model.explain import explain
+
+        msg, key = explain(str(exc), model, data)
         raise ConfigError(msg, file=file, key=key or None) from None
 
 

@@ -7,9 +7,9 @@ goes into the job's comment and into a marker file in the run directory
 connection or a double Enter) finds the job it already queued instead of queueing a second one.
 
 A local submit or render of inputs it has prepared before (same run spec, site file, template
-files, options, working directory and slurmpod/Jinja/pydantic code) reuses the stored script
-from ~/.cache/slurmpod/prepared: validating, planning and rendering cost a fresh process ~0.25 s
-of CPU (pydantic and Jinja alone are most of it), a login-node submit should cost ~0.1 s. Only
+files, options, working directory and slurmpod/Jinja/msgspec code) reuses the stored script
+from ~/.cache/slurmpod/prepared: validating, planning and rendering cost a fresh process ~0.1 s
+of CPU (Jinja's import and template compilation are most of it), which the cache saves. Only
 prepared (valid, fitting) runs are stored, so every refusal is computed afresh.
 """
 
@@ -335,7 +335,7 @@ def read_run_and_site(run_path: Path, site: str | None) -> tuple[RunSpec, Site, 
 CACHE_FORMAT = 1
 CACHE_KEEP = 64  # entries kept; the oldest go first
 # Code whose change can change a rendered script (besides slurmpod itself and its templates).
-_LIBRARIES = ("jinja2", "markupsafe", "pydantic", "pydantic_core")
+_LIBRARIES = ("jinja2", "markupsafe", "msgspec")
 
 
 def cache_dir() -> Path:

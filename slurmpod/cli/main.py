@@ -1,7 +1,7 @@
 """The `slurmpod` entry point: lazy subcommands and the one error handler.
 
 Subcommands are imported only when invoked, so `slurmpod --help` and a submit stay fast on a
-login node (numpy, pydantic, jinja2 and paramiko load only where needed).
+login node (numpy, msgspec, jinja2 and paramiko load only where needed).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`slurmpod plan`: validate a Megatron run spec on a site and print the plan (or JSON).
 
 Exit 0 when the layout is valid and fits in GPU memory, 3 when not; the numbers are shown in
-both cases. Heavy modules (numpy, pydantic) load only when the command runs.
+both cases. Heavy modules (numpy, msgspec) load only when the command runs.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _write_spec(spec: RunSpec, nodes: int, path: Path) -> None:
     from slurmpod.megatron.runspec import to_toml
 
     data: dict[str, dict[str, Any]] = {
-        "job": spec.job.model_dump(exclude_defaults=True) | {"nodes": nodes},
+        "job": spec.job.explicit() | {"nodes": nodes},
         "megatron": spec.megatron.explicit(),
     }
     try:

@@ -242,7 +242,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
             fit_fix, "use more nodes, the distributed optimizer or full recompute"))
     part_errs = partition_errors(run.job.partition, run.job.time_limit, n_nodes, site)
     # The built-in default time limit is not the user's choice: warn, don't fail, on it.
-    time_is_default = "time_limit" not in run.job.model_fields_set
+    time_is_default = "time_limit" not in run.job.keys_given
     errors.extend(e for e in part_errs if not (time_is_default and e.startswith("job.time_limit")))
     warnings = layout_warnings(c, world, shape)
     warnings.extend(f"{e} (the default [job] time_limit)" for e in part_errs

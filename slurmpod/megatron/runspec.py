@@ -17,11 +17,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated, Any, Literal
 
 from slurmpod.errors import ConfigError
+from slurmpod.model.strict import TIME_PATTERN, Meta, NonNegInt, PosInt, Strict, field
 
 # Keys of [megatron] that slurmpod reads; misspellings of these get a "did you mean".
 KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
@@ -50,116 +49,123 @@ _NOT_TYPOS: frozenset[str] = frozenset({
 })
 
 
-class _Strict(BaseModel):
-    # defer_build: a validator is built on first validation, for the model validated only, not
-    # for each nested class at import. Hence nested defaults are default_factory: an instance
-    # made in a class body would build them all at import again.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+# Bookkeeping fields filled by `run_from_dict`, never read from the TOML.
+_GIVEN = "keys_given"
+_PASSTHROUGH = "passthrough_args"
 
 
-class JobSpec(_Strict):
+class JobSpec(Strict, kw_only=True):
     """`[job]`: what Slurm needs. Sizes in whole nodes; the site gives GPUs per node."""
 
-    name: str = Field("megatron", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-    nodes: int = Field(1, ge=1, le=100_000)
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")] = "megatron"
+    nodes: Annotated[int, Meta(ge=1, le=100_000)] = 1
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time_limit: str = Field("04:00:00", pattern=r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+    time_limit: Annotated[str, Meta(pattern=TIME_PATTERN)] = "04:00:00"
     container_image: str | None = None
-    container_mounts: list[str] = Field(default_factory=list)
+    container_mounts: list[str] = field(default_factory=list)
     work_dir: str | None = None
     checkpoint_dir: str | None = None
     data_dir: str | None = None
-    entrypoint: str = Field("pretrain_gpt.py", description="Megatron training script")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for srun")
+    entrypoint: str = "pretrain_gpt.py"  # the Megatron training script
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for srun
     requeue: bool = True
+    keys_given: frozenset[str] = frozenset()  # the [job] keys the run spec set
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys the run spec set, with their values."""
+        return {k: getattr(self, k) for k in JOB_KEYS if k in self.keys_given}
 
 
-class MegatronArgs(BaseModel):
-    """`[megatron]`: known keys typed; unknown keys kept (extra='allow') for the command line."""
+JOB_KEYS: tuple[str, ...] = tuple(k for k in JobSpec.__struct_fields__ if k != _GIVEN)
 
-    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
+class MegatronArgs(Strict, kw_only=True):
+    """`[megatron]`: known keys typed; any other key kept in `passthrough_args` for the command
+    line (`run_from_dict` splits them)."""
+
+    num_layers: PosInt
+    hidden_size: PosInt
+    num_attention_heads: PosInt
     group_query_attention: bool = False
-    num_query_groups: int | None = Field(None, ge=1)
-    kv_channels: int | None = Field(None, ge=1)
-    ffn_hidden_size: int | None = Field(None, ge=1)
+    num_query_groups: PosInt | None = None
+    kv_channels: PosInt | None = None
+    ffn_hidden_size: PosInt | None = None
     swiglu: bool = False
-    seq_length: int = Field(ge=1)
-    max_position_embeddings: int | None = Field(None, ge=1)
-    vocab_size: int | None = Field(None, ge=1)
-    padded_vocab_size: int | None = Field(None, ge=1)
-    make_vocab_size_divisible_by: int = Field(128, ge=1)
+    seq_length: PosInt
+    max_position_embeddings: PosInt | None = None
+    vocab_size: PosInt | None = None
+    padded_vocab_size: PosInt | None = None
+    make_vocab_size_divisible_by: PosInt = 128
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
-    num_experts: int | None = Field(None, ge=1)
-    moe_router_topk: int = Field(2, ge=1)
-    moe_ffn_hidden_size: int | None = Field(None, ge=1)
-    moe_shared_expert_intermediate_size: int | None = Field(None, ge=1)
+    num_experts: PosInt | None = None
+    moe_router_topk: PosInt = 2
+    moe_ffn_hidden_size: PosInt | None = None
+    moe_shared_expert_intermediate_size: PosInt | None = None
     moe_layer_freq: int | list[int] = 1
-    moe_latent_size: int | None = Field(None, ge=1)
-    mtp_num_layers: int | None = Field(None, ge=0)
+    moe_latent_size: PosInt | None = None
+    mtp_num_layers: NonNegInt | None = None
     multi_latent_attention: bool = False
-    q_lora_rank: int | None = Field(None, ge=1)
-    kv_lora_rank: int = Field(32, ge=1)
-    qk_head_dim: int = Field(128, ge=1)
-    qk_pos_emb_head_dim: int = Field(64, ge=0)
-    v_head_dim: int = Field(128, ge=1)
+    q_lora_rank: PosInt | None = None
+    kv_lora_rank: PosInt = 32
+    qk_head_dim: PosInt = 128
+    qk_pos_emb_head_dim: NonNegInt = 64
+    v_head_dim: PosInt = 128
     attention_output_gate: bool = False
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1)
-    num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1)
-    num_virtual_stages_per_pipeline_rank: int | None = Field(None, ge=1)
-    context_parallel_size: int = Field(1, ge=1)
-    expert_model_parallel_size: int = Field(1, ge=1)
-    expert_tensor_parallel_size: int | None = Field(None, ge=1)
+    tensor_model_parallel_size: PosInt = 1
+    pipeline_model_parallel_size: PosInt = 1
+    virtual_pipeline_model_parallel_size: PosInt | None = None
+    num_layers_per_virtual_pipeline_stage: PosInt | None = None
+    num_virtual_stages_per_pipeline_rank: PosInt | None = None
+    context_parallel_size: PosInt = 1
+    expert_model_parallel_size: PosInt = 1
+    expert_tensor_parallel_size: PosInt | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: int | None = Field(None, ge=1)
-    decoder_first_pipeline_num_layers: int | None = Field(None, ge=0)
-    decoder_last_pipeline_num_layers: int | None = Field(None, ge=0)
-    global_batch_size: int | None = Field(None, ge=1)
-    micro_batch_size: int = Field(1, ge=1)
+    recompute_num_layers: PosInt | None = None
+    decoder_first_pipeline_num_layers: NonNegInt | None = None
+    decoder_last_pipeline_num_layers: NonNegInt | None = None
+    global_batch_size: PosInt | None = None
+    micro_batch_size: PosInt = 1
     bf16: bool = True
     fp16: bool = False
+    passthrough_args: dict[str, Any] = field(default_factory=dict)
+    keys_given: frozenset[str] = frozenset()  # the [megatron] keys the run spec set
 
-    @field_validator("moe_layer_freq")
-    @classmethod
-    def _pattern_bits(cls, v: int | list[int]) -> int | list[int]:
+    def __post_init__(self) -> None:
+        v = self.moe_layer_freq
         if isinstance(v, list) and any(b not in (0, 1) for b in v):
-            raise ValueError("a moe_layer_freq list holds 0 (dense) or 1 (MoE) per layer")
+            raise ValueError("moe_layer_freq: a list holds 0 (dense) or 1 (MoE) per layer")
         if isinstance(v, int) and v < 1:
-            raise ValueError("moe_layer_freq must be >= 1 (every n-th layer is MoE)")
-        return v
+            raise ValueError("moe_layer_freq: must be >= 1 (every n-th layer is MoE)")
 
     def passthrough(self) -> dict[str, Any]:
         """Megatron arguments slurmpod does not interpret, for the launch command line."""
-        return dict(self.model_extra or {})
+        return dict(self.passthrough_args)
 
     def explicit(self) -> dict[str, Any]:
         """Every key the user set (known and unknown), as given."""
         return self.values(only_set=True)
 
     def values(self, only_set: bool = False) -> dict[str, Any]:
-        """Known keys in field order (all, or only those the user set), then unknown ones: what
-        `model_dump` gives for these plain values, without building pydantic's serializer for
-        this model in every process that plans or renders (~5 ms, on the submit path)."""
-        wanted = self.model_fields_set if only_set else None
+        """Known keys in field order (all, or only those the user set), then unknown ones; lists
+        are copies."""
         out = {k: (list(v) if isinstance(v := getattr(self, k), list) else v)
-               for k in type(self).model_fields if wanted is None or k in wanted}
+               for k in MEGATRON_FIELDS if not only_set or k in self.keys_given}
         return out | self.passthrough()
 
 
-class RunSpec(_Strict):
-    job: JobSpec = Field(default_factory=JobSpec)
+MEGATRON_FIELDS: tuple[str, ...] = tuple(
+    k for k in MegatronArgs.__struct_fields__ if k not in (_GIVEN, _PASSTHROUGH))
+
+
+class RunSpec(Strict, kw_only=True):
+    job: JobSpec = field(default_factory=JobSpec)
     megatron: MegatronArgs
 
 
@@ -175,7 +181,14 @@ def check_megatron_keys(data: Mapping[str, Any], file: str) -> None:
                               hint="unknown arguments are passed through to Megatron unchanged")
 
 
-_JOB_KEYS = sorted(JobSpec.model_fields)
+def megatron_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`[megatron]` as MegatronArgs input: known keys typed, the others passed through."""
+    known = {k: v for k, v in data.items() if k in _MEGATRON_FIELD_SET}
+    rest = {k: v for k, v in data.items() if k not in _MEGATRON_FIELD_SET}
+    return known | {_PASSTHROUGH: rest, _GIVEN: list(data)}
+
+
+_MEGATRON_FIELD_SET = frozenset(MEGATRON_FIELDS)
 
 
 def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
@@ -192,17 +205,20 @@ def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
     job = data.get("job", {})
     if isinstance(job, dict):
         for key in job:
-            if key not in JobSpec.model_fields:
-                close = difflib.get_close_matches(key, _JOB_KEYS, n=1, cutoff=0.7)
-                hint = f"did you mean `{close[0]}`?" if close else f"known: {', '.join(_JOB_KEYS)}"
+            if key not in JOB_KEYS:
+                close = difflib.get_close_matches(key, sorted(JOB_KEYS), n=1, cutoff=0.7)
+                hint = (f"did you mean `{close[0]}`?" if close
+                        else f"known: {', '.join(sorted(JOB_KEYS))}")
                 raise ConfigError(f"unknown key; {hint}", file=file, key=f"job.{key}")
+        job = job | {_GIVEN: list(job)}
     check_megatron_keys(data["megatron"], file)
     for key, value in data["megatron"].items():
         if key in KNOWN_MEGATRON_KEYS and isinstance(value, str) and value.startswith("$"):
             raise ConfigError(f"{value} is a shell variable the launch script does not define; "
                               "define it in the script or pass the value", file=file,
                               key=f"megatron.{key}")
-    return validate(RunSpec, data, file)
+    return validate(RunSpec, {"job": job, "megatron": megatron_from_dict(data["megatron"])},
+                    file)
 
 
 def load_run(path: Path | str) -> RunSpec:

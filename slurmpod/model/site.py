@@ -1,7 +1,8 @@
 """The site description: node types, racks, scalable units, fabric, partitions.
 
-A site file is TOML validated by these pydantic models (unknown keys are errors). `Site.inventory()`
-resolves it into the concrete node list every generator, the sandbox and the planner share.
+A site file is TOML validated by these strict structs (unknown keys are errors; see
+`slurmpod.model.strict`). `Site.inventory` resolves it into the concrete node list every
+generator, the sandbox and the planner share.
 """
 
 from __future__ import annotations
@@ -12,76 +13,71 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from slurmpod.model.strict import (
+    TIME_PATTERN,
+    Meta,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    SlurmName,
+    Strict,
+    field,
+)
 
-PciBusId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
-SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
-
-
-class _Strict(BaseModel):
-    # defer_build: a validator is built on first validation, for the model validated only, not
-    # for each nested class at import. Hence nested defaults are default_factory: an instance
-    # made in a class body would build them all at import again.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-
-class Gpu(_Strict):
-    model: SlurmName = Field(description="gres Type, e.g. h100, h200, b200, gb200")
-    name: str = Field("", description="marketing name, e.g. 'H100 SXM5 80GB'")
-    peak_tflops_bf16: float = Field(gt=0, description="dense BF16 peak per GPU, TFLOP/s")
-    hbm_gib: float = Field(gt=0, description="HBM per GPU, GiB")
-    emulated: bool = Field(
-        False, description="a sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this "
-        "CPU's measured matmul rate, so sandbox MFU figures mean something")
+PciBusId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
 
 
-class PciDevice(_Strict):
+class Gpu(Strict, kw_only=True):
+    model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200")]
+    name: Annotated[str, Meta(description="marketing name, e.g. 'H100 SXM5 80GB'")] = ""
+    peak_tflops_bf16: Annotated[PosFloat, Meta(description="dense BF16 peak per GPU, TFLOP/s")]
+    hbm_gib: Annotated[PosFloat, Meta(description="HBM per GPU, GiB")]
+    # A sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this CPU's measured matmul
+    # rate, so sandbox MFU figures mean something.
+    emulated: bool = False
+
+
+class PciDevice(Strict, kw_only=True):
     bus_id: PciBusId
-    numa: int = Field(ge=0)
+    numa: NonNegInt
 
 
-class Hca(_Strict):
-    device: SlurmName = Field(description="verbs device, e.g. mlx5_0")
-    rail: int | None = Field(None, ge=0, description="rail index; none for storage/management")
+class Hca(Strict, kw_only=True):
+    device: Annotated[SlurmName, Meta(description="verbs device, e.g. mlx5_0")]
+    rail: Annotated[int, Meta(ge=0, description="none for storage/management")] | None = None
     bus_id: PciBusId
-    numa: int = Field(ge=0)
-    netdev: str | None = Field(None, description="IPoIB / Ethernet interface, e.g. ibp24s0")
+    numa: NonNegInt
+    netdev: Annotated[str, Meta(description="IPoIB / Ethernet interface, e.g. ibp24s0")] | None \
+        = None
     role: Literal["compute", "storage", "management"] = "compute"
 
-    @model_validator(mode="after")
-    def _rail_matches_role(self) -> Hca:
+    def __post_init__(self) -> None:
         if self.role == "compute" and self.rail is None:
             raise ValueError("a compute HCA needs `rail`; set role = 'storage' to keep it apart")
         if self.role != "compute" and self.rail is not None:
             raise ValueError(f"a {self.role} HCA has no rail: remove `rail`")
-        return self
 
 
-class NodeType(_Strict):
-    gpus: int = Field(8, ge=1, le=72)
+class NodeType(Strict, kw_only=True):
+    gpus: Annotated[int, Meta(ge=1, le=72)] = 8
     gpu: Gpu
-    nvlink_domain_gpus: int = Field(
-        0, ge=0,
-        description="GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72)",
-    )
-    sockets: int = Field(ge=1)
-    cores_per_socket: int = Field(ge=1)
-    threads_per_core: int = Field(1, ge=1, le=8)
-    memory_mib: int = Field(gt=0, description="RealMemory in MiB")
+    # GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72).
+    nvlink_domain_gpus: NonNegInt = 0
+    sockets: PosInt
+    cores_per_socket: PosInt
+    threads_per_core: Annotated[int, Meta(ge=1, le=8)] = 1
+    memory_mib: Annotated[int, Meta(gt=0, description="RealMemory in MiB")]
     gpu_pci: list[PciDevice]
     hcas: list[Hca]
-    gpu_device_path: str = Field("/dev/nvidia", description="gres File= prefix; index appended")
-    numa_nodes: int = Field(
-        0, ge=0, description="NUMA nodes per node; 0 means one per socket. Cores split evenly"
-    )
-    cpu_arch: Literal["x86_64", "arm64"] = Field("x86_64", description="NCCL topology XML arch")
-    cpu_vendor: str = Field(
-        "GenuineIntel", description="NCCL topology XML vendor (GenuineIntel, AuthenticAMD, '')"
-    )
-    pcie_gen: int = Field(5, ge=3, le=6, description="PCIe generation of GPU and HCA links")
-    nccl_topo_file: bool = Field(
-        True, description="write nccl-topo/<type>.xml (off where GPUs hang off the CPU by C2C)"
-    )
+    gpu_device_path: Annotated[str, Meta(description="gres File= prefix; index appended")] = \
+        "/dev/nvidia"
+    # NUMA nodes per node; 0 means one per socket. Cores split evenly.
+    numa_nodes: NonNegInt = 0
+    cpu_arch: Literal["x86_64", "arm64"] = "x86_64"  # NCCL topology XML arch
+    cpu_vendor: str = "GenuineIntel"  # NCCL topology XML vendor (GenuineIntel, AuthenticAMD, '')
+    pcie_gen: Annotated[int, Meta(ge=3, le=6)] = 5  # of GPU and HCA links
+    # Write nccl-topo/<type>.xml (off where GPUs hang off the CPU by C2C).
+    nccl_topo_file: bool = True
 
     @property
     def domain_gpus(self) -> int:
@@ -104,8 +100,7 @@ class NodeType(_Strict):
         per = self.cores // self.numa_count
         return range(numa * per, (numa + 1) * per)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> NodeType:
+    def __post_init__(self) -> None:
         if len(self.gpu_pci) != self.gpus:
             raise ValueError(f"gpu_pci lists {len(self.gpu_pci)} GPUs but gpus = {self.gpus}")
         numas = {d.numa for d in self.gpu_pci} | {h.numa for h in self.hcas}
@@ -135,41 +130,40 @@ class NodeType(_Strict):
         names = [h.device for h in self.hcas]
         if len(set(names)) != len(names):
             raise ValueError("hcas: device names must be unique")
-        return self
 
 
-class Fabric(_Strict):
+class Fabric(Strict, kw_only=True):
     kind: Literal["infiniband", "roce"] = "infiniband"
-    rails: int = Field(8, ge=1, le=16)
-    link_gbps: int = Field(400, gt=0)
+    rails: Annotated[int, Meta(ge=1, le=16)] = 8
+    link_gbps: Annotated[int, Meta(gt=0)] = 400
     sharp: bool = False
     rail_optimised: bool = True
-    leaf_radix: int = Field(64, ge=4)
-    spine_radix: int = Field(64, ge=4)
-    oversubscription: float = Field(1.0, ge=1.0, description="leaf downlinks per uplink")
-    spine_groups: Literal["per_rail", "shared"] = Field(
-        "per_rail", description="per_rail: rail-k leaves meet on rail-k spines (SuperPOD style)"
-    )
-    switch_prefix: str = Field("", description="prefix for generated switch names")
+    leaf_radix: Annotated[int, Meta(ge=4)] = 64
+    spine_radix: Annotated[int, Meta(ge=4)] = 64
+    oversubscription: Annotated[float, Meta(ge=1.0, description="leaf downlinks per uplink")] \
+        = 1.0
+    # per_rail: rail-k leaves meet on rail-k spines (SuperPOD style).
+    spine_groups: Literal["per_rail", "shared"] = "per_rail"
+    switch_prefix: str = ""  # prefix for generated switch names
 
 
-class SuGroup(_Strict):
+class SuGroup(Strict, kw_only=True):
     node_type: str
-    sus: int = Field(ge=1, description="scalable units of this shape")
-    nodes_per_su: int = Field(ge=1)
-    nodes_per_rack: int = Field(ge=1)
+    sus: Annotated[PosInt, Meta(description="scalable units of this shape")]
+    nodes_per_su: PosInt
+    nodes_per_rack: PosInt
 
     @property
     def racks_per_su(self) -> int:
         return self.nodes_per_su // self.nodes_per_rack
 
 
-class Naming(_Strict):
-    hostname: str = Field("node{n:04d}", description="format with n, rack, slot, su (1-based)")
+class Naming(Strict, kw_only=True):
+    hostname: str = "node{n:04d}"  # format with n, rack, slot, su (1-based)
     rack: str = "rack{rack:03d}"
     su: str = "su{su}"
-    domain: str = Field("nvl{domain}", description="NVLink domain name (feature, block), 1-based")
-    first_node: int = Field(1, ge=0)
+    domain: str = "nvl{domain}"  # NVLink domain name (feature, block), 1-based
+    first_node: NonNegInt = 1
 
 
 # PartitionName options of slurm.conf(5) (Slurm 22.05 - 25.05) accepted in `partitions.extra`.
@@ -185,15 +179,14 @@ PARTITION_KEYS = (
 )
 
 
-class Partition(_Strict):
+class Partition(Strict, kw_only=True):
     name: SlurmName
     default: bool = False
-    max_time: str = Field("INFINITE", pattern=r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$")
+    max_time: Annotated[str, Meta(pattern=TIME_PATTERN)] = "INFINITE"
     sus: list[int] | Literal["all"] = "all"
-    extra: dict[str, str] = Field(default_factory=dict, description="more PartitionName options")
+    extra: dict[str, str] = field(default_factory=dict)  # more PartitionName options
 
-    @model_validator(mode="after")
-    def _extra_is_slurm(self) -> Partition:
+    def __post_init__(self) -> None:
         known = {k.lower(): k for k in PARTITION_KEYS}
         for key, value in self.extra.items():
             if key.lower() in ("nodes", "partitionname", "default", "maxtime"):
@@ -205,18 +198,15 @@ class Partition(_Strict):
                 raise ValueError(f"extra: {key!r} is not a PartitionName option of slurm.conf(5)")
             if not value or re.search(r"[\s#=]", value):
                 raise ValueError(f"extra.{key}: {value!r} must be one word without '#' or '='")
-        return self
 
 
-class SlurmTarget(_Strict):
-    version: str = Field("24.11", pattern=r"^\d{2}\.\d{2}$")
+class SlurmTarget(Strict, kw_only=True):
+    version: Annotated[str, Meta(pattern=r"^\d{2}\.\d{2}$")] = "24.11"
     cluster_name: SlurmName = "cluster"
-    topology: Literal["tree", "block", "auto"] = Field(
-        "auto", description="auto: block for NVL72-class sites (domain > node), tree otherwise"
-    )
-    node_weights: dict[str, int] = Field(
-        default_factory=dict, description="node type -> Weight; warned: overrides topology"
-    )
+    # auto: block for NVL72-class sites (domain > node), tree otherwise.
+    topology: Literal["tree", "block", "auto"] = "auto"
+    # node type -> Weight; warned: overrides topology.
+    node_weights: dict[str, int] = field(default_factory=dict)
 
     @property
     def version_tuple(self) -> tuple[int, int]:
@@ -224,22 +214,21 @@ class SlurmTarget(_Strict):
         return int(major), int(minor)
 
 
-class SiteInfo(_Strict):
+class SiteInfo(Strict, kw_only=True):
     name: SlurmName
     description: str = ""
 
 
-class Site(_Strict):
+class Site(Strict, kw_only=True, dict=True):  # dict=True: room for the cached inventory
     site: SiteInfo
-    slurm: SlurmTarget = Field(default_factory=SlurmTarget)
+    slurm: SlurmTarget = field(default_factory=SlurmTarget)
     node_types: dict[str, NodeType]
-    fabric: Fabric = Field(default_factory=Fabric)
-    su_groups: list[SuGroup] = Field(min_length=1)
-    naming: Naming = Field(default_factory=Naming)
-    partitions: list[Partition] = Field(default_factory=list)
+    fabric: Fabric = field(default_factory=Fabric)
+    su_groups: Annotated[list[SuGroup], Meta(min_length=1)]
+    naming: Naming = field(default_factory=Naming)
+    partitions: list[Partition] = field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> Site:
+    def __post_init__(self) -> None:
         for i, grp in enumerate(self.su_groups):
             where = f"su_groups[{i}]"
             nt = self.node_types.get(grp.node_type)
@@ -300,7 +289,6 @@ class Site(_Strict):
         for name in self.slurm.node_weights:
             if name not in self.node_types:
                 raise ValueError(f"slurm.node_weights: unknown node type {name!r}")
-        return self
 
     def _check_fabric_size(self, n_sus: int) -> None:
         # Leaves per spine group against what three tiers of spine_radix switches can hold

@@ -14,7 +14,7 @@ from slurmpod.megatron.runspec import ModelConfig, load_run, padded_vocab_size, 
 
 
 def cfg(name: str, **over) -> ModelConfig:
-    args = load_run(preset_path(name)).megatron.model_dump()
+    args = load_run(preset_path(name)).megatron.values()
     args.update(over)
     return ModelConfig.from_args(args)
 
@@ -95,7 +95,7 @@ DENSE_LAYOUTS = [
 
 @pytest.mark.parametrize(("name", "over", "world"), DENSE_LAYOUTS)
 def test_weight_bytes_match_megatron(name, over, world):
-    args = load_run(preset_path(name)).megatron.model_dump() | over
+    args = load_run(preset_path(name)).megatron.values() | over
     c = ModelConfig.from_args(args)
     want = megatron_reference_weight_bytes(args, world)
     got = weight_and_optimizer_bytes(c, world).bytes_per_gpu

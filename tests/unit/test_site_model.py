@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from msgspec import ValidationError
 
 from slurmpod.config import load_site
 from slurmpod.errors import ConfigError

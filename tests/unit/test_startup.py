@@ -19,7 +19,7 @@ import pytest
 import slurmpod
 
 PACKAGE = Path(slurmpod.__file__).resolve().parent
-HEAVY = ("numpy", "pydantic", "jinja2", "paramiko")
+HEAVY = ("numpy", "msgspec", "jinja2", "paramiko")
 
 # Runs the CLI in this fresh interpreter, then reports the exit code and the heavy modules loaded.
 CHILD = r"""
@@ -56,10 +56,10 @@ def test_help_imports_no_heavy_library(args: list[str]) -> None:
 
 
 def test_the_child_does_see_heavy_imports() -> None:
-    # The probe itself must be able to fail: planning imports pydantic (site and run spec).
+    # The probe itself must be able to fail: planning imports msgspec (site and run spec).
     rc, heavy, out, err = run_cli(["plan", "--preset", "llama3-8b", "--nodes", "2", "--json"])
     assert rc == 0, err
-    assert "pydantic" in heavy and json.loads(out)["nodes"] == 2
+    assert "msgspec" in heavy and json.loads(out)["nodes"] == 2
 
 
 # --- import direction ---------------------------------------------------------------------------
@@ -151,12 +151,12 @@ def _entries(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "cache" / "slurmpod" / "prepared").glob("*.json"))
 
 
-def test_repeated_render_reuses_the_script_without_pydantic(work) -> None:
+def test_repeated_render_reuses_the_script_without_validating(work) -> None:
     tmp, env = work
     args = ["render", "run.toml", "--topo-dir", ""]
     rc1, heavy1, first, err = run_cli(args, cwd=tmp, env=env)
     assert rc1 == 0, err
-    assert {"pydantic", "jinja2"} <= set(heavy1)
+    assert {"msgspec", "jinja2"} <= set(heavy1)
     assert len(_entries(tmp)) == 1
     rc2, heavy2, second, _ = run_cli(args, cwd=tmp, env=env)
     assert rc2 == 0 and second == first
@@ -172,9 +172,9 @@ def test_first_render_loads_only_what_rendering_needs(work) -> None:
     unneeded = ("numpy", "paramiko", "slurmpod.transport", "slurmpod.backends", "slurmpod.report",
                 "slurmpod.accounting", "slurmpod.fabric", "slurmpod.sandbox", "subprocess")
     rc, loaded, out, err = run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env,
-                                   watch=(*unneeded, "pydantic", "jinja2"))
+                                   watch=(*unneeded, "msgspec", "jinja2"))
     assert rc == 0 and "#SBATCH --job-name=cached" in out, err
-    assert loaded == ["jinja2", "pydantic"]
+    assert loaded == ["jinja2", "msgspec"]
 
 
 def test_changed_inputs_are_prepared_afresh(work, tmp_path: Path) -> None:
@@ -183,7 +183,7 @@ def test_changed_inputs_are_prepared_afresh(work, tmp_path: Path) -> None:
     first = run_cli(args, cwd=tmp, env=env)[2]
     (tmp / "run.toml").write_text(RUN.format(name="renamed", tp=8))
     rc, heavy, second, _ = run_cli(args, cwd=tmp, env=env)
-    assert rc == 0 and "pydantic" in heavy
+    assert rc == 0 and "msgspec" in heavy
     assert "--job-name=renamed" in second and "--job-name=cached" in first
     # Another option, another working directory: other scripts, not the stored one.
     other = run_cli([*args, "--nccl-debug"], cwd=tmp, env=env)[2]
@@ -219,7 +219,7 @@ def test_damaged_entry_is_ignored(work) -> None:
     data["script"] = data["script"].replace("#SBATCH --exclusive", "#SBATCH --oversubscribe")
     entry.write_text(json.dumps(data))
     rc, heavy, second, _ = run_cli(args, cwd=tmp, env=env)
-    assert rc == 0 and second == first and "pydantic" in heavy
+    assert rc == 0 and second == first and "msgspec" in heavy
 
 
 def test_refusals_are_never_stored(work) -> None:
@@ -227,7 +227,7 @@ def test_refusals_are_never_stored(work) -> None:
     (tmp / "run.toml").write_text(RUN.format(name="bad", tp=3))  # TP=3 divides no 8-GPU node
     for _ in range(2):
         rc, heavy, out, err = run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env)
-        assert rc == 3 and out == "" and "TP=3" in err and "pydantic" in heavy
+        assert rc == 3 and out == "" and "TP=3" in err and "msgspec" in heavy
     assert _entries(tmp) == []
 
 
@@ -238,47 +238,29 @@ def test_unwritable_cache_only_costs_time(work) -> None:
     env = {"XDG_CACHE_HOME": str(blocker)}
     runs = [run_cli(["render", "run.toml", "--topo-dir", ""], cwd=tmp, env=env) for _ in range(2)]
     assert [r[0] for r in runs] == [0, 0] and runs[0][2] == runs[1][2]
-    assert all("pydantic" in r[1] for r in runs)
+    assert all("msgspec" in r[1] for r in runs)
 
 
-# --- pydantic's plugin scan -----------------------------------------------------------------------
+# --- run spec values ---------------------------------------------------------------------------
 
-def test_validation_skips_the_plugin_scan_without_leaking_the_switch(monkeypatch) -> None:
-    from pydantic import BaseModel, field_validator
+def test_megatron_values_and_explicit() -> None:
+    # values(): every known key in field order, then the passed-through ones; explicit(): only
+    # what the run spec set. Checked against msgspec's own view of the struct.
+    import msgspec
 
-    from slurmpod.config import validate
+    from slurmpod.megatron.runspec import MEGATRON_FIELDS, run_from_dict
 
-    seen: list[str | None] = []
-
-    class Probe(BaseModel):
-        x: int
-
-        @field_validator("x")
-        @classmethod
-        def _record(cls, v: int) -> int:
-            seen.append(os.environ.get("PYDANTIC_DISABLE_PLUGINS"))
-            return v
-
-    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
-    assert validate(Probe, {"x": 1}, "probe.toml").x == 1
-    # Off while validating, gone afterwards: jobs submitted later inherit this environment.
-    assert seen == ["__all__"] and "PYDANTIC_DISABLE_PLUGINS" not in os.environ
-    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "some-plugin")
-    validate(Probe, {"x": 2}, "probe.toml")
-    assert seen[-1] == "some-plugin" and os.environ["PYDANTIC_DISABLE_PLUGINS"] == "some-plugin"
-
-
-def test_megatron_values_are_what_model_dump_gives() -> None:
-    # values()/explicit() read attributes instead of building pydantic's serializer; same dicts.
-    from slurmpod.config import validate
-    from slurmpod.megatron.runspec import MegatronArgs
-
-    m = validate(MegatronArgs, {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8,
-                                "seq_length": 32, "moe_layer_freq": [1, 0, 1, 0], "swiglu": True,
-                                "lr": 3e-4, "data_path": ["a", "b"]}, "run.toml")
+    given_in = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8, "seq_length": 32,
+                "moe_layer_freq": [1, 0, 1, 0], "swiglu": True, "lr": 3e-4,
+                "data_path": ["a", "b"]}
+    m = run_from_dict({"megatron": given_in}, "run.toml").megatron
     full, given = m.values(), m.explicit()
-    assert list(full.items()) == list(m.model_dump().items())
-    assert list(given.items()) == list(m.model_dump(exclude_unset=True).items())
+    as_dict = msgspec.structs.asdict(m)
+    assert list(full)[: len(MEGATRON_FIELDS)] == list(MEGATRON_FIELDS)
+    assert {k: full[k] for k in MEGATRON_FIELDS} == {k: as_dict[k] for k in MEGATRON_FIELDS}
+    assert {k: full[k] for k in ("lr", "data_path")} == as_dict["passthrough_args"]
+    assert given == {k: given_in[k] for k in full if k in given_in}  # field order, then extras
     assert "kv_channels" in full and "kv_channels" not in given and given["lr"] == 3e-4
+    assert "keys_given" not in full and "passthrough_args" not in full
     assert given["moe_layer_freq"] == [1, 0, 1, 0]
-    assert given["moe_layer_freq"] is not m.moe_layer_freq  # a copy, as model_dump gives
+    assert given["moe_layer_freq"] is not m.moe_layer_freq  # a copy: callers may edit it

@@ -7,6 +7,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from slurmpod.config import data_dir
 from slurmpod.model.site import Site
 
@@ -19,7 +21,7 @@ def site_dict(name: str) -> dict[str, Any]:
 
 
 def build(data: dict[str, Any]) -> Site:
-    site = Site.model_validate(data)
+    site = msgspec.convert(data, Site)
     _ = site.inventory
     return site
 
