@@ -55,16 +55,6 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"malformed TOML: {exc}; fix the syntax there", file=str(path)) from None
 
 
-def format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
 def validate(model: type[S], data: Any, file: str) -> S:
     """Validate `data` against `model`, raising ConfigError for the first problem."""
     import msgspec
