@@ -35,6 +35,7 @@ from slurmpod.sandbox.prereqs import (
     find_tools,
     release_string,
     search_path,
+    slurm_prefix,
     slurm_version,
 )
 
@@ -497,8 +498,11 @@ class Sandbox:
     def _sacctmgr_add(self, args: list[str]) -> None:
         cp = self.run(["sacctmgr", "-i", "add", *args], check=False)
         text = (cp.stdout + cp.stderr).strip()
-        # A warm restart finds everything registered already: sacctmgr then says so and exits 1.
-        if cp.returncode != 0 and "already exists" not in text and "Nothing new" not in text:
+        # A warm restart finds everything registered already: sacctmgr then says so and exits 1
+        # ("… already exists" / "Nothing new added" in 22.05; 25.11 says "Already existing
+        # account ml on cluster sandbox", and "Nothing added." for a known user).
+        known = ("already exists", "already existing", "nothing new", "nothing added")
+        if cp.returncode != 0 and not any(k in text.lower() for k in known):
             raise SandboxError(f"`sacctmgr add {' '.join(args)}` exited {cp.returncode}: "
                                f"{text.splitlines()[-1] if text else 'no output'}")
 
@@ -526,6 +530,18 @@ class Sandbox:
                       f"{ports.slurmd_base + len(nodes) - 1})")
         self._wait("slurmctld", lambda: procs.can_connect(ports.slurmctld), [ctld])
         self._timed(f"slurmctld up on 127.0.0.1:{ports.slurmctld}", t)
+        self._check_multiple_slurmd(tools)
+
+    def _check_multiple_slurmd(self, tools: Tools) -> None:
+        """Many slurmd on one host need a Slurm built with --enable-multiple-slurmd (Debian's
+        is). Without it the nodes still register and turn idle, but slurmctld cannot tell their
+        addresses apart and every job ends in NODE_FAIL (seen with a default 25.11.7 build)."""
+        cp = self.run([tools["scontrol"], "show", "config"], timeout_s=10, check=False)
+        if cp.returncode == 0 and "MULTIPLE_SLURMD" not in cp.stdout:
+            raise SandboxError(
+                f"the Slurm in {slurm_prefix(tools['slurmctld'])} was built without "
+                "multiple-slurmd support, which the sandbox's one slurmd per node needs",
+                hint="rebuild it with ./configure --enable-multiple-slurmd (docs/sandbox.md)")
 
     def _wait_idle(self, nodes: Sequence[str], t0: float) -> None:
         t = time.monotonic()

@@ -1,6 +1,10 @@
 """Find the system programs a sandbox needs and the installed Slurm version.
 
 A missing program is a ConfigError (exit 3) naming the package to install, never a traceback.
+Slurm is looked up on PATH first, then in /usr/sbin and friends, so a Slurm installed under
+another prefix is used by putting its `sbin` and `bin` first on PATH (docs/sandbox.md). Its
+daemons find their plugins in the PluginDir compiled into them (`<prefix>/lib/slurm`), which the
+sandbox's slurm.conf leaves unset for that reason.
 """
 
 from __future__ import annotations
@@ -70,7 +74,31 @@ def find_tools(path: str | None = None) -> Tools:
             f"the sandbox needs {', '.join(missing)} (Debian packages: {' '.join(pkgs)}); "
             f"install them with: {INSTALL_HINT}"
         )
+    check_one_slurm(found)
     return Tools(found)
+
+
+SLURM_PROGRAMS = tuple(p for p, pkg in REQUIRED.items() if pkg.startswith("slurm"))
+
+
+def slurm_prefix(program: str) -> Path:
+    """`/opt/slurm-25.11/sbin/slurmctld` -> `/opt/slurm-25.11`; `/usr/bin/sinfo` -> `/usr`."""
+    return Path(program).resolve().parent.parent
+
+
+def check_one_slurm(found: dict[str, str]) -> None:
+    """Daemons and clients from one Slurm installation: with only `<prefix>/sbin` on PATH, the
+    clients would come from the system's (older) Slurm, whose RPCs the daemons refuse."""
+    by_prefix: dict[Path, list[str]] = {}
+    for prog in SLURM_PROGRAMS:
+        if prog in found:
+            by_prefix.setdefault(slurm_prefix(found[prog]), []).append(found[prog])
+    if len(by_prefix) > 1:
+        shown = "; ".join(", ".join(paths) for paths in by_prefix.values())
+        raise ConfigError(
+            f"the sandbox found Slurm programs of {len(by_prefix)} installations ({shown})",
+            hint="put both sbin and bin of one Slurm first on PATH, e.g. "
+                 "PATH=/opt/slurm/sbin:/opt/slurm/bin:$PATH")
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")

@@ -164,3 +164,43 @@ def test_parse_slurm_version(text: str, want: tuple[int, int, int]) -> None:
 def test_unreadable_slurm_version() -> None:
     with pytest.raises(ConfigError, match="cannot read the Slurm version"):
         parse_slurm_version("command not found")
+
+
+def _fake_programs(root: Path, names: list[str]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = root / name
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+
+
+def test_slurm_from_another_prefix_is_found_first_on_path(tmp_path: Path) -> None:
+    """PATH=/opt/slurm-X/sbin:/opt/slurm-X/bin:… picks that Slurm; the rest comes from PATH."""
+    from slurmpod.sandbox.prereqs import REQUIRED, SLURM_PROGRAMS, find_tools, slurm_prefix
+
+    others = [p for p in REQUIRED if p not in SLURM_PROGRAMS]
+    _fake_programs(tmp_path / "usr" / "sbin", [*others, "slurmctld", "slurmd", "slurmdbd"])
+    _fake_programs(tmp_path / "usr" / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue",
+                                              "scancel"])
+    opt = tmp_path / "opt" / "slurm-25.11"
+    _fake_programs(opt / "sbin", ["slurmctld", "slurmd", "slurmdbd"])
+    _fake_programs(opt / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue", "scancel"])
+    system = [str(tmp_path / "usr" / "sbin"), str(tmp_path / "usr" / "bin")]
+    tools = find_tools(path=os.pathsep.join([str(opt / "sbin"), str(opt / "bin"), *system]))
+    assert {slurm_prefix(tools[p]) for p in SLURM_PROGRAMS} == {opt}
+    assert slurm_prefix(tools["munged"]) == tmp_path / "usr"
+
+
+def test_daemons_and_clients_of_two_slurms_are_refused(tmp_path: Path) -> None:
+    from slurmpod.sandbox.prereqs import REQUIRED, SLURM_PROGRAMS, find_tools
+
+    others = [p for p in REQUIRED if p not in SLURM_PROGRAMS]
+    _fake_programs(tmp_path / "usr" / "sbin", [*others, "slurmctld", "slurmd", "slurmdbd"])
+    _fake_programs(tmp_path / "usr" / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue",
+                                              "scancel"])
+    opt = tmp_path / "opt" / "slurm-25.11"
+    _fake_programs(opt / "sbin", ["slurmctld", "slurmd", "slurmdbd"])
+    with pytest.raises(ConfigError, match="Slurm programs of 2 installations") as info:
+        find_tools(path=os.pathsep.join([str(opt / "sbin"), str(tmp_path / "usr" / "sbin"),
+                                         str(tmp_path / "usr" / "bin")]))
+    assert "sbin and bin" in (info.value.hint or "")
