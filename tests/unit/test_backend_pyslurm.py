@@ -45,10 +45,51 @@ def test_matching_version_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert PyslurmBackend("24.11.1").version() == "24.11.1"
 
 
-def test_submit_refuses_extra_args() -> None:
+def test_submit_refuses_what_pyslurm_cannot_carry() -> None:
     backend = PyslurmBackend("24.11.1", module=fake_module("24.11.0"))
-    with pytest.raises(SlurmError, match="#SBATCH"):
-        backend.submit("#!/bin/bash\n", args=["-N", "2"])
+    with pytest.raises(SlurmError, match="script arguments"):
+        backend.submit("#!/bin/bash\n", args=["-N", "2", "extra-arg"])
+    with pytest.raises(SlurmError, match="--hint=nomultithread is not supported"):
+        backend.submit("#!/bin/bash\n#SBATCH --hint=nomultithread\ntrue\n")
+    with pytest.raises(SlurmError, match="cannot submit --switches=1@5:00") as exc:
+        backend.submit("#!/bin/bash\n", args=["--switches=1@5:00"])
+    assert "--backend cli" in exc.value.hint
+
+
+def test_sbatch_lines_are_tokenized_like_sbatch() -> None:
+    from slurmpod.backends.pyslurm_backend import sbatch_arguments, script_arguments
+    from slurmpod.render.sbatch import sbatch_line
+
+    hostile = 'a "b" \'c\' $(x) # y {"k": [1, 2]}'
+    line = sbatch_line("comment", hostile)
+    assert line is not None
+    assert sbatch_arguments(line[len("#SBATCH"):]) == [f"--comment={hostile}"]
+    assert sbatch_arguments(" -N 2  --x='a b' # comment") == ["-N", "2", "--x=a b"]
+    assert sbatch_arguments(r" --x=a\ b#c") == ["--x=a b"]
+    text = "#!/bin/bash\n#SBATCH -N 2\n# note\n\n#SBATCH --job-name=a\necho\n#SBATCH -p late\n"
+    assert script_arguments(text) == ["-N", "2", "--job-name=a"]
+    with pytest.raises(SlurmError, match="unmatched"):
+        sbatch_arguments(' --comment="open')
+
+
+def test_options_become_submit_fields_args_first() -> None:
+    from slurmpod.backends.pyslurm_backend import _parse_argv, submit_fields
+
+    opts = _parse_argv(["--job-name=fromargs", "-p", "batch", "--exclusive", "--requeue",
+                        "--gpus-per-node=8", "--gres=nvme:1", "--signal=B:TERM@120",
+                        "-N2", "--job-name", "ignored", "--no-kill", "--mem=0"])
+    assert submit_fields(opts) == {
+        "name": "fromargs", "partitions": "batch", "resource_sharing": "no",
+        "is_requeueable": True, "gres_per_node": "gpu:8,nvme:1",
+        "signal": "B:SIGTERM@120", "nodes": "2", "kill_on_node_fail": False,
+        "memory_per_node": "0"}
+    assert submit_fields(_parse_argv(["-N", "4", "--ntasks-per-node=8"])) == {
+        "nodes": "4", "ntasks_per_node": "8", "ntasks": 32}
+    assert "ntasks" not in submit_fields(_parse_argv(["-N", "2-4", "--ntasks-per-node=8"]))
+    assert submit_fields(_parse_argv(["--gpus-per-node=h100:4", "-H", "-t", "30",
+                                      "--time-min=1:00:00"])) == {
+        "gres_per_node": "gpu:h100:4", "priority": 0, "time_limit": 30,
+        "time_limit_min": "1:00:00"}
 
 
 class _Obj:
@@ -82,11 +123,8 @@ def stub_pyslurm() -> types.ModuleType:
         def __init__(self, **kw):
             self.kw = kw
 
-        def load_sbatch_options(self):
-            calls.append(("load_sbatch_options", self.kw.get("script")))
-
         def submit(self):
-            calls.append(("submit",))
+            calls.append(("submit", self.kw))
             return 42
 
     class Job:
@@ -95,6 +133,9 @@ def stub_pyslurm() -> types.ModuleType:
 
         def cancel(self):
             calls.append(("cancel", self.jid))
+
+        def send_signal(self, sig, steps="children"):
+            calls.append(("signal", self.jid, sig, steps))
 
         def requeue(self, hold=False):
             calls.append(("requeue", self.jid, hold))
@@ -119,7 +160,8 @@ def test_mapping_through_the_object_api() -> None:
 
     mod = stub_pyslurm()
     b = PyslurmBackend("24.11.1", module=mod)
-    assert b.submit("#!/bin/bash\n#SBATCH -N 2\ntrue\n") == "42"
+    script = "#!/bin/bash\n#SBATCH -N 2\n#SBATCH --job-name=inscript\ntrue\n"
+    assert b.submit(script, args=["--job-name=fromargs"], cwd="/runs/a", env={"K": "v"}) == "42"
     st = b.status(["41", "99"])["41"]
     assert (st.state, st.nodes, st.n_gpus, st.restarts, st.time_limit_s, st.end_time) == (
         JobState.RUNNING, "gpu[001-002]", 16, 1, 1800, None)
@@ -127,8 +169,12 @@ def test_mapping_through_the_object_api() -> None:
     assert rec.state is JobState.FAILED and rec.exit_code == 3 and rec.n_gpus == 16
     assert [s.step_id for s in rec.steps] == ["batch"] and rec.steps[0].exit_code == 3
     b.cancel(["41"])
+    b.cancel(["41_3"], signal="USR2")
     b.requeue("41", hold=True)
     b.update_comment("41", "x y")
-    assert mod.calls[0] == ("load_sbatch_options", "#!/bin/bash\n#SBATCH -N 2\ntrue\n")
+    kw = mod.calls[0][1]
+    assert kw["script"] == script and kw["name"] == "fromargs" and kw["nodes"] == "2"
+    assert kw["working_directory"] == "/runs/a" and kw["environment"]["K"] == "v"
+    assert ("signal", 41, "SIGUSR2", "all") in mod.calls
     assert ("cancel", 41) in mod.calls and ("requeue", 41, True) in mod.calls
     assert ("modify", 41, {"comment": "x y"}) in mod.calls and ("db", [41]) in mod.calls
