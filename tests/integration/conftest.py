@@ -26,8 +26,10 @@ Rules for tests that share it: leave the cluster idle (cancel what you start), d
 its configuration, and keep every command under a timeout.
 
 When Slurm, munge or MariaDB are not installed the tests skip locally, but FAIL when `CI` is
-set (CI must run them; `bash .ci/install` installs the packages). `SLURMPOD_KEEP_SANDBOX=1`
-keeps the state directory (logs) after the session.
+set (CI must run them; `bash .ci/install` installs the packages). The one skip CI allows is
+`require_matching_pyslurm`: PyPI has no pyslurm for Debian's Slurm 22.05, so the pyslurm backend's
+contract skips there (set SLURMPOD_REQUIRE_PYSLURM=1 to make that skip a failure).
+`SLURMPOD_KEEP_SANDBOX=1` keeps the state directory (logs) after the session.
 """
 
 from __future__ import annotations
@@ -72,6 +74,36 @@ def require_sandbox_tools() -> None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must run the real-Slurm tests: {exc.message}", pytrace=False)
         pytest.skip(f"real Slurm not available: {exc.message}")
+
+
+def require_matching_pyslurm(slurm_version: str) -> str:
+    """The installed pyslurm's version when its major.minor is `slurm_version`'s; skip otherwise.
+
+    Explicitly exempt from the CI rule above: a matching pyslurm is optional (Debian 12's Slurm
+    22.05 has none on PyPI, which only carries 25.11), unlike Slurm itself. Found through its
+    package metadata, without importing it: the import reads slurm.conf (see
+    tests/integration/test_backend_contract.py). SLURMPOD_REQUIRE_PYSLURM=1 turns the skip into
+    a failure, for a cluster where the pyslurm backend must be checked.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    from slurmpod.backends.pyslurm_backend import _major_minor
+
+    try:
+        have = version("pyslurm") if find_spec("pyslurm") is not None else None
+    except PackageNotFoundError:
+        have = None
+    why = None
+    if have is None:
+        why = f"pyslurm is not installed (the sandbox runs Slurm {slurm_version})"
+    elif _major_minor(have) != _major_minor(slurm_version):
+        why = f"pyslurm {have} does not match the sandbox's Slurm {slurm_version}"
+    if why is None:
+        return str(have)
+    if os.environ.get("SLURMPOD_REQUIRE_PYSLURM", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"SLURMPOD_REQUIRE_PYSLURM is set but {why}", pytrace=False)
+    pytest.skip(f"pyslurm backend contract needs a pyslurm built for this Slurm: {why}")
 
 
 def new_state_dir(prefix: str) -> Path:

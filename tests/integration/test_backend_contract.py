@@ -1,10 +1,14 @@
 """The backend contract (tests/unit/test_backend_contract.py) against the real Slurm sandbox:
-the CLI backend run locally, and the same backend over SSH to a real sshd on 127.0.0.1."""
+the CLI backend run locally, the same backend over SSH to a real sshd on 127.0.0.1, and the
+pyslurm backend where a pyslurm built for the sandbox's Slurm is installed (it skips otherwise,
+also under CI: see require_matching_pyslurm in conftest.py)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from slurmpod.backends.cli import CliBackend
 from slurmpod.model.jobs import JobState
 from slurmpod.transport.local import LocalRunner
+from tests.integration.conftest import require_matching_pyslurm
 from tests.integration.ssh_fixture import SshdServer, sshd  # noqa: F401
 from tests.unit.test_backend_contract import BackendContract, batch_script
 
@@ -37,6 +42,56 @@ class TestCliBackendContract(BackendContract):
     @pytest.fixture
     def place_script(self, sandbox: Any) -> Callable[[str], PurePath]:
         return _placer(sandbox)
+
+
+def import_pyslurm_for(slurm_conf: Path) -> Any:
+    """pyslurm, initialised with the sandbox's slurm.conf.
+
+    libslurm reads slurm.conf once, in slurm_init(), and `import pyslurm` calls slurm_init()
+    with no path, so libslurm takes SLURM_CONF from this process's environment at import time.
+    pytest was not started with the sandbox's SLURM_CONF (the sandbox is started inside it), so
+    setting it afterwards would be too late for an already imported pyslurm and would leak into
+    every later test. Instead the import skips the automatic init (PYSLURM_DISABLE_AUTO_INIT,
+    pyslurm 23.2+) and slurm_init() gets the sandbox's slurm.conf path explicitly. A pyslurm
+    that was already initialised in this process is finalised first (slurm_fini) so that its
+    configuration is read again.
+    """
+    already = "pyslurm" in sys.modules
+    saved = os.environ.get("PYSLURM_DISABLE_AUTO_INIT")
+    os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
+    try:
+        import pyslurm
+    finally:
+        if saved is None:
+            del os.environ["PYSLURM_DISABLE_AUTO_INIT"]
+        else:
+            os.environ["PYSLURM_DISABLE_AUTO_INIT"] = saved
+    if already:
+        pyslurm.slurm_fini()
+    pyslurm.slurm_init(str(slurm_conf))
+    return pyslurm
+
+
+@pytest.fixture(scope="module")
+def pyslurm_backend(sandbox: Any) -> Any:
+    from slurmpod.backends.pyslurm_backend import PyslurmBackend
+
+    slurm = CliBackend(LocalRunner(env=sandbox.env)).version()
+    require_matching_pyslurm(slurm)
+    module = import_pyslurm_for(sandbox.sb.slurm_conf)
+    backend = PyslurmBackend(slurm)  # the real load_pyslurm: import and version check
+    assert backend.ps is module
+    return backend
+
+
+class TestPyslurmBackendContract(BackendContract):
+    @pytest.fixture
+    def backend(self, pyslurm_backend: Any) -> Any:
+        return pyslurm_backend
+
+    @pytest.fixture
+    def place_script(self, sandbox: Any) -> Callable[[str], PurePath]:
+        return _placer(sandbox)  # pyslurm reads the script here, like sbatch
 
 
 @pytest.fixture
