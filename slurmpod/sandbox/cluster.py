@@ -32,6 +32,7 @@ from slurmpod.sandbox import procs
 from slurmpod.sandbox.layout import Layout, Ports
 from slurmpod.sandbox.prereqs import (
     Tools,
+    check_one_slurm,
     find_tools,
     release_string,
     search_path,
@@ -312,6 +313,7 @@ class Sandbox:
         self.layout.slurmdbd_conf.chmod(0o600)
 
         env = self.client_env()
+        check_one_slurm(tools, version, env)  # needs the slurm.conf just written
         self._launcher = procs.Launcher(env, self.layout.root)
         self._records = []
         accounts: Future[None] | None = None

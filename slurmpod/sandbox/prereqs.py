@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +75,7 @@ def find_tools(path: str | None = None) -> Tools:
             f"the sandbox needs {', '.join(missing)} (Debian packages: {' '.join(pkgs)}); "
             f"install them with: {INSTALL_HINT}"
         )
-    check_one_slurm(found)
     return Tools(found)
-
-
-SLURM_PROGRAMS = tuple(p for p, pkg in REQUIRED.items() if pkg.startswith("slurm"))
 
 
 def slurm_prefix(program: str) -> Path:
@@ -86,19 +83,18 @@ def slurm_prefix(program: str) -> Path:
     return Path(program).resolve().parent.parent
 
 
-def check_one_slurm(found: dict[str, str]) -> None:
-    """Daemons and clients from one Slurm installation: with only `<prefix>/sbin` on PATH, the
-    clients would come from the system's (older) Slurm, whose RPCs the daemons refuse."""
-    by_prefix: dict[Path, list[str]] = {}
-    for prog in SLURM_PROGRAMS:
-        if prog in found:
-            by_prefix.setdefault(slurm_prefix(found[prog]), []).append(found[prog])
-    if len(by_prefix) > 1:
-        shown = "; ".join(", ".join(paths) for paths in by_prefix.values())
+def check_one_slurm(tools: Tools, daemons: tuple[int, int, int],
+                    env: Mapping[str, str] | None = None) -> None:
+    """The clients must be the daemons' release: with only `<prefix>/sbin` on PATH, `sinfo` and
+    `sacctmgr` would come from the system's (older) Slurm, whose RPCs the daemons refuse.
+    `env` must name a readable slurm.conf (SLURM_CONF): clients fail -V without one."""
+    clients = slurm_version(tools["sinfo"], env)
+    if clients[:2] != daemons[:2]:
         raise ConfigError(
-            f"the sandbox found Slurm programs of {len(by_prefix)} installations ({shown})",
-            hint="put both sbin and bin of one Slurm first on PATH, e.g. "
-                 "PATH=/opt/slurm/sbin:/opt/slurm/bin:$PATH")
+            f"the sandbox found Slurm {release_string(daemons)} daemons ({tools['slurmd']}) "
+            f"but Slurm {release_string(clients)} clients ({tools['sinfo']})",
+            hint=f"put both sbin and bin of one Slurm first on PATH, e.g. PATH="
+                 f"{slurm_prefix(tools['slurmd'])}/sbin:{slurm_prefix(tools['slurmd'])}/bin:$PATH")
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -112,10 +108,12 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
-def slurm_version(slurmd: str | Path) -> tuple[int, int, int]:
+def slurm_version(slurmd: str | Path, env: Mapping[str, str] | None = None
+                  ) -> tuple[int, int, int]:
+    """`PROGRAM -V`. The clients (sinfo, …) read slurm.conf even for -V: give them SLURM_CONF."""
     try:
         out = subprocess.run([str(slurmd), "-V"], capture_output=True, text=True, timeout=10,
-                             check=False)
+                             check=False, env=None if env is None else dict(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"cannot run `{slurmd} -V`: {exc}", hint=INSTALL_HINT) from None
     return parse_slurm_version(out.stdout or out.stderr)

@@ -166,41 +166,49 @@ def test_unreadable_slurm_version() -> None:
         parse_slurm_version("command not found")
 
 
-def _fake_programs(root: Path, names: list[str]) -> None:
+
+def _fake_programs(root: Path, names: list[str], release: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = root / name
-        path.write_text("#!/bin/sh\n")
+        path.write_text(f"#!/bin/sh\necho 'slurm {release}'\n")
         path.chmod(0o755)
+
+
+def _two_slurms(tmp_path: Path) -> tuple[list[str], Path]:
+    """System programs (Slurm 22.05.8) in tmp/usr, a Slurm 25.11.7 in tmp/opt/slurm-25.11."""
+    from slurmpod.sandbox.prereqs import REQUIRED
+
+    clients = ["sinfo", "scontrol", "sacctmgr", "squeue", "scancel"]
+    daemons = ["slurmctld", "slurmd", "slurmdbd"]
+    others = [p for p in REQUIRED if p not in clients + daemons]
+    _fake_programs(tmp_path / "usr" / "sbin", others + daemons, "22.05.8")
+    _fake_programs(tmp_path / "usr" / "bin", clients, "22.05.8")
+    opt = tmp_path / "opt" / "slurm-25.11"
+    _fake_programs(opt / "sbin", daemons, "25.11.7")
+    _fake_programs(opt / "bin", clients, "25.11.7")
+    return [str(tmp_path / "usr" / "sbin"), str(tmp_path / "usr" / "bin")], opt
 
 
 def test_slurm_from_another_prefix_is_found_first_on_path(tmp_path: Path) -> None:
     """PATH=/opt/slurm-X/sbin:/opt/slurm-X/bin:… picks that Slurm; the rest comes from PATH."""
-    from slurmpod.sandbox.prereqs import REQUIRED, SLURM_PROGRAMS, find_tools, slurm_prefix
+    from slurmpod.sandbox.prereqs import check_one_slurm, find_tools, slurm_prefix, slurm_version
 
-    others = [p for p in REQUIRED if p not in SLURM_PROGRAMS]
-    _fake_programs(tmp_path / "usr" / "sbin", [*others, "slurmctld", "slurmd", "slurmdbd"])
-    _fake_programs(tmp_path / "usr" / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue",
-                                              "scancel"])
-    opt = tmp_path / "opt" / "slurm-25.11"
-    _fake_programs(opt / "sbin", ["slurmctld", "slurmd", "slurmdbd"])
-    _fake_programs(opt / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue", "scancel"])
-    system = [str(tmp_path / "usr" / "sbin"), str(tmp_path / "usr" / "bin")]
+    system, opt = _two_slurms(tmp_path)
     tools = find_tools(path=os.pathsep.join([str(opt / "sbin"), str(opt / "bin"), *system]))
-    assert {slurm_prefix(tools[p]) for p in SLURM_PROGRAMS} == {opt}
+    assert {slurm_prefix(tools[p]) for p in ("slurmctld", "slurmd", "sinfo", "sacctmgr")} == {opt}
     assert slurm_prefix(tools["munged"]) == tmp_path / "usr"
+    version = slurm_version(tools["slurmd"])
+    assert version == (25, 11, 7)
+    check_one_slurm(tools, version)
 
 
 def test_daemons_and_clients_of_two_slurms_are_refused(tmp_path: Path) -> None:
-    from slurmpod.sandbox.prereqs import REQUIRED, SLURM_PROGRAMS, find_tools
+    from slurmpod.sandbox.prereqs import check_one_slurm, find_tools, slurm_version
 
-    others = [p for p in REQUIRED if p not in SLURM_PROGRAMS]
-    _fake_programs(tmp_path / "usr" / "sbin", [*others, "slurmctld", "slurmd", "slurmdbd"])
-    _fake_programs(tmp_path / "usr" / "bin", ["sinfo", "scontrol", "sacctmgr", "squeue",
-                                              "scancel"])
-    opt = tmp_path / "opt" / "slurm-25.11"
-    _fake_programs(opt / "sbin", ["slurmctld", "slurmd", "slurmdbd"])
-    with pytest.raises(ConfigError, match="Slurm programs of 2 installations") as info:
-        find_tools(path=os.pathsep.join([str(opt / "sbin"), str(tmp_path / "usr" / "sbin"),
-                                         str(tmp_path / "usr" / "bin")]))
-    assert "sbin and bin" in (info.value.hint or "")
+    system, opt = _two_slurms(tmp_path)
+    tools = find_tools(path=os.pathsep.join([str(opt / "sbin"), *system]))
+    with pytest.raises(ConfigError, match=r"Slurm 25\.11\.7 daemons .* but Slurm 22\.05\.8 "
+                                          r"clients") as info:
+        check_one_slurm(tools, slurm_version(tools["slurmd"]))
+    assert f"{opt}/sbin:{opt}/bin" in (info.value.hint or "")
