@@ -27,6 +27,7 @@ from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
 from slurmpod.transport.base import CommandResult, CommandRunner, CommandTimeoutError
 
 # stderr fragments of a controller/slurmdbd that is restarting or overloaded (22.05 – 24.11)
+_UNKNOWN_JOB = "Invalid job id specified"
 _TRANSIENT = (
     "Socket timed out",
     "Unable to contact slurm controller",
@@ -122,9 +123,16 @@ class CliBackend:
             return {}
         ids = list(dict.fromkeys(job_ids))
         # Slurm 22.05's `squeue --json` ignores --jobs and dumps every job: filter here too.
-        result = self.query(["squeue", "--json", "--all", "--states=all",
-                              f"--jobs={','.join(ids)}"])
-        found = {s.job_id: s for s in parse_squeue_json(result.stdout) if wanted(s.job_id, ids)}
+        try:
+            result = self.query(["squeue", "--json", "--all", "--states=all",
+                                  f"--jobs={','.join(ids)}"])
+            listed = parse_squeue_json(result.stdout)
+        except CommandError as exc:
+            # Slurm 25.11 fails when no id is known to the controller (22.05 lists nothing).
+            if _UNKNOWN_JOB not in exc.stderr:
+                raise
+            listed = []
+        found = {s.job_id: s for s in listed if wanted(s.job_id, ids)}
         missing = [j for j in ids if j not in found
                    and not any(parent_id(k) == j for k in found)]
         if missing:  # left the controller (MinJobAge): fall back to accounting

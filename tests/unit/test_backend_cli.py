@@ -130,6 +130,20 @@ def test_status_filters_squeue_and_falls_back_to_sacct() -> None:
     assert "--jobs=15" in sacct_argv and env == {"SLURM_TIME_FORMAT": "%s"}
 
 
+def test_status_of_ids_the_controller_no_longer_knows_comes_from_sacct() -> None:
+    # Slurm 25.11's squeue exits 1 when none of the ids is known: that is "no jobs", not an error.
+    gone = CommandError(["squeue"], 1, "slurm_load_jobs error: Invalid job id specified")
+    runner = CannedRunner({"squeue": [gone], "sacct": [(DATA / "sacct.parsable2.txt").read_text()]})
+    backend, slept = cli(runner)
+    got = backend.status(["15"])
+    assert set(got) == {"15"} and got["15"].state is JobState.COMPLETED
+    assert slept == []
+    other = CommandError(["squeue"], 1, "squeue: error: Invalid user: nobody")
+    backend, _ = cli(CannedRunner({"squeue": [other]}))
+    with pytest.raises(CommandError, match="Invalid user"):
+        backend.status(["15"])
+
+
 def test_accounting_argv() -> None:
     runner = CannedRunner({"sacct": [(DATA / "sacct.parsable2.txt").read_text()]})
     backend, _ = cli(runner)
