@@ -10,7 +10,9 @@ Fixture `sandbox` (session scope) -> `SandboxFixture`, with:
   variables, plus SLURM_CONF and SLURMPOD_SANDBOX; sbin directories on PATH).
 - `site`, `inventory`: the site model and its nodes (`inventory.nodes_in_su(i)`, `su_names`).
 - `etc(name)`: text of a file Slurm reads (`slurm.conf`, `nodes.conf`, `gres.conf`,
-  `topology.conf`, …) as installed in the sandbox.
+  `topology.conf` or `topology.yaml`, …) as installed in the sandbox.
+- `slurm_version`, `generated_topology()`: the sandbox's Slurm release, and the name of the
+  topology file installed for it with the generator's output for that release.
 - `run(argv, timeout_s=60, check=True)`: run any command with `env`, always under a timeout;
   returns `CompletedProcess[str]`; a non-zero exit fails the test with stderr when `check`.
 - `sbatch(*args, timeout_s=30) -> job id`: `sbatch --parsable` with your args (output goes to
@@ -142,6 +144,22 @@ class SandboxFixture:
 
     def etc(self, name: str) -> str:
         return (self.sb.slurm_conf.parent / name).read_text()
+
+    @property
+    def slurm_version(self) -> str:
+        """The release the sandbox runs, as recorded when it started (e.g. "22.05.8")."""
+        return str(json.loads(self.sb.layout.state_file.read_text())["slurm_version"])
+
+    def generated_topology(self) -> tuple[str, dict[str, str]]:
+        """(installed file name, generator output) for the sandbox's Slurm release.
+
+        The generator writes topology.conf and topology-block.conf for every release; the sandbox
+        installs one of them as topology.conf, or topology.yaml (both topologies) on >= 25.05.
+        """
+        from slurmpod.topology import generate as gen
+
+        opts = gen.GenerateOptions(slurm_version=".".join(self.slurm_version.split(".")[:2]))
+        return gen.topology_file_to_install(self.site, opts), gen.generate(self.site, opts)
 
     def run(self, argv: Sequence[str], timeout_s: float = 60, check: bool = True
             ) -> subprocess.CompletedProcess[str]:

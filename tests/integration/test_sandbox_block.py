@@ -58,8 +58,12 @@ def _blocks(text: str) -> dict[str, frozenset[str]]:
 
 
 def test_scontrol_shows_the_generated_blocks(blocks: SandboxFixture) -> None:
-    generated = _blocks(blocks.etc("topology.conf"))
-    assert generated, "the sandbox did not install the block topology"
+    installed, files = blocks.generated_topology()
+    assert installed in ("topology-block.conf", "topology.yaml"), installed
+    installed_as = "topology.yaml" if installed == "topology.yaml" else "topology.conf"
+    assert blocks.etc(installed_as) == files[installed], "the sandbox did not install it"
+    generated = _blocks(files["topology-block.conf"])
+    assert generated
     inv = blocks.inventory
     assert generated == {inv.su_names[i]: frozenset(n.name for n in inv.nodes_in_su(i))
                          for i in range(len(inv.su_names))}

@@ -39,9 +39,14 @@ def _tree(lines: dict[str, dict[str, str]]) -> dict[str, tuple[frozenset[str], f
 
 
 def test_scontrol_topology_equals_generated_tree(sandbox: SandboxFixture) -> None:
-    generated = _kv_lines(sandbox.etc("topology.conf"), "SwitchName")
-    if not generated:
+    installed, files = sandbox.generated_topology()
+    if installed == "topology-block.conf":
         pytest.skip("this Slurm got a block topology; see test_sandbox_block.py")
+    # What Slurm reads is the generator's file for this release, untouched.
+    installed_as = "topology.yaml" if installed == "topology.yaml" else "topology.conf"
+    assert sandbox.etc(installed_as) == files[installed]
+    generated = _kv_lines(files["topology.conf"], "SwitchName")
+    assert generated
     shown = _kv_lines(sandbox.run(["scontrol", "show", "topology"]).stdout, "SwitchName")
     assert _tree(shown) == _tree(generated)
     # And the generated leaves are the site's SUs (independent of the generator).
