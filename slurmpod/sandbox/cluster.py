@@ -303,7 +303,8 @@ class Sandbox:
         # The hooks get the measured site, so their MFU uses the same peak as submit and plan.
         hook_site = self.layout.site_file if peak is not None else self.site_path.absolute()
         settings = SandboxSettings(self.layout, ports, _user(), version, hook_site,
-                                    self.accounting)
+                                    self.accounting,
+                                    slurm_bin=str(Path(tools["scontrol"]).parent))
         files = render_files(site, settings, generated_artefacts(site, settings))
         self._rotate_logs()
         self._prepare_dirs(nodes)

@@ -33,6 +33,7 @@ class SandboxSettings:
     site_path: Path
     accounting: bool = True
     python: str = sys.executable
+    slurm_bin: str = "/usr/bin"  # where the clients of the running Slurm are (scontrol, sacct)
 
 
 def _options(s: SandboxSettings) -> Any:
@@ -108,6 +109,7 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
         "site_path": str(s.site_path),
         "package_parent": str(Path(slurmpod.__file__).resolve().parent.parent),
         "slurm_conf": str(lay.slurm_conf),
+        "slurm_bin": s.slurm_bin,
     }
     files = {f"etc/{k}": v for k, v in pick_slurm_files(site, s, artefacts).items()}
     for name, tpl in (("etc/slurm.conf", "slurm.conf.j2"),

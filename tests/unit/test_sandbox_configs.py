@@ -24,9 +24,10 @@ SITE_PATH = builtin_site_path("sandbox")
 
 
 def _settings(root: Path, version: tuple[int, int, int] = (22, 5, 8), accounting: bool = True,
-              python: str = "/usr/bin/python3", n_nodes: int = 16) -> SandboxSettings:
+              python: str = "/usr/bin/python3", n_nodes: int = 16,
+              slurm_bin: str = "/usr/bin") -> SandboxSettings:
     return SandboxSettings(Layout(root), Ports.from_base(20000, n_nodes), "alice", version,
-                           SITE_PATH, accounting, python)
+                           SITE_PATH, accounting, python, slurm_bin)
 
 
 def _conf(text: str) -> dict[str, str]:
@@ -124,10 +125,10 @@ def test_epilog_script_quotes_paths_and_always_exits_zero(tmp_path: Path) -> Non
     record = tmp_path / "argv.txt"
     fake_python = odd / "py thon"
     fake_python.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" \"$SLURMPOD_SPOOL\" \"$PYTHONPATH\""
-                           f" > '{record}'\nexit 7\n")
+                           f" \"$PATH\" > '{record}'\nexit 7\n")
     fake_python.chmod(0o755)
     root = tmp_path / "state"
-    s = _settings(root, python=str(fake_python))
+    s = _settings(root, python=str(fake_python), slurm_bin=str(odd))
     script = render_files(site, s, generated_artefacts(site, s))["hooks/epilog-slurmctld"]
     hook = tmp_path / "epilog"
     hook.write_text(script)
@@ -139,7 +140,8 @@ def test_epilog_script_quotes_paths_and_always_exits_zero(tmp_path: Path) -> Non
     args = record.read_text().splitlines()
     assert args == ["-m", "slurmpod", "hook", "epilog", "--spool", f"{root}/spool",
                     "--site", str(SITE_PATH), "--slurm-conf", f"{root}/etc/slurm.conf",
-                    f"{root}/spool", str(Path(slurmpod.__file__).resolve().parent.parent)]
+                    f"{root}/spool", str(Path(slurmpod.__file__).resolve().parent.parent),
+                    f"{odd}:/usr/bin:/bin"]  # the running Slurm's clients come first
 
 
 @pytest.mark.parametrize("path", ["/tmp/a b", "/tmp/x[1]", "/tmp/a,b", "/tmp/a=b", "/tmp/#x"])
