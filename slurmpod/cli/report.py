@@ -60,6 +60,10 @@ def _sacct(argv: list[str]) -> str:
         return CliBackend(LocalRunner(), timeout_s=SACCT_TIMEOUT_S).query(
             argv, env=SACCT_TIME_ENV).stdout
     except CommandError as exc:  # the message already names sacct and its last stderr line
+        if "Invalid user id" in exc.stderr:  # also Slurm's answer to "nobody" (uid.c, 25.11)
+            raise UsageError(f"--user: {exc.message}",
+                             hint="name a user this machine resolves (getent passwd NAME)"
+                             ) from None
         raise SlurmError(exc.message,
                          hint="is slurmdbd running and accounting enabled? try `sacct -X`"
                          ) from None

@@ -241,7 +241,12 @@ exec {flaky} "$@"
     assert res.exit_code == 0, res.output
     assert marker.exists() and "Job 102 (fail-b)  FAILED  exit 3" in res.output
     marker.unlink()
-    real.write_text("#!/bin/sh\necho 'sacct: error: Invalid user id' >&2\nexit 1\n")
+    real.write_text("#!/bin/sh\necho 'sacct: error: Invalid field requested' >&2\nexit 1\n")
     rc, err = main_rc(capsys, "102")
-    assert rc == 4 and err.startswith("slurmpod: error: sacct failed: sacct: error: Invalid user")
+    assert rc == 4 and err.startswith("slurmpod: error: sacct failed: sacct: error: Invalid field")
     assert "slurmdbd" in err and not marker.exists()
+    # A --user sacct cannot resolve is the caller's mistake, not Slurm's: exit 2, not retried.
+    real.write_text("#!/bin/sh\necho 'sacct: error: Invalid user id: zz' >&2\nexit 1\n")
+    rc, err = main_rc(capsys, "--since", "1d", "--user", "zz")
+    assert rc == 2 and err.startswith("slurmpod: error: --user: sacct failed: ")
+    assert "getent passwd" in err and not marker.exists()
