@@ -28,9 +28,11 @@ def _submit(sandbox: Any, server: SshdServer, run: Path, home: Path, *args: str
             ) -> subprocess.CompletedProcess[str]:
     env = {**sandbox.env, "HOME": str(home)}
     env.pop("SLURM_CONF")  # the remote side gets it through --remote-env, as a site would
+    # ... and the PATH of the sandbox's Slurm, which may not be the one sshd's login PATH finds.
     return subprocess.run(
         [sys.executable, "-m", "slurmpod", "submit", str(run), "--host", server.alias,
-         "--remote-env", f"SLURM_CONF={sandbox.sb.slurm_conf}", "--topo-dir", "", *args],
+         "--remote-env", f"SLURM_CONF={sandbox.sb.slurm_conf}",
+         "--remote-env", f"PATH={sandbox.env['PATH']}", "--topo-dir", "", *args],
         env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
 
 
