@@ -70,9 +70,12 @@ def setup_logging(spool_root: Path) -> logging.Handler | None:
 
 
 # sacctmgr's answers when the job's own record has not reached slurmdbd yet (22.05: " Nothing
-# modified", or "Request didn't affect anything" from acct_storage_p_modify_job). slurmctld sends
-# the job's end to slurmdbd around the time EpilogSlurmctld starts, so this clears in seconds.
-NOT_YET_IN_SLURMDBD = ("Nothing modified", "didn't affect anything")
+# modified", or "Request didn't affect anything" from acct_storage_p_modify_job; 25.11: "Error
+# with request: Data has not changed since time specified", SLURM_NO_CHANGE_IN_DATA from
+# as_mysql_modify_job's "Job(s) not found"). slurmctld sends the job's end to slurmdbd around the
+# time EpilogSlurmctld starts, so this clears in seconds.
+NOT_YET_IN_SLURMDBD = ("Nothing modified", "didn't affect anything",
+                       "Data has not changed since time specified")
 # Waits between in-process retries of such an update before it goes to the spool (15 s in all,
 # well inside the PrologEpilogTimeout that docs/accounting.md recommends).
 NOT_YET_WAITS_S = (1.0, 2.0, 4.0, 8.0)

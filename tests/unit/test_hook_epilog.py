@@ -168,10 +168,14 @@ def test_slurm_deliver_reads_sacctmgr_outcome(rc: int, out: str, err: str, ok: b
 
 
 def test_job_not_yet_in_slurmdbd_is_retried_before_spooling(tmp_path: Path) -> None:
-    """22.05: the epilog can run before slurmdbd has the job; sacctmgr then changes nothing."""
+    """The epilog can run before slurmdbd has the job; sacctmgr then changes nothing, in the
+    words of 22.05 (the first two) or 25.11 (the third)."""
     write_log(tmp_path)
     answers = iter([(1, "", "sacctmgr: error: Request didn't affect anything"),
-                    (1, " Nothing modified\n", ""), (0, " Modified jobs...\n", "")])
+                    (1, " Nothing modified\n", ""),
+                    (1, " Modified jobs...\n", " Error with request: Data has not changed since "
+                     "time specified\n"),
+                    (0, " Modified jobs...\n", "")])
     calls: list[list[str]] = []
 
     def run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
@@ -181,7 +185,7 @@ def test_job_not_yet_in_slurmdbd_is_retried_before_spooling(tmp_path: Path) -> N
     waits: list[float] = []
     run_epilog(job_env(tmp_path), tmp_path / "spool", deliver=slurm_deliver(run),
                sleep=waits.append)
-    assert len(calls) == 3 and waits == [1.0, 2.0]
+    assert len(calls) == 4 and waits == [1.0, 2.0, 4.0]
     assert Spool(tmp_path / "spool").list_pending() == []
 
 
