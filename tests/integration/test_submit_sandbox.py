@@ -168,8 +168,12 @@ def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None
         wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 200, "the requeue")
         sandbox.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
         its = re.compile(r"iteration\s+(\d+)/")
-        wait_for(lambda: len(its.findall(log_of(run_dir).split("restart 1/3")[-1])) >= 2
-                 and "restart 1/3" in log_of(run_dir), 120, "the resumed run")
+
+        def resumed() -> bool:  # one read: the restart line and two iterations after it
+            _, mark, after = log_of(run_dir).partition("restart 1/3")
+            return bool(mark) and len(its.findall(after)) >= 2
+
+        wait_for(resumed, 120, "the resumed run")
         first, second = log_of(run_dir).split("restart 1/3", 1)
         assert "SIGTERM received" in first and "requeueing" in first
         saved = re.findall(r"successfully saved checkpoint from iteration\s+(\d+)", first)
