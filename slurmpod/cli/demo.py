@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +105,9 @@ def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> No
     _step(3, total, "Plan: a tiny GPT on 2 nodes x 8 GPUs (TP=2, PP=2, DP=4)")
     run_dir = state / "demo" / "run"
     run_file = state / "demo" / "run.toml"
+    # A fresh run each time: the last demo's checkpoint is at the final iteration, so resuming
+    # from it would end the job at once with nothing to report.
+    shutil.rmtree(run_dir, ignore_errors=True)
     entry = f"{sys.executable} -m slurmpod.workload.megatron_emu"
     run_file.write_text(DEMO_RUN.format(entrypoint=json.dumps(entry),
                                         work_dir=json.dumps(str(run_dir)), iters=iters))
