@@ -21,6 +21,7 @@ Fixture `sandbox` (session scope) -> `SandboxFixture`, with:
   has its complete record (see the method), then returns that job's `sacct --json` entry.
 - `wait_running(job_id, timeout_s=60)`: waits until the job runs.
 - `nodes_of(job_id) -> list[str]`: the job's expanded node list (from squeue/sacct).
+- `release_requeued(job_id)`: a requeued job may start again in 5 s (not Slurm's ~2 minutes).
 - `cancel(*job_ids)`: scancel and wait until they are gone from the running set.
 - `tmp_dir`: a session scratch directory under /tmp readable by the Slurm daemons.
 
@@ -231,6 +232,16 @@ class SandboxFixture:
             job = self.wait_job(job_id)
             text = str(job.get("nodes", ""))
         return expand(text) if text and text != "None assigned" else []
+
+    def release_requeued(self, job_id: str) -> None:
+        """Let a requeued batch job start again in a few seconds instead of Slurm's ~2 minutes.
+
+        Not `StartTime=now`: slurmd refuses a launch credential not newer than the time it
+        recorded for revoking the job's previous one (cred_context.c, whole seconds); on 24.11
+        the job then ends with exit 1 ("Killing non-startable batch JobId=…: Job credential
+        revoked").
+        """
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+5"])
 
     def cancel(self, *job_ids: str) -> None:
         if not job_ids:

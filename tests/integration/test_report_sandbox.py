@@ -140,7 +140,7 @@ def release_requeued(sandbox: Any, job_id: str) -> bool:
     cp = sandbox.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], check=False)
     if cp.stdout.split() != ["PENDING", "BeginTime"]:
         return sandbox.squeue_state(job_id) in ("", "COMPLETED")  # already went through
-    sandbox.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    sandbox.release_requeued(job_id)
     return True
 
 

@@ -136,7 +136,7 @@ def test_requeue_mid_run_resumes_from_last_checkpoint(sandbox: Any) -> None:
     # Slurm holds a requeued batch job back for its credential lifetime (about 2 minutes);
     # let it start again at once.
     wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 60, "the requeue")
-    sandbox.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+    sandbox.release_requeued(jid)
     wait_for(lambda: "restart 1/3" in log_of(run_dir), 90, "the restarted job")
     wait_for(lambda: "training complete" in log_of(run_dir), 240, "the resumed run to finish")
     log = log_of(run_dir)
@@ -166,7 +166,7 @@ def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None
     try:
         assert "#SBATCH --signal=B:TERM@30" in Path(res["script"]).read_text()
         wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 200, "the requeue")
-        sandbox.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+        sandbox.release_requeued(jid)
         its = re.compile(r"iteration\s+(\d+)/")
 
         def resumed() -> bool:  # one read: the restart line and two iterations after it
