@@ -26,8 +26,9 @@ from slurmpod.errors import CommandError, SlurmError
 from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
 from slurmpod.transport.base import CommandResult, CommandRunner, CommandTimeoutError
 
-# stderr fragments of a controller/slurmdbd that is restarting or overloaded (22.05 – 24.11)
+# squeue's stderr when it knows none of the ids asked for (Slurm 25.11)
 _UNKNOWN_JOB = "Invalid job id specified"
+# stderr fragments of a controller/slurmdbd that is restarting or overloaded (22.05 – 24.11)
 _TRANSIENT = (
     "Socket timed out",
     "Unable to contact slurm controller",

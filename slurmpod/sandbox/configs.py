@@ -33,7 +33,7 @@ class SandboxSettings:
     site_path: Path
     accounting: bool = True
     python: str = sys.executable
-    slurm_bin: str = "/usr/bin"  # where the clients of the running Slurm are (scontrol, sacct)
+    slurm_bin: str = "/usr/bin"  # where the clients of the running Slurm are (scontrol, sacctmgr)
 
 
 def _options(s: SandboxSettings) -> Any:
