@@ -349,12 +349,16 @@ class Sandbox:
             if ports.block.stop > 65536 or self.base_port < 1:
                 raise ConfigError(f"--base-port {self.base_port}: needs {n_nodes + 3} ports "
                                   "below 65536; choose a smaller base port")
-            for what, port in ports.named():
-                if procs.port_in_use(port):
-                    raise SandboxError(
-                        f"port {port} on 127.0.0.1 ({what}) is in use by another program",
-                        hint=f"free port {port}, or choose another --base-port "
-                             f"(the sandbox needs {ports.block.start}-{ports.block.stop - 1})")
+            # Name every taken port, not just the first: the user frees them all in one go.
+            taken = [(what, port) for what, port in ports.named() if procs.port_in_use(port)]
+            if taken:
+                listed = "; ".join(f"port {port} on 127.0.0.1 ({what}) is in use"
+                                   for what, port in taken)
+                raise SandboxError(
+                    f"{listed} by another program",
+                    hint=f"free {'it' if len(taken) == 1 else 'them'}, or choose another "
+                         f"--base-port (the sandbox needs {ports.block.start}-"
+                         f"{ports.block.stop - 1})")
             return ports
         # Reuse the last ports when free (a warm restart keeps the same addresses).
         prev = (state or {}).get("ports", {}).get("slurmd_base")

@@ -117,7 +117,8 @@ def test_port_in_use_is_reported_by_number(tiny: tuple[Path, Path]) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        # The slurmctld port is base + number of nodes (2): make it the taken one.
+        # The slurmctld port is base + number of nodes (2): make it the taken one. A neighbour
+        # another program holds is named too, so the message names this port whatever else runs.
         cp = _slurmpod("sandbox", "up", str(site), "--state", str(state), "--base-port",
                        str(port - 2))
     assert cp.returncode == 4, cp.stderr

@@ -60,3 +60,20 @@ def test_down_stops_recorded_processes_only(tmp_path: Path) -> None:
         assert Sandbox(root).down() == []
     finally:
         procs.stop([ours, theirs], timeout_s=5, children=launcher.children)
+
+
+def test_every_taken_port_is_named(tmp_path: Path, monkeypatch) -> None:
+    # A neighbour taken by another program must not hide the port the user asked about.
+    import pytest
+
+    from slurmpod.errors import SlurmpodError
+
+    taken = {40001, 40003}
+    monkeypatch.setattr(procs, "port_in_use", lambda port: port in taken)
+    sb = Sandbox(tmp_path / "sb", base_port=40000)
+    with pytest.raises(SlurmpodError) as info:
+        sb._choose_ports(2, None)
+    msg = info.value.message
+    assert "port 40001 on 127.0.0.1 (slurmd #2) is in use" in msg
+    assert "port 40003 on 127.0.0.1 (slurmdbd) is in use" in msg
+    assert "40000" not in msg.replace("40000-", "")
