@@ -207,6 +207,9 @@ class SlurmTarget(Strict, kw_only=True):
     topology: Literal["tree", "block", "auto"] = "auto"
     # node type -> Weight; warned: overrides topology.
     node_weights: dict[str, int] = field(default_factory=dict)
+    # IMEX channels through SwitchType=switch/nvidia_imex (Slurm >= 24.05): "auto" = on for
+    # rack-scale NVLink sites (domain > node, e.g. GB200 NVL72) when the target Slurm has it.
+    imex: bool | Literal["auto"] = "auto"
 
     @property
     def version_tuple(self) -> tuple[int, int]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _VERSION = re.compile(r"^(\d{2})\.(\d{2})(\.\d+)?$")
 BLOCK_MIN = (23, 11)  # topology/block appeared in Slurm 23.11
 YAML_MIN = (25, 5)  # topology.yaml appeared in Slurm 25.05
+IMEX_MIN = (24, 5)  # SwitchType=switch/nvidia_imex appeared in Slurm 24.05 (NEWS, 24.05.0)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,25 @@ def topology_plugin(site: Site, version: tuple[int, int]) -> str:
             key="slurm.topology", hint="set slurm.topology = 'tree' or target a newer Slurm",
         )
     return site.slurm.topology
+
+
+def imex_enabled(site: Site, version: tuple[int, int]) -> bool:
+    """Whether Slurm hands out IMEX channels (switch/nvidia_imex) on this site.
+
+    IMEX (the nvidia-imex daemon plus a per-job channel device) is what lets CUDA share GPU
+    memory between nodes of one multi-node NVLink domain (GB200/GB300 NVL72); 8-GPU nodes whose
+    NVLink ends at the node never need it. "auto" = on for such sites when the target has it.
+    """
+    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    if site.slurm.imex == "auto":
+        return nvl and version >= IMEX_MIN
+    if site.slurm.imex and version < IMEX_MIN:
+        raise ConfigError(
+            f"switch/nvidia_imex needs Slurm >= 24.05 but the target is "
+            f"{version[0]}.{version[1]:02d}",
+            key="slurm.imex", hint="set slurm.imex = false or target a newer Slurm",
+        )
+    return bool(site.slurm.imex)
 
 
 def topology_file_to_install(site: Site, options: GenerateOptions | None = None) -> str:
@@ -129,7 +149,7 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
     plugin = topology_plugin(site, version)
     ctx = slurm_files.SlurmContext(
         version=version, plugin=plugin, gres_file_prefix=options.gres_file_prefix,
-        localhost_base_port=options.localhost_base_port,
+        localhost_base_port=options.localhost_base_port, imex=imex_enabled(site, version),
     )
     name = site.site.name
     env = make_env()

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from slurmpod.model.site import NodeType, Site
 
 
+# Slurm 25.11 sets the job's IMEX channel up in the batch and interactive steps too (before:
+# srun steps only) and adds --network=unique-channel-per-segment (RELEASE_NOTES 25.11).
+IMEX_PER_SEGMENT_MIN = (25, 11)
+
+
 @dataclass(frozen=True)
 class SlurmContext:
     """What the Slurm files need beyond the site: the target version and sandbox overrides."""
@@ -27,6 +32,7 @@ class SlurmContext:
     gres_file_prefix: str | None = None
     localhost_base_port: int | None = None
     include_path: str = "/etc/slurm/nodes.conf"
+    imex: bool = False  # SwitchType=switch/nvidia_imex (see generate.imex_enabled)
 
 
 def _tree_rows(switches: Sequence[TreeSwitch]) -> list[dict[str, str]]:
@@ -193,6 +199,8 @@ def nodes_conf(env: Any, header: str, site: Site, ctx: SlurmContext, layout: Blo
     future = layout.future_nodes if layout is not None else ()
     return env.get_template("topology/nodes.conf.j2").render(
         header=header, include_path=ctx.include_path, plugin_line=f"topology/{ctx.plugin}",
-        nvl=nvl, warnings=list(warnings), node_lines=node_lines(site, ctx),
+        nvl=nvl, imex=ctx.imex, imex_per_segment=ctx.version >= IMEX_PER_SEGMENT_MIN,
+        domain_example=", ".join(site.inventory.domain_names[:2]),
+        warnings=list(warnings), node_lines=node_lines(site, ctx),
         future_nodes=compress(future) if future else "", partition_lines=partition_lines(site),
     )

@@ -207,6 +207,36 @@ def test_explicit_block_on_old_slurm_is_a_config_error():
         generate(site, GenerateOptions(slurm_version="23.02"))
 
 
+def _imex_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if "nvidia_imex" in ln or "imex_channel" in ln]
+
+
+def test_imex_switch_plugin_on_nvl72_sites_only():
+    gb200 = build(site_dict("gb200-nvl72"))  # Slurm 24.11
+    nodes = generate(gb200)["nodes.conf"]
+    assert "#   SwitchType=switch/nvidia_imex" in nodes
+    assert "#   SwitchParameters=imex_channel_count=2047" in nodes
+    assert "every srun step (the batch step has none before 25.11)" in nodes
+    assert "node features nvl01, nvl02" in nodes
+    # Comments only: nodes.conf stays NodeName/PartitionName lines (the sandbox includes it).
+    assert all(ln.startswith("#") for ln in _imex_lines(nodes))
+    newer = generate(gb200, GenerateOptions(slurm_version="25.11"))["nodes.conf"]
+    assert "every step of the job (25.11+)" in newer
+    # Before 24.05 there is no switch/nvidia_imex; 8-GPU nodes never need IMEX.
+    assert not _imex_lines(generate(gb200, GenerateOptions(slurm_version="23.11"))["nodes.conf"])
+    assert not _imex_lines(generate(build(site_dict("dgx-h100-superpod")))["nodes.conf"])
+    off = build(variant("gb200-nvl72", slurm={"imex": False}))
+    assert not _imex_lines(generate(off)["nodes.conf"])
+
+
+def test_imex_asked_for_on_old_slurm_is_a_config_error():
+    site = build(variant("gb200-nvl72", slurm={"imex": True}))
+    with pytest.raises(ConfigError, match=r"slurm\.imex"):
+        generate(site, GenerateOptions(slurm_version="23.11"))
+    forced = build(variant("dgx-h100-superpod", slurm={"imex": True}))
+    assert _imex_lines(generate(forced)["nodes.conf"])
+
+
 def test_node_weights_are_written_and_warned():
     site = build(variant("sandbox", slurm={"node_weights": {"emu8": 10}}))
     files = generate(site)
