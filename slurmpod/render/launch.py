@@ -39,7 +39,20 @@ STORE_FALSE_FLAGS: dict[str, str] = {
 }
 
 # Keys slurmpod derives for every job; a value the user gives in [megatron] wins.
-DERIVED_KEYS = ("log_throughput", "save", "load", "exit_signal_handler", "exit_duration_in_mins")
+DERIVED_KEYS = ("log_throughput", "save", "load", "exit_signal_handler", "exit_duration_in_mins",
+                "distributed_timeout_minutes")
+
+# Megatron's --distributed-timeout-minutes (default 10; megatron/training/arguments.py, core
+# 0.14) is the timeout initialize.py gives init_process_group and every parallel group, so one
+# value covers both the slowest legitimate wait and hang detection. 10 min is too short at
+# scale: ranks wait in a collective while rank 0 builds the dataset index caches on a first
+# run, while a resumed job loads a multi-TB checkpoint, and while NCCL sets up its first
+# communicators on thousands of GPUs; a timeout there kills a healthy job, which then requeues
+# into the same wait. Hours (public Megatron launch scripts use 60 to 1440) are too long: a
+# hung collective holds the whole allocation until the watchdog fires, and at 10k GPUs the
+# mean time between failures is only 1-4 hours. 30 minutes is 3x Megatron's default and bounds
+# a hang at half an hour of the allocation; `distributed_timeout_minutes` in [megatron] wins.
+DISTRIBUTED_TIMEOUT_MIN = 30
 
 
 def flag_name(dest: str) -> str:
@@ -126,10 +139,11 @@ def exit_duration_min(limit_min: int | None, signal_lead_s: int,
     return max(1, limit_min - math.ceil(signal_lead_s / 60) - save_margin_min)
 
 
-def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str,
-                 exit_duration: int | None) -> dict[str, Any]:
+def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str, exit_duration: int | None,
+                 distributed_timeout_min: int | None = DISTRIBUTED_TIMEOUT_MIN) -> dict[str, Any]:
     """The user's [megatron] table plus what every slurmpod job needs for throughput logging,
-    checkpoint/resume and a clean exit before the time limit. User values win."""
+    checkpoint/resume, a clean exit before the time limit and a collective timeout that fits
+    large jobs (DISTRIBUTED_TIMEOUT_MIN). User values win."""
     out = dict(args)
     derived: dict[str, Any] = {
         "log_throughput": True,
@@ -137,6 +151,7 @@ def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str,
         "load": checkpoint_dir,
         "exit_signal_handler": True,
         "exit_duration_in_mins": exit_duration,
+        "distributed_timeout_minutes": distributed_timeout_min,
     }
     for key in DERIVED_KEYS:
         if key not in out and derived[key] is not None:

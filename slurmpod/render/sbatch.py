@@ -188,12 +188,19 @@ def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     return json.dumps(data, separators=(",", ":"), sort_keys=False)
 
 
-def segment_size(nodes: int, domain_nodes: int) -> int:
+def segment_size(nodes: int, domain_nodes: int, unit: int = 1) -> int:
     """--segment for block topology: the largest divisor of the job's nodes that fits one NVLink
-    domain, so every segment stays inside one block (Slurm needs nodes % segment == 0)."""
+    domain, so every segment stays inside one block (Slurm needs nodes % segment == 0).
+
+    `unit` is the nodes one tensor-parallel group spans (TP 8 on 4-GPU GB200 trays: 2): a
+    segment that is a multiple of it keeps every rack's share of the job a whole number of TP
+    groups, so no TP group straddles two NVLink domains. When no such divisor fits, the plain
+    rule applies (the planner reports TP groups that cross a domain)."""
     if nodes <= domain_nodes:
         return nodes
-    return max(d for d in range(1, domain_nodes + 1) if nodes % d == 0)
+    fits = [d for d in range(1, domain_nodes + 1) if nodes % d == 0]
+    aligned = [d for d in fits if d % max(unit, 1) == 0]
+    return max(aligned or fits)
 
 
 def _node_type(site: Site) -> tuple[str, NodeType]:
@@ -260,10 +267,21 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
     topo = site.topology_plugin
     if topo == "tree":
         d.append(("switches", f"{plan.min_sus}@{opts.switch_wait}"))
-    elif site.slurm.version_tuple >= (24, 11):
-        # Never --nodelist with block topology: it can make the job unplaceable (-x is fine).
+    elif site.slurm.version_tuple >= (24, 5):
+        # --segment (and --exclusive=topo) came with Slurm 24.05 (NEWS 24.05.0). Never
+        # --nodelist with block topology: it can make the job unplaceable (-x is fine).
+        # Plain --exclusive, not =topo: NVL72's NVSwitch trays are non-blocking and the IMEX
+        # channel (switch/nvidia_imex) isolates a job's memory, so sharing a rack with another
+        # job costs nothing, while =topo would idle the rest of every block (2 of 18 trays for
+        # a 16-node segment). No --network=unique-channel-per-segment (25.11): Megatron's DP/PP
+        # groups span segments, and ranks of two segments in one rack import each other's
+        # memory over NVLink (NCCL MNNVL) only while they share one IMEX channel.
+        # The segment divides the whole allocation, spares included: Slurm refuses a node count
+        # that is not a multiple of it (topology/block eval_nodes_block.c, "segment_size does
+        # not fit the job size"), so the job could never start.
         domain_nodes = max(1, nt.domain_gpus // gpn)
-        d.append(("segment", segment_size(plan.nodes, domain_nodes)))
+        tp_nodes = -(-run.megatron.tensor_model_parallel_size // gpn)
+        d.append(("segment", segment_size(plan.nodes + opts.spares, domain_nodes, tp_nodes)))
     if opts.spares:
         d.append(("no-kill", True))  # keep the allocation when a node dies; a spare takes over
     if opts.chain > 1:

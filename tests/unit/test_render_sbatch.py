@@ -176,6 +176,59 @@ def test_segment_size_divides_nodes_and_fits_domain(nodes: int, domain: int, wan
     assert seg == want and nodes % seg == 0 and seg <= max(domain, 1)
 
 
+@pytest.mark.parametrize(("nodes", "domain", "unit", "want"), [
+    (30, 18, 2, 10), (30, 18, 1, 15), (36, 18, 2, 18), (24, 18, 4, 12), (27, 18, 2, 9),
+    (12, 18, 2, 12)])
+def test_segment_size_keeps_tp_groups_whole(nodes: int, domain: int, unit: int,
+                                            want: int) -> None:
+    # (27, 18, 2): no even divisor of 27 fits a rack; the plain rule applies.
+    assert segment_size(nodes, domain, unit) == want
+
+
+def test_gb200_segments_align_to_tp_and_count_spares() -> None:
+    site = load_site(builtin_site_path("gb200-nvl72"))
+    assert site.topology_plugin == "block"
+
+    def directives(nodes: int, tp: int, spares: int = 0) -> dict[str, str | bool]:
+        ctx = build_context(run_spec({"nodes": nodes}, tensor_model_parallel_size=tp), site,
+                            facts(nodes, gpn=4), RenderOptions(run_dir="/r", spares=spares))
+        out: dict[str, str | bool] = {}
+        for line in ctx.directives:
+            key, sep, value = slurm_tokens(line)[0][2:].partition("=")
+            out[key] = value if sep else True
+        return out
+
+    # TP 8 on 4-GPU trays spans 2 trays: segments of 10, not 15, keep TP pairs in one rack.
+    assert directives(30, tp=8)["segment"] == "10"
+    assert directives(30, tp=4)["segment"] == "15"
+    # Slurm refuses a node count that is not a multiple of the segment: spares count.
+    d = directives(16, tp=8, spares=2)
+    assert d["nodes"] == "18" and d["segment"] == "18"
+    # Whole nodes, not whole blocks; one IMEX channel for the job, not one per segment.
+    assert d["exclusive"] is True
+    assert "network" not in d and "nodelist" not in d
+
+
+@pytest.mark.parametrize(("version", "has_segment"), [("23.11", False), ("24.05", True),
+                                                       ("25.11", True)])
+def test_segment_needs_slurm_24_05(version: str, has_segment: bool) -> None:
+    site = site_variant(node_types__emu8__nvlink_domain_gpus=32, su_groups=[
+        {"node_type": "emu8", "sus": 4, "nodes_per_su": 4, "nodes_per_rack": 4}],
+        slurm={"version": version, "cluster_name": "nvl", "topology": "block"})
+    assert ("segment" in _directives(site, 8, 2)) is has_segment
+
+
+def test_distributed_timeout_default_and_user_value_wins() -> None:
+    def timeout(**megatron: Any) -> str:
+        cmd = list(build_context(run_spec(**megatron), sandbox(), facts(2),
+                                 RenderOptions(run_dir="/r")).command)
+        assert cmd.count("--distributed-timeout-minutes") == 1
+        return cmd[cmd.index("--distributed-timeout-minutes") + 1]
+
+    assert timeout() == str(launch.DISTRIBUTED_TIMEOUT_MIN) == "30"
+    assert timeout(distributed_timeout_minutes=90) == "90"
+
+
 def test_spares_chain_and_comment() -> None:
     d = _directives(sandbox(), 4, 1, spares=2, chain=3, token="abc")
     assert d["nodes"] == "6" and d["no-kill"] is True and d["dependency"] == "singleton"
