@@ -146,6 +146,16 @@ class Fabric(Strict, kw_only=True):
     spine_groups: Literal["per_rail", "shared"] = "per_rail"
     switch_prefix: str = ""  # prefix for generated switch names
 
+    def __post_init__(self) -> None:
+        # SHARP aggregation runs in Quantum InfiniBand switches under the SHARP aggregation
+        # manager (an IB subnet service); an Ethernet fabric has none, and NCCL's CollNet init
+        # would fail on every job.
+        if self.sharp and self.kind != "infiniband":
+            raise ValueError(
+                f"sharp: SHARP needs an InfiniBand fabric but kind = {self.kind!r}; "
+                "set sharp = false"
+            )
+
 
 class SuGroup(Strict, kw_only=True):
     node_type: str

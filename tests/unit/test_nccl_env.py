@@ -90,3 +90,36 @@ def test_unknown_fabric_and_bad_version() -> None:
         build_env(FabricFacts("omnipath"))
     with pytest.raises(ConfigError):
         parse_nccl_version("two.21")
+
+
+ALL_SHARP_VARS = {"NCCL_COLLNET_ENABLE", "SHARP_COLL_ENABLE_SAT",
+                  "SHARP_COLL_ENABLE_PCI_RELAXED_ORDERING", "SHARP_COLL_LOCK_ON_COMM_INIT"}
+
+
+@pytest.mark.parametrize("kind", ["infiniband", "roce", "efa"])
+@pytest.mark.parametrize("version", [None, "2.18.3", "2.27.3"])
+def test_gid_index_only_on_roce_and_sharp_only_when_asked(kind: str, version: str | None) -> None:
+    # GID index means RoCE (an IB port has no IPv4 GIDs); CollNet without SHARP aggregation
+    # managers fails communicator init, so neither may leak into another fabric's preset.
+    env = build_env(FabricFacts(kind, hcas_in_rail_order=("mlx5_0",),
+                                nccl_version=parse_nccl_version(version))).as_dict()
+    # NCCL >= 2.21 picks the RoCE GID itself; older or unknown versions get index 3.
+    assert ("NCCL_IB_GID_INDEX" in env) is (kind == "roce" and version != "2.27.3")
+    assert not ALL_SHARP_VARS & set(env)
+
+
+@pytest.mark.parametrize("site_name", ["sandbox", "dgx-h100-superpod", "h200-roce",
+                                       "gb200-nvl72"])
+def test_rendered_example_sites_follow_their_fabric(site_name: str) -> None:
+    from slurmpod.config import load_site
+    from slurmpod.render.sbatch import RenderOptions, build_context
+    from tests.unit.test_render_sbatch import facts, run_spec
+
+    site = load_site(builtin_site_path(site_name))
+    gpn = site.node_types[site.su_groups[0].node_type].gpus
+    ctx = build_context(run_spec({"nodes": 2}, tensor_model_parallel_size=gpn), site,
+                        facts(2, gpn=gpn), RenderOptions(run_dir="/r"))
+    names = {v.name for v in ctx.env}
+    assert ("NCCL_IB_GID_INDEX" in names) is (site.fabric.kind == "roce")
+    assert (names >= ALL_SHARP_VARS) is site.fabric.sharp
+    assert not (ALL_SHARP_VARS & names) or site.fabric.sharp

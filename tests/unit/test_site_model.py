@@ -72,6 +72,9 @@ def test_first_node_offsets_numbering():
      "naming.rack: 'r1' is also a host, SU or rack name"),
     ("sandbox", "naming", {"hostname": "gpu{n:03d}{bogus}"}, "naming.hostname: unknown field"),
     ("sandbox", "slurm", {"node_weights": {"nope": 3}}, "slurm.node_weights: unknown node type"),
+    ("h200-roce", "fabric", {"sharp": True},
+     "fabric.sharp: SHARP needs an InfiniBand fabric but kind = 'roce'; set sharp = false"),
+    ("gb200-nvl72", "slurm", {"imex": "yes"}, "slurm.imex"),
 ])
 def test_invalid_sites(base, section, value, needle, tmp_path):
     path = write(tmp_path, variant(base, **{section: value}))
