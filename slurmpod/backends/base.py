@@ -36,11 +36,29 @@ class SlurmBackend(Protocol):
         """Queue a script once (never retried: a retry could queue it twice); return its id."""
         ...
 
-    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
+               steps_only: bool = False) -> None:
+        """End jobs (`scancel`), or send `signal` to the batch shell and every step
+        (`scancel --signal --full`); with `steps_only`, to the job's steps but not its batch
+        shell (`scancel --signal`), so the script sees its step end and decides what follows."""
         ...
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         """Live state of many jobs in one call; jobs Slurm no longer knows are left out."""
+        ...
+
+    def jobs(
+        self,
+        *,
+        window_s: int | None = None,
+        job_ids: Sequence[str] = (),
+        name: str | None = None,
+        all_users: bool = False,
+    ) -> list[JobStatus]:
+        """The calling user's jobs (every user's with `all_users`): active ones and those that
+        ran in the last `window_s` seconds, or the jobs `job_ids` whatever their age; only those
+        named `name` when given. Each with its `work_dir`; the controller's live state and
+        comment for jobs still active. Oldest submission first."""
         ...
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:

@@ -111,13 +111,39 @@ class CliBackend:
             raise _slurm_error(exc, "sbatch rejected the job") from None
         return parse_sbatch_parsable(result.stdout)
 
-    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
+               steps_only: bool = False) -> None:
+        if steps_only and not signal:
+            raise ValueError("steps_only needs a signal (scancel without one ends the job)")
         if not job_ids:
             return
         argv = ["scancel"]
         if signal:
-            argv += [f"--signal={signal}", "--full"]
+            # Without --full (or --batch) scancel signals the steps only, never the batch shell
+            # (scancel(1), all releases 22.05 – 25.11).
+            argv += [f"--signal={signal}"] if steps_only else [f"--signal={signal}", "--full"]
         self._action([*argv, *job_ids])
+
+    def jobs(
+        self,
+        *,
+        window_s: int | None = None,
+        job_ids: Sequence[str] = (),
+        name: str | None = None,
+        all_users: bool = False,
+    ) -> list[JobStatus]:
+        from slurmpod.backends.joblist import list_argv, parse_job_list
+
+        argv = list_argv(window_s=window_s, job_ids=job_ids, name=name, all_users=all_users)
+        listed = parse_job_list(self.query(argv, env=SACCT_TIME_ENV).stdout)
+        if name is not None:
+            listed = [j for j in listed if j.name == name]
+        active = [j.job_id for j in listed if j.state.is_active]
+        # sacct may lag the controller (and the live monitor's Comment updates): take state,
+        # nodes and comment of active jobs from squeue.
+        live = self.status(active) if active else {}
+        out = [_merge_live(j, live.get(j.job_id)) for j in listed]
+        return sorted(out, key=_submit_order)
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         if not job_ids:
@@ -189,3 +215,16 @@ def _status_from_record(rec: JobRecord) -> JobStatus:
         admin_comment=rec.admin_comment, restarts=rec.restarts, submit_time=rec.submit_time,
         start_time=rec.start_time, end_time=rec.end_time,
     )
+def _merge_live(listed: JobStatus, live: JobStatus | None) -> JobStatus:
+    if live is None:
+        return listed
+    return replace(live, work_dir=live.work_dir or listed.work_dir,
+                   submit_time=live.submit_time or listed.submit_time)
+
+
+def _submit_order(job: JobStatus) -> tuple[float, int, str]:
+    t = job.submit_time.timestamp() if job.submit_time else 0.0
+    head = parent_id(job.job_id)
+    return t, int(head) if head.isdigit() else 0, job.job_id
+
+

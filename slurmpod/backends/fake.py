@@ -41,6 +41,8 @@ class _Job:
     restarts: int = 0
     attempts: list[JobRecord] = field(default_factory=list)
     signal: int = 0
+    work_dir: str = ""
+    user: str = ""
 
 
 _OPT = re.compile(r"^#SBATCH\s+(.*)$")
@@ -55,7 +57,7 @@ def _options(script_text: str, args: Sequence[str]) -> dict[str, str]:
             break  # sbatch stops reading #SBATCH lines at the first command
     words += list(args)  # command-line args override the script, as with sbatch
     opts: dict[str, str] = {}
-    short = {"-J": "job-name", "-N": "nodes", "-p": "partition", "-t": "time"}
+    short = {"-J": "job-name", "-N": "nodes", "-p": "partition", "-t": "time", "-D": "chdir"}
     it = iter(words)
     for w in it:
         if w.startswith("--"):
@@ -96,6 +98,7 @@ class FakeBackend:
         self._jobs: dict[str, _Job] = {}
         self._ids = itertools.count(1)
         self._files: dict[str, str] = {}
+        self.signals: list[tuple[str, str, bool]] = []  # (job id, signal, steps only) sent
 
     def add_file(self, path: str, text: str) -> None:
         """Make a script file 'exist' on the fake cluster, for submit(PurePath)."""
@@ -164,17 +167,27 @@ class FakeBackend:
             comment=opts.get("comment", ""),
             duration_s=duration if limit is None else min(duration, limit * 60.0),
             exit_code=int(last.group(1)) if last else 0, submit_t=self._clock(),
+            work_dir=opts.get("chdir") or cwd or "/fake/home", user=self._user,
         )
         self._jobs[job.job_id] = job
         self._tick()
         return job.job_id
 
-    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
+               steps_only: bool = False) -> None:
+        if steps_only and not signal:
+            raise ValueError("steps_only needs a signal (scancel without one ends the job)")
         self._tick()
         now = self._clock()
         for jid in job_ids:
             job = self._jobs.get(jid)
-            if job is None or job.state.is_terminal or signal not in (None, "TERM", "KILL"):
+            if job is None or job.state.is_terminal:
+                continue
+            if signal:
+                self.signals.append((jid, signal, steps_only))
+            # The fake runs no steps: a signal to the steps only reaches nothing, and the batch
+            # script (`sleep N`) goes on, as on a real Slurm.
+            if steps_only or signal not in (None, "TERM", "KILL"):
                 continue
             job.state, job.end_t, job.signal = JobState.CANCELLED, now, 15
             if job.start_t is None:
@@ -183,6 +196,28 @@ class FakeBackend:
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         self._tick()
         return {j.job_id: self._status(j) for j in self._jobs.values() if wanted(j.job_id, job_ids)}
+
+    def jobs(
+        self,
+        *,
+        window_s: int | None = None,
+        job_ids: Sequence[str] = (),
+        name: str | None = None,
+        all_users: bool = False,
+    ) -> list[JobStatus]:
+        self._tick()
+        since = self._clock() - (window_s or 0)
+        out = []
+        for job in self._jobs.values():  # submission order
+            if job_ids and not wanted(job.job_id, job_ids):
+                continue
+            if not job_ids and job.state.is_terminal and (job.end_t or 0) < since:
+                continue
+            if (name is not None and job.name != name) or \
+                    (not all_users and job.user != self._user):
+                continue
+            out.append(self._status(job))
+        return out
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
         self._tick()
@@ -227,11 +262,12 @@ class FakeBackend:
 
     def _status(self, job: _Job) -> JobStatus:
         return JobStatus(
-            job_id=job.job_id, name=job.name, state=job.state, user=self._user,
+            job_id=job.job_id, name=job.name, state=job.state, user=job.user,
             account="root", partition=job.partition, nodes=compress(job.nodes),
             n_nodes=job.n_nodes, n_gpus=job.n_nodes * job.gpus_per_node if job.nodes else 0,
             comment=job.comment, restarts=job.restarts, submit_time=self._dt(job.submit_t),
             start_time=self._dt(job.start_t), end_time=self._dt(job.end_t),
+            work_dir=job.work_dir,
         )
 
     def _record(self, job: _Job) -> JobRecord:
@@ -250,7 +286,7 @@ class FakeBackend:
                 n_nodes=1, n_tasks=1, start_time=self._dt(job.start_t),
                 end_time=self._dt(job.end_t)),)
         return JobRecord(
-            job_id=job.job_id, name=job.name, user=self._user, account="root",
+            job_id=job.job_id, name=job.name, user=job.user, account="root",
             partition=job.partition, state=job.state,
             exit_code=job.exit_code if job.state is JobState.FAILED else 0, signal=0,
             submit_time=self._dt(job.submit_t), start_time=self._dt(job.start_t),

@@ -177,6 +177,7 @@ def parse_squeue_json(text: str) -> list[JobStatus]:
             start_time=epoch(job.get("start_time")),
             end_time=end,
             time_limit_s=None if limit_min is None else int(limit_min) * 60,
+            work_dir=_str(job.get("current_working_directory")),
         ))
     return out
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import Any
@@ -374,12 +374,17 @@ class PyslurmBackend:
                      lambda: self.ps.JobSubmitDescription(script=text, **fields))
         return str(_call("submit", desc.submit))
 
-    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
+               steps_only: bool = False) -> None:
+        if steps_only and not signal:
+            raise ValueError("steps_only needs a signal (scancel without one ends the job)")
         for jid in job_ids:
             job = self.ps.Job(int(parent_id(jid)))
             if signal:
-                # every step and the batch shell, like `scancel --signal --full`
-                _call("signal", job.send_signal, _signal_name(signal), steps="all")
+                # "all": every step and the batch shell, like `scancel --signal --full`;
+                # "children": the steps but not the batch shell, like `scancel --signal`
+                _call("signal", job.send_signal, _signal_name(signal),
+                      steps="children" if steps_only else "all")
             else:
                 _call("cancel", job.cancel)
 
@@ -407,8 +412,53 @@ class PyslurmBackend:
                 submit_time=_dt(_g(job, "submit_time")), start_time=_dt(_g(job, "start_time")),
                 end_time=_dt(_g(job, "end_time")) if state.is_terminal else None,
                 time_limit_s=int(limit) * 60 if isinstance(limit, int) and limit else None,
+                work_dir=_s(_g(job, "working_directory", default="")),
             )
         return out
+
+    def jobs(
+        self,
+        *,
+        window_s: int | None = None,
+        job_ids: Sequence[str] = (),
+        name: str | None = None,
+        all_users: bool = False,
+    ) -> list[JobStatus]:
+        import getpass
+        import time
+
+        db = self.ps.db
+        kw: dict[str, Any] = {}
+        if job_ids:
+            kw["ids"] = [int(parent_id(j)) for j in job_ids]
+        else:
+            kw["start_time"] = int(time.time()) - int(window_s or 0)
+        if not all_users:
+            kw["users"] = [getpass.getuser()]
+        if name is not None:
+            kw["names"] = [name]
+        found = _call("loading accounting", db.Jobs.load, db.JobFilter(**kw))
+        listed = []
+        for job in found.values():
+            jid = str(job.id)
+            if (job_ids and not wanted(jid, job_ids)) or (name is not None
+                                                          and _s(job.name) != name):
+                continue
+            listed.append(JobStatus(
+                job_id=jid, name=_s(job.name), state=JobState.parse(_s(job.state)),
+                user=_s(_g(job, "user_name")), account=_s(_g(job, "account")),
+                partition=_s(_g(job, "partition")),
+                nodes=_s(_g(job, "nodelist", "nodes", default="")),
+                n_nodes=int(_g(job, "num_nodes", default=0) or 0), n_gpus=_gpus(job),
+                comment=_s(_g(job, "comment")), submit_time=_dt(_g(job, "submit_time")),
+                start_time=_dt(_g(job, "start_time")), end_time=_dt(_g(job, "end_time")),
+                work_dir=_s(_g(job, "working_directory", "work_dir", default="")),
+            ))
+        live = self.status([j.job_id for j in listed if j.state.is_active])
+        out = [replace(live[j.job_id], work_dir=j.work_dir) if j.job_id in live else j
+               for j in listed]
+        return sorted(out, key=lambda j: (j.submit_time.timestamp() if j.submit_time else 0.0,
+                                          j.job_id))
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
         if not job_ids:

@@ -94,6 +94,7 @@ class JobStatus:
     start_time: datetime | None = None
     end_time: datetime | None = None
     time_limit_s: int | None = None  # None = unlimited/unknown
+    work_dir: str = ""  # the job's working directory (sbatch --chdir); "" when not reported
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,30 @@ class BackendContract:
                             JobState.COMPLETING)
         backend.cancel([jid])
 
+    def test_signal_to_steps_only_spares_the_batch_script(self, backend) -> None:
+        # `slurmpod cancel --save`: SIGTERM reaches the steps, the batch shell goes on
+        jid = backend.submit(batch_script("sleep 30"))
+        self.wait_status(backend, jid, lambda s: s.state is JobState.RUNNING)
+        backend.cancel([jid], signal="TERM", steps_only=True)
+        time.sleep(4 * self.poll_s)
+        assert backend.status([jid])[jid].state is JobState.RUNNING
+        backend.cancel([jid])
+        assert self.wait_status(backend, jid, lambda s: s.state.is_terminal).state \
+            is JobState.CANCELLED
+
+    def test_jobs_lists_my_jobs_with_their_work_dir(self, backend) -> None:
+        jid = backend.submit(batch_script("sleep 30", name="listed", opts=["--chdir=/tmp"]))
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # sacct learns of a new job a few seconds after submission
+            listed = {j.job_id: j for j in backend.jobs(window_s=3600, name="listed")}
+            if jid in listed or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_s)
+        assert listed[jid].work_dir == "/tmp" and listed[jid].name == "listed"
+        assert all(j.name == "listed" for j in listed.values())
+        assert [j.job_id for j in backend.jobs(job_ids=[jid])] == [jid]
+        backend.cancel([jid])
+
     def test_nodes(self, backend) -> None:
         nodes = backend.nodes()
         assert nodes and all(n.n_gpus == 8 for n in nodes)
