@@ -26,6 +26,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "hook": ("slurmpod.cli.hook:hook", "Accounting hooks run by jobs and slurmctld."),
     "report": ("slurmpod.cli.report:report", "Efficiency reports per job and across the fleet."),
     "demo": ("slurmpod.cli.demo:demo", "End-to-end run on the embedded sandbox."),
+    "runs": ("slurmpod.cli.runs:runs", "Your runs: state, attempt, progress, MFU, ETA."),
+    "logs": ("slurmpod.cli.runs:logs", "Print (or follow) a run's log, one attempt or rank."),
+    "cancel": ("slurmpod.cli.runs:cancel", "Cancel a run, optionally saving a checkpoint first."),
 }
 
 
