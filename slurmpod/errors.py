@@ -48,6 +48,13 @@ class JobNotFinishedError(SlurmpodError):
     exit_code = 6
 
 
+class OutputError(SlurmpodError):
+    """An output file or directory cannot be created or written (`-o`, `--run-dir`, …).
+    73 is sysexits.h's EX_CANTCREAT, beside 70 (EX_SOFTWARE) for internal bugs."""
+
+    exit_code = 73
+
+
 class CommandError(SlurmError):
     """An external command exited non-zero; carries argv, exit code and stderr."""
 

@@ -8,6 +8,33 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurmpod.errors import OutputError
+
+WRITE_HINT = "check the path, the directory's permissions and free space"
+
+
+def output_error(path: Path | str, exc: OSError) -> OutputError:
+    """The one-line error (exit 73) for an output that cannot be written."""
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}", hint=WRITE_HINT)
+
+
+def check_writable_dir(path: Path) -> None:
+    """Raise OutputError unless `path` is (or could be created as) a writable directory.
+
+    For dry runs, which must not create anything: the nearest existing ancestor gets an
+    anonymous temp file (O_TMPFILE where the kernel has it, so no name appears). A probe, not
+    os.access: root passes access() on /proc and read-only mounts, yet cannot write there."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutputError(f"cannot write {path}: {probe} is not a directory", hint=WRITE_HINT)
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise output_error(path, exc) from None
+
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Write `text` to `path` via a temp file in the same directory and a rename."""

@@ -120,7 +120,9 @@ def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_na
     try:
         written = write_tree_atomic(out_dir, {"site.toml": text, **files})
     except OSError as exc:
-        raise UsageError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+        from slurmpod.fsutil import output_error
+
+        raise output_error(out_dir, exc) from None
     summary = found.summary()
     summary.update({"site": site_obj.site.name, "out_dir": str(out_dir),
                     "files": [str(p) for p in written]})

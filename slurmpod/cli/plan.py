@@ -58,7 +58,10 @@ def load_run_input(spec: str | None, preset: str | None, megatron_args: str | No
         parsed = margs.read_launch_script(spec)
         source = spec
     else:
-        parsed = margs.from_megatron_args(megatron_args or "")
+        try:
+            parsed = margs.from_megatron_args(megatron_args or "")
+        except ConfigError as exc:  # the option's text, not a file: a usage error
+            raise UsageError(f"--from-megatron-args: {exc.message}", hint=exc.hint) from None
         source = "--from-megatron-args"
     if nodes is None:
         # Smallest node count holding one model replica.
@@ -164,7 +167,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
 
 def _write_spec(spec: RunSpec, nodes: int, path: Path) -> None:
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.fsutil import output_error, write_atomic
     from slurmpod.megatron.runspec import to_toml
 
     data: dict[str, dict[str, Any]] = {
@@ -174,4 +177,4 @@ def _write_spec(spec: RunSpec, nodes: int, path: Path) -> None:
     try:
         write_atomic(path, to_toml(data))
     except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
+        raise output_error(path, exc) from None

@@ -132,12 +132,12 @@ def _inventory(site: str | None) -> Inventory | None:
 
 
 def _write(path: Path, text: str, what: str) -> None:
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.fsutil import output_error, write_atomic
 
     try:
         write_atomic(path, text)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot write the {what}: {exc.strerror}") from None
+        raise output_error(f"the {what} {path}", exc) from None
     click.echo(f"wrote {what} {path}", err=True)
 
 

@@ -83,9 +83,12 @@ def render(run_file: Path, output: Path | None, **kw: Any) -> None:
     if output is None:
         sys.stdout.write(prep.script)
         return
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.fsutil import output_error, write_atomic
 
-    write_atomic(output, prep.script, mode=0o755)
+    try:
+        write_atomic(output, prep.script, mode=0o755)
+    except OSError as exc:
+        raise output_error(output, exc) from None
     click.echo(f"wrote {output}", err=True)
 
 
@@ -126,6 +129,10 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
             run_dir = sub.resolve_run_dir(run, kw["run_dir"], _remote_home(runner))
             prep = sub.prepare(run, site, opts, run_dir)
         if dry_run:
+            if host is None:  # "would store" only where it could
+                from slurmpod.fsutil import check_writable_dir
+
+                check_writable_dir(Path(prep.run_dir))
             res = sub.SubmitResult([], prep.run_dir, prep.script_path, prep.token, runner.where,
                                    dry_run=True, min_sus=prep.min_sus)
             if as_json:

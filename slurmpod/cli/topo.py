@@ -116,8 +116,9 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
     try:
         written = write_tree_atomic(out_dir, files)
     except OSError as exc:
-        raise SlurmpodError(f"cannot write {out_dir}: {exc.strerror or exc}",
-                            hint="check the directory's permissions and free space") from None
+        from slurmpod.fsutil import output_error
+
+        raise output_error(out_dir, exc) from None
     warnings = generation_warnings(site_obj, opts)
     report = {
         "site": site_obj.site.name,

@@ -32,7 +32,85 @@ _SPECIAL_FLAGS: dict[str, tuple[str, Any]] = {
 }
 
 _INT = re.compile(r"^[+-]?\d+$")
+# Every parser here runs on user text (a launch script may hold a 1 MB line), so each regex is
+# anchored or can only start at a point no earlier attempt scanned past: linear, not quadratic.
+# `\.py\b` not at a word's start: the `*.py` script of a launch line (`pretrain_gpt.py`).
+_PY_IN_WORD = re.compile(r"(?<=.)\.py\b")
+# Longest per-layer pattern `moe_layer_freq` may expand to (runspec.MAX_LAYERS).
+_MAX_PATTERN = 10_000
+
 _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+
+
+def _names_script(text: str, after_first_word: bool = False) -> bool:
+    r"""True if a whitespace-separated word of `text` holds `X.py` (the old
+    `\S+\.py\b` search, which was quadratic in the line length); `after_first_word`
+    skips a word that starts the text (the old `\s\S+\.py\b`)."""
+    words = text.split()
+    if after_first_word and words and text[:1] and not text[:1].isspace():
+        words = words[1:]
+    return any(_PY_IN_WORD.search(w) for w in words)
+
+
+_WS = " \t\r\n"
+_PLAIN = re.compile(r"[^ \t\r\n'\"\\]+")
+_DQ_STOP = re.compile(r"[\"\\]")
+
+
+def shell_words(text: str) -> list[str]:
+    """Split `text` into words as a POSIX shell does: quotes, backslashes, `#` comments at a
+    word's start. What `shell_words(text)` gives, but linear: shlex grows each
+    word one character at a time (`token += c`), quadratic in a word's length (an 800 KB word
+    takes 4 s). Raises ValueError("No closing quotation") as shlex does."""
+    words: list[str] = []
+    buf: list[str] = []
+    in_word = False
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in _WS:
+            if in_word:
+                words.append("".join(buf))
+                buf, in_word = [], False
+            i += 1
+        elif ch == "#" and not in_word:
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif ch == "'":
+            j = text.find("'", i + 1)
+            if j < 0:
+                raise ValueError("No closing quotation")
+            buf.append(text[i + 1:j])
+            in_word, i = True, j + 1
+        elif ch == '"':
+            in_word, i = True, i + 1
+            while True:
+                m = _DQ_STOP.search(text, i)
+                if m is None or (text[m.start()] == "\\" and m.start() + 1 >= n):
+                    raise ValueError("No closing quotation")
+                k = m.start()
+                buf.append(text[i:k])
+                if text[k] == '"':
+                    i = k + 1
+                    break
+                nxt = text[k + 1]  # bash: inside "", a backslash escapes only these
+                if nxt != "\n":
+                    buf.append(nxt if nxt in '"\\$`' else "\\" + nxt)
+                i = k + 2
+        elif ch == "\\":
+            if i + 1 >= n:
+                raise ValueError("No escaped character")
+            if text[i + 1] != "\n":  # backslash-newline joins lines
+                buf.append(text[i + 1])
+                in_word = True
+            i += 2
+        else:
+            j = _PLAIN.match(text, i).end()  # type: ignore[union-attr]
+            buf.append(text[i:j])
+            in_word, i = True, j
+    if in_word:
+        words.append("".join(buf))
+    return words
 
 
 def _scalar(token: str) -> Any:
@@ -54,7 +132,7 @@ def _moe_layer_freq(value: Any) -> Any:
         return value
     try:
         node = ast.parse(value.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise ConfigError(f"cannot read moe_layer_freq {value!r}; use an int or e.g. "
                           "'([0]*3+[1]*58)'", key="moe_layer_freq") from None
 
@@ -65,11 +143,32 @@ def _moe_layer_freq(value: Any) -> Any:
             return [ev(e) for e in n.elts]
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult | ast.Add):
             left, right = ev(n.left), ev(n.right)
-            return left * right if isinstance(n.op, ast.Mult) else left + right
+            if isinstance(n.op, ast.Add):
+                if isinstance(left, list) != isinstance(right, list):
+                    raise ConfigError(f"cannot add a list and a number in moe_layer_freq "
+                                      f"{value!r}", key="moe_layer_freq")
+                out = left + right
+            else:
+                # `[0]*10**12` would exhaust memory before Megatron ever saw it.
+                size = (len(left) * right if isinstance(left, list) and isinstance(right, int)
+                        else len(right) * left if isinstance(right, list)
+                        and isinstance(left, int) else 0)
+                if size > _MAX_PATTERN:
+                    raise ConfigError(f"moe_layer_freq {value!r} expands to {size} entries; "
+                                      f"at most {_MAX_PATTERN} layers", key="moe_layer_freq")
+                out = left * right
+            if isinstance(out, list) and len(out) > _MAX_PATTERN:
+                raise ConfigError(f"moe_layer_freq {value!r} has more than {_MAX_PATTERN} "
+                                  "entries", key="moe_layer_freq")
+            return out
         raise ConfigError(f"unsupported expression in moe_layer_freq {value!r}",
                           key="moe_layer_freq")
 
-    out = ev(node)
+    try:
+        out = ev(node)
+    except RecursionError:  # a very long `1+1+...` chain
+        raise ConfigError(f"moe_layer_freq {value[:40]!r}... is nested too deeply",
+                          key="moe_layer_freq") from None
     return list(out) if isinstance(out, tuple) else out
 
 
@@ -80,7 +179,12 @@ def from_megatron_args(text: str | Iterable[str]) -> dict[str, Any]:
     a flag followed by several values keeps them as a list (`--data-path 0.5 a 0.5 b`). Tokens
     before the first flag (a `torchrun ... pretrain_gpt.py` prefix) are ignored.
     """
-    tokens = shlex.split(text, comments=True) if isinstance(text, str) else list(text)
+    try:
+        tokens = shell_words(text) if isinstance(text, str) else list(text)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise ConfigError(f"cannot split the Megatron command line: {exc}",
+                          hint="close the quote, or quote the whole line in single quotes"
+                          ) from None
     script = next((k for k, t in enumerate(tokens) if t.endswith(".py")), None)
     if script is not None:
         tokens = tokens[script + 1:]
@@ -120,7 +224,13 @@ def from_megatron_args(text: str | Iterable[str]) -> dict[str, Any]:
 # --- launch scripts -------------------------------------------------------------------------
 
 _ASSIGN = re.compile(r"^\s*(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)=(.*)$")
-_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(\[@\]|\[\*\])?(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
+# A default (`${X:-default}`) holds no `${`: an unclosed `${` is then scanned only up to the next
+# one, not to the end of the line for every `${` on it (quadratic). A nested default expands
+# from the inside out over `_expand`'s rounds.
+_VAR = re.compile(
+    r"\$\{([A-Za-z_]\w*)(\[@\]|\[\*\])?(?::?-([^}$]*(?:\$(?!\{)[^}$]*)*))?\}|\$([A-Za-z_]\w*)")
+# Expansion may double a line per round (A="$B $B"); stop well before memory runs out.
+_MAX_EXPANDED = 64 * 2**20
 
 
 def _strip_comment(line: str) -> str:
@@ -143,26 +253,26 @@ def _logical_lines(text: str) -> list[str]:
     """Join backslash continuations and multi-line `NAME=( ... )` arrays into single lines."""
     joined = re.sub(r"\\\r?\n", " ", "\n".join(_strip_comment(x) for x in text.splitlines()))
     lines: list[str] = []
-    buf: str | None = None
+    buf: list[str] | None = None  # a list, not `str +=`: linear in an array's line count
     depth = 0
     for raw in joined.splitlines():
         line = raw
         if buf is not None:
-            buf += " " + line
+            buf.append(line)
             depth += _paren_delta(line)
             if depth <= 0:
-                lines.append(buf)
+                lines.append(" ".join(buf))
                 buf = None
             continue
         m = _ASSIGN.match(line)
         if m and m.group(2).lstrip().startswith("("):
             depth = _paren_delta(m.group(2))
             if depth > 0:
-                buf = line
+                buf = [line]
                 continue
         lines.append(line)
     if buf is not None:
-        lines.append(buf)
+        lines.append(" ".join(buf))
     return lines
 
 
@@ -184,6 +294,9 @@ def _expand(s: str, env: dict[str, str]) -> str:
         new = _VAR.sub(sub, s)
         if new == s:
             break
+        if len(new) > _MAX_EXPANDED:
+            raise ConfigError(f"variables expand to more than {_MAX_EXPANDED // 2**20} MiB "
+                              "of text; is a variable defined in terms of itself?")
         s = new
     return s
 
@@ -203,26 +316,26 @@ def from_launch_script(text: str) -> dict[str, Any]:
         if not stripped or stripped.startswith("#"):
             continue
         m = _ASSIGN.match(line)
-        if m and not re.search(r"\s\S+\.py\b", m.group(2)):
+        if m and not _names_script(m.group(2), after_first_word=True):
             name, value = m.group(1), m.group(2).strip()
             is_array = value.startswith("(") and value.endswith(")")
             if is_array:
                 value = value[1:-1]
             try:
-                parts = shlex.split(_expand(value, env), comments=True)
+                parts = shell_words(_expand(value, env))
             except ValueError:
                 parts = [value]
             # An array keeps its words; a scalar is word-split where it is used unquoted.
             env[name] = " ".join(shlex.quote(p) for p in parts) if is_array else " ".join(parts)
             continue
-        if re.search(r"\S+\.py\b", stripped) and ("--" in stripped or "$" in stripped):
+        if ("--" in stripped or "$" in stripped) and _names_script(stripped):
             launch = stripped
     if launch is None:
         raise ConfigError("no `*.py` launch line with Megatron arguments found in the script",
                           hint="pass the arguments with --from-megatron-args instead")
     expanded = _expand(launch, env)
     try:
-        tokens = shlex.split(expanded, comments=True)
+        tokens = shell_words(expanded)
     except ValueError as exc:
         raise ConfigError(f"cannot split the launch line: {exc}") from None
     for k, tok in enumerate(tokens):
@@ -251,13 +364,17 @@ def read_launch_script(path: Path | str) -> dict[str, Any]:
 # Megatron's `_print_args` (megatron/training/arguments.py): `  {name} {'.' * (48 - len)} {value}`
 # between `---- arguments ----` and `---- end of arguments ----`. Log lines may carry prefixes
 # (srun --label `0: `, timestamps), so the name is found after any whitespace.
-_DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.+ (.*?)\s*$")
+# Matched against a right-stripped line, so the value is a greedy `(.*)` (a lazy `(.*?)\s*$`
+# is quadratic in a run of spaces).
+_DUMP_LINE = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*) \.+ (.*)$")
 # A name of 48+ characters gets no dots: `  {name}  {value}` (two spaces).
-_DUMP_LONG = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]{47,})  (\S.*?)\s*$")
+_DUMP_LONG = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]{47,})  (\S.*)$")
 # megatron/training/tokenizer: ` > padded vocab (size: V) with K dummy tokens (new size: P)`.
 _PADDED = re.compile(r"> padded vocab \(size: (\d+)\) with \d+ dummy tokens \(new size: (\d+)\)")
-_BANNER_START = re.compile(r"-{3,}\s*arguments\s*-{3,}")
-_BANNER_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
+# `(?<!-)` starts a match only at the first dash of a run and `++`/`*+` never give back: a line
+# of a million dashes is scanned once, not once per dash.
+_BANNER_START = re.compile(r"(?<!-)-{3,}+\s*+arguments\s*+---")
+_BANNER_END = re.compile(r"(?<!-)-{3,}+\s*+end of arguments\s*+---")
 
 
 def _dump_value(raw: str) -> Any:
@@ -289,7 +406,7 @@ def parse_arguments_dump(lines: str | Iterable[str]) -> dict[str, Any]:
     for line in rows:
         if start is not None and (_BANNER_END.search(line) or _BANNER_START.search(line)):
             break
-        line = line.rstrip("\n")
+        line = line.rstrip()
         m = _DUMP_LINE.search(line) or _DUMP_LONG.search(line)
         if m:
             out[m.group(1)] = _dump_value(m.group(2))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from slurmpod.errors import ConfigError
-from slurmpod.model.strict import TIME_PATTERN, Meta, NonNegInt, PosInt, Strict, field
+from slurmpod.model.strict import TIME_PATTERN, Meta, Strict, field
 
 # Keys of [megatron] that slurmpod reads; misspellings of these get a "did you mean".
 KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
@@ -54,10 +54,16 @@ _GIVEN = "keys_given"
 _PASSTHROUGH = "passthrough_args"
 
 
+MAX_JOB_NAME = 1024
+
+
 class JobSpec(Strict, kw_only=True):
     """`[job]`: what Slurm needs. Sizes in whole nodes; the site gives GPUs per node."""
 
-    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")] = "megatron"
+    # slurmctld refuses a job name over 1024 characters (job_mgr.c `_test_strlen(name, 1024)`,
+    # ESLURM_PATHNAME_TOO_LONG, Slurm 22.05-24.11): refused here, before the queue.
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$",
+                              max_length=MAX_JOB_NAME)] = "megatron"
     nodes: Annotated[int, Meta(ge=1, le=100_000)] = 1
     partition: str | None = None
     account: str | None = None
@@ -81,63 +87,79 @@ class JobSpec(Strict, kw_only=True):
 JOB_KEYS: tuple[str, ...] = tuple(k for k in JobSpec.__struct_fields__ if k != _GIVEN)
 
 
+# Upper bounds keep an absurd value (`num_layers = 1e12`) a config error, not a MemoryError or an
+# hour of arithmetic: slurmpod builds per-layer patterns and walks divisors of these counts.
+# Far above any published model (≤ 200 layers, ≤ 512 experts); sizes stay within int32, which
+# Megatron's kernels index with.
+MAX_LAYERS = 10_000
+Layers = Annotated[int, Meta(ge=1, le=MAX_LAYERS)]
+Experts = Annotated[int, Meta(ge=1, le=100_000)]
+Dim = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+NonNegDim = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+
+
 class MegatronArgs(Strict, kw_only=True):
     """`[megatron]`: known keys typed; any other key kept in `passthrough_args` for the command
     line (`run_from_dict` splits them)."""
 
-    num_layers: PosInt
-    hidden_size: PosInt
-    num_attention_heads: PosInt
+    num_layers: Layers
+    hidden_size: Dim
+    num_attention_heads: Dim
     group_query_attention: bool = False
-    num_query_groups: PosInt | None = None
-    kv_channels: PosInt | None = None
-    ffn_hidden_size: PosInt | None = None
+    num_query_groups: Dim | None = None
+    kv_channels: Dim | None = None
+    ffn_hidden_size: Dim | None = None
     swiglu: bool = False
-    seq_length: PosInt
-    max_position_embeddings: PosInt | None = None
-    vocab_size: PosInt | None = None
-    padded_vocab_size: PosInt | None = None
-    make_vocab_size_divisible_by: PosInt = 128
+    seq_length: Dim
+    max_position_embeddings: Dim | None = None
+    vocab_size: Dim | None = None
+    padded_vocab_size: Dim | None = None
+    make_vocab_size_divisible_by: Dim = 128
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
-    num_experts: PosInt | None = None
-    moe_router_topk: PosInt = 2
-    moe_ffn_hidden_size: PosInt | None = None
-    moe_shared_expert_intermediate_size: PosInt | None = None
+    num_experts: Experts | None = None
+    moe_router_topk: Dim = 2
+    moe_ffn_hidden_size: Dim | None = None
+    moe_shared_expert_intermediate_size: Dim | None = None
     moe_layer_freq: int | list[int] = 1
-    moe_latent_size: PosInt | None = None
-    mtp_num_layers: NonNegInt | None = None
+    moe_latent_size: Dim | None = None
+    mtp_num_layers: Annotated[int, Meta(ge=0, le=MAX_LAYERS)] | None = None
     multi_latent_attention: bool = False
-    q_lora_rank: PosInt | None = None
-    kv_lora_rank: PosInt = 32
-    qk_head_dim: PosInt = 128
-    qk_pos_emb_head_dim: NonNegInt = 64
-    v_head_dim: PosInt = 128
+    q_lora_rank: Dim | None = None
+    kv_lora_rank: Dim = 32
+    qk_head_dim: Dim = 128
+    qk_pos_emb_head_dim: NonNegDim = 64
+    v_head_dim: Dim = 128
     attention_output_gate: bool = False
-    tensor_model_parallel_size: PosInt = 1
-    pipeline_model_parallel_size: PosInt = 1
-    virtual_pipeline_model_parallel_size: PosInt | None = None
-    num_layers_per_virtual_pipeline_stage: PosInt | None = None
-    num_virtual_stages_per_pipeline_rank: PosInt | None = None
-    context_parallel_size: PosInt = 1
-    expert_model_parallel_size: PosInt = 1
-    expert_tensor_parallel_size: PosInt | None = None
+    tensor_model_parallel_size: Dim = 1
+    pipeline_model_parallel_size: Dim = 1
+    virtual_pipeline_model_parallel_size: Dim | None = None
+    num_layers_per_virtual_pipeline_stage: Dim | None = None
+    num_virtual_stages_per_pipeline_rank: Dim | None = None
+    context_parallel_size: Dim = 1
+    expert_model_parallel_size: Dim = 1
+    expert_tensor_parallel_size: Dim | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: PosInt | None = None
-    decoder_first_pipeline_num_layers: NonNegInt | None = None
-    decoder_last_pipeline_num_layers: NonNegInt | None = None
-    global_batch_size: PosInt | None = None
-    micro_batch_size: PosInt = 1
+    recompute_num_layers: Dim | None = None
+    decoder_first_pipeline_num_layers: NonNegDim | None = None
+    decoder_last_pipeline_num_layers: NonNegDim | None = None
+    global_batch_size: Dim | None = None
+    micro_batch_size: Dim = 1
     bf16: bool = True
     fp16: bool = False
     passthrough_args: dict[str, Any] = field(default_factory=dict)
     keys_given: frozenset[str] = frozenset()  # the [megatron] keys the run spec set
 
     def __post_init__(self) -> None:
+        # Megatron asserts it in validate_args (core 0.12-0.14), i.e. only once the job runs.
+        mpe = self.max_position_embeddings
+        if mpe is not None and mpe < self.seq_length:
+            raise ValueError(f"max_position_embeddings: {mpe} is below seq_length = "
+                             f"{self.seq_length}; raise it to at least {self.seq_length}")
         v = self.moe_layer_freq
         if isinstance(v, list) and any(b not in (0, 1) for b in v):
             raise ValueError("moe_layer_freq: a list holds 0 (dense) or 1 (MoE) per layer")
@@ -325,6 +347,8 @@ class ModelConfig:
         except KeyError as exc:
             raise ConfigError(f"Megatron argument {exc.args[0]} is required",
                               key=str(exc.args[0])) from None
+        if not 1 <= layers <= MAX_LAYERS:  # a log's dump is not validated by MegatronArgs
+            raise ConfigError(f"num_layers={layers} is outside 1..{MAX_LAYERS}", key="num_layers")
         swiglu = bool(get("swiglu", False))
         ffn = a.get("ffn_hidden_size")
         if ffn is None:

@@ -29,7 +29,7 @@ class SiteShape:
 
 # Errors a different (TP, PP) can cure; the others get a fix of their own.
 LAYOUT_KEYS = frozenset({"tensor_model_parallel_size", "num_attention_heads", "num_query_groups",
-                         "num_layers", "global_batch_size"})
+                         "num_layers", "global_batch_size", "ffn_hidden_size"})
 
 
 def _divisors(n: int) -> list[int]:
@@ -58,6 +58,11 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
     if not c.multi_latent_attention and c.num_query_groups % tp:
         errs.append(("num_query_groups",
                      f"num_query_groups={c.num_query_groups} is not divisible by TP={tp}"))
+    # ColumnParallelLinear splits the MLP's output over TP with megatron.core.utils.divide,
+    # which asserts divisibility (core 0.12-0.14): only at model build time, on the nodes.
+    if c.num_moe_layers < c.num_layers and c.ffn_hidden_size % tp:
+        errs.append(("ffn_hidden_size",
+                     f"ffn_hidden_size={c.ffn_hidden_size} is not divisible by TP={tp}"))
     if c.vpp:
         if pp == 1:
             errs.append(("virtual_pipeline_model_parallel_size",
@@ -161,7 +166,8 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
                                 recompute_num_layers=1))
     tps = [t for t in _divisors(shape.domain_gpus)
            if c.num_attention_heads % t == 0
-           and (c.multi_latent_attention or c.num_query_groups % t == 0)]
+           and (c.multi_latent_attention or c.num_query_groups % t == 0)
+           and (c.num_moe_layers == c.num_layers or c.ffn_hidden_size % t == 0)]
     pps = [p for p in _divisors(c.num_layers) if world % p == 0]
     # Structurally valid candidates, best score first; memory is checked only in that order,
     # so a plan usually evaluates a handful of layouts, not all of them.

@@ -9,6 +9,7 @@ error path, so it may use typing introspection freely.
 
 from __future__ import annotations
 
+import math
 import re
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -36,8 +37,11 @@ def explain(message: str, model: Any, data: Any) -> tuple[str, str]:
                 _format([*loc, found.group(1)]))
     if found := re.fullmatch(r"Object missing required field `(.+)`", msg):
         return "required key is missing; add it", _format([*loc, found.group(1)])
-    got = f" (got {value!r})" if value is not _MISSING and not isinstance(value, dict | list) \
-        else ""
+    got = f" (got {_short(value)})" if value is not _MISSING \
+        and not isinstance(value, dict | list) else ""
+    if isinstance(value, float) and not math.isfinite(value):
+        # TOML has inf and nan; a bound check reports them as "> 0.0", which puzzles.
+        return f"expected a finite number{got}", key
     if msg.startswith("Invalid enum value"):
         options = _literal_options(tp)
         if options:
@@ -52,6 +56,15 @@ def explain(message: str, model: Any, data: Any) -> tuple[str, str]:
     if sep and " " not in head:
         return rest, f"{key}.{head}" if key else head
     return msg, key
+
+
+def _short(value: Any) -> str:
+    """The value as given, cut to keep the error one readable line."""
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:40]}… ({size} characters)"
 
 
 def _format(loc: list[str | int]) -> str:

@@ -11,6 +11,7 @@ ValueError raised there into a ValidationError at that object's path).
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import msgspec
@@ -29,7 +30,9 @@ __all__ = [
 
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
-PosFloat = Annotated[float, Meta(gt=0)]
+# Finite: TOML has `inf` and `nan`, and a site with `peak_tflops_bf16 = inf` would otherwise
+# generate every artefact and divide MFU by infinity.
+PosFloat = Annotated[float, Meta(gt=0, le=sys.float_info.max)]
 SlurmName = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
 # Slurm time limits as sbatch --time and PartitionName MaxTime accept them.
 TIME_PATTERN = r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$"
