@@ -51,6 +51,7 @@ class Prepared:
     run_dir: str
     script: str
     token: str
+    warnings: tuple[str, ...] = ()  # `[megatron]` keys the site's Megatron release lacks
 
     @property
     def name(self) -> str:
@@ -59,6 +60,14 @@ class Prepared:
     @property
     def min_sus(self) -> int:
         return self.facts.min_sus
+
+    @property
+    def time_limit(self) -> str:
+        return self.run.job.time_limit
+
+    @property
+    def partition(self) -> str | None:
+        return self.run.job.partition
 
     @property
     def script_path(self) -> str:
@@ -74,6 +83,9 @@ class Rendered:
     script: str
     token: str
     min_sus: int
+    warnings: tuple[str, ...] = ()
+    time_limit: str = "INFINITE"  # [job] time_limit, checked against the partition at submit
+    partition: str | None = None
 
     @property
     def script_path(self) -> str:
@@ -81,7 +93,8 @@ class Rendered:
 
     @classmethod
     def of(cls, prep: Prepared) -> Rendered:
-        return cls(prep.name, prep.run_dir, prep.script, prep.token, prep.min_sus)
+        return cls(prep.name, prep.run_dir, prep.script, prep.token, prep.min_sus,
+                   prep.warnings, prep.run.job.time_limit, prep.run.job.partition)
 
 
 @dataclass
@@ -165,8 +178,11 @@ def token_for(script_without_token: str) -> str:
     return hashlib.sha256(script_without_token.encode()).hexdigest()[:16]
 
 
-def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str) -> Prepared:
-    """Plan, refuse, render; the token is the hash of the script with a fixed sentinel."""
+def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
+            source: str = "run spec") -> Prepared:
+    """Plan, refuse, render; the token is the hash of the script with a fixed sentinel.
+    `source` names the run spec in warnings."""
+    from slurmpod.megatron.argnames import unknown_key_warnings
     from slurmpod.render.sbatch import build_context, plan_facts_from_json, render_script
 
     plan = plan_or_refuse(run, site)
@@ -180,7 +196,10 @@ def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str) -> Prep
                           "(ctx.directives) in the script exactly once")
     token = token_for(draft)
     script = draft.replace(TOKEN_SENTINEL, token)
-    return Prepared(run, site, plan, facts, replace(opts, token=token), run_dir, script, token)
+    warnings = tuple(unknown_key_warnings(run.megatron.explicit(), site.software.megatron,
+                                          source))
+    return Prepared(run, site, plan, facts, replace(opts, token=token), run_dir, script, token,
+                    warnings)
 
 
 def resolve_run_dir(run: RunSpec, explicit: str | None, base: str) -> str:
@@ -262,6 +281,33 @@ def _live(backend: SlurmBackend, job_ids: list[str]) -> list[str]:
     return [j for j in job_ids if j in states and states[j].state.is_active]
 
 
+def check_time_limit(prep: Prepared | Rendered, backend: SlurmBackend) -> None:
+    """Refuse (exit 3) a time limit above the partition's MaxTime, read from Slurm now.
+
+    sbatch itself accepts such a job and leaves it PENDING with reason PartitionTimeLimit for
+    ever (EnforcePartLimits=NO, Slurm's default through 24.11), or rejects it only with
+    EnforcePartLimits set: either way the user learns late. Not at render time: the partition
+    can change between render and submit, and render needs no Slurm."""
+    from slurmpod.render.launch import parse_time_limit_min
+
+    max_min = backend.partition_max_time(prep.partition)
+    limit = parse_time_limit_min(prep.time_limit)
+    if max_min is None or (limit is not None and limit <= max_min):
+        return
+    where = f"partition {prep.partition}" if prep.partition else "the default partition"
+    asked = prep.time_limit if limit is not None else "UNLIMITED"
+    raise ConfigError(f"{asked} exceeds the MaxTime of {where} ({_slurm_time(max_min)})",
+                      key="job.time_limit",
+                      hint=f"set job.time_limit to at most {_slurm_time(max_min)}; the "
+                           "job requeues and resumes across time-limit segments")
+
+
+def _slurm_time(minutes: int) -> str:
+    days, rest = divmod(minutes, 1440)
+    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{text}" if days else text
+
+
 def submit(prep: Prepared | Rendered, runner: CommandRunner, backend: SlurmBackend, *,
            chain: int = 1, force: bool = False) -> SubmitResult:
     """Store the script in the run dir and queue it (chain jobs), unless already queued."""
@@ -276,9 +322,15 @@ def submit(prep: Prepared | Rendered, runner: CommandRunner, backend: SlurmBacke
         if alive:
             res.job_ids, res.reused = alive, True
             return res
-    runner.write_text(prep.script_path, prep.script, mode=0o755)
-    # Slurm opens --output at start and does not create directories.
-    runner.write_text(f"{prep.run_dir}/logs/.keep", "")
+    check_time_limit(prep, backend)
+    try:
+        runner.write_text(prep.script_path, prep.script, mode=0o755)
+        # Slurm opens --output at start and does not create directories.
+        runner.write_text(f"{prep.run_dir}/logs/.keep", "")
+    except OSError as exc:  # a local run dir; SSH raises SshError itself
+        from slurmpod.fsutil import output_error
+
+        raise output_error(prep.run_dir, exc) from None
     _write_marker(runner, prep.run_dir, {"token": prep.token, "state": "submitting",
                                          "script": prep.script_path, "job_ids": []})
     for _ in range(chain):
@@ -332,7 +384,7 @@ def read_run_and_site(run_path: Path, site: str | None) -> tuple[RunSpec, Site, 
 
 # --- prepared-script cache --------------------------------------------------------------------
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: warnings, time limit and partition kept with the script
 CACHE_KEEP = 64  # entries kept; the oldest go first
 # Code whose change can change a rendered script (besides slurmpod itself and its templates).
 _LIBRARIES = ("jinja2", "markupsafe", "msgspec")
@@ -385,10 +437,14 @@ def cache_load(key: str) -> Rendered | None:
     try:
         data = json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
         r = Rendered(name=data["name"], run_dir=data["run_dir"], script=data["script"],
-                     token=data["token"], min_sus=data["min_sus"])
+                     token=data["token"], min_sus=data["min_sus"],
+                     warnings=tuple(data["warnings"]), time_limit=data["time_limit"],
+                     partition=data["partition"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    ok = (all(isinstance(v, str) for v in (r.name, r.run_dir, r.script, r.token))
+    ok = (all(isinstance(v, str) for v in (r.name, r.run_dir, r.script, r.token, r.time_limit,
+                                           *r.warnings))
+          and isinstance(r.partition, str | None)
           and isinstance(r.min_sus, int) and token_matches(r.script, r.token))
     return r if ok else None
 

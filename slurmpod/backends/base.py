@@ -75,6 +75,11 @@ class SlurmBackend(Protocol):
     def requeue(self, job_id: str, *, hold: bool = False) -> None:
         ...
 
+    def partition_max_time(self, partition: str | None) -> int | None:
+        """MaxTime of `partition` (the default partition when None) in minutes; None when
+        unlimited or the partition is unknown."""
+        ...
+
 
 def parent_id(job_id: str) -> str:
     """`6_1` (array task) and `38+1` (het component) belong to `6` and `38`."""

@@ -185,6 +185,15 @@ class CliBackend:
             argv.append(names)
         return parse_scontrol_nodes(self.query(argv).stdout)
 
+    def partition_max_time(self, partition: str | None) -> int | None:
+        from slurmpod.backends.parse import parse_scontrol_partitions
+        from slurmpod.backends.parse import partition_max_time as pick
+
+        # All partitions in one call: `show partition NAME` exits 1 for an unknown name, and
+        # the default one (Default=YES) must be found among them anyway.
+        text = self.query(["scontrol", "--oneliner", "show", "partition"]).stdout
+        return pick(parse_scontrol_partitions(text), partition)
+
     def update_comment(self, job_id: str, comment: str) -> None:
         # One argv element: scontrol takes everything after `Comment=` as the value.
         self._action(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"])

@@ -89,7 +89,9 @@ class FakeBackend:
         partitions: Sequence[str] = ("batch",),
         clock: Callable[[], float] = time.time,
         user: str = "root",
+        max_time_min: Mapping[str, int] | None = None,  # partition -> MaxTime; absent = none
     ) -> None:
+        self._max_time = dict(max_time_min or {})
         self._nodes = expand(nodes)
         self._gpus = gpus_per_node
         self._partitions = list(partitions)
@@ -233,6 +235,11 @@ class FakeBackend:
                      real_memory_mb=256000, n_gpus=self._gpus, partitions=tuple(self._partitions))
             for n in self._nodes if chosen is None or n in chosen
         ]
+
+    def partition_max_time(self, partition: str | None) -> int | None:
+        """The first partition is the default, as in FakeBackend's scheduling."""
+        name = partition if partition is not None else self._partitions[0]
+        return self._max_time.get(name) if name in self._partitions else None
 
     def update_comment(self, job_id: str, comment: str) -> None:
         job = self._jobs.get(job_id)

@@ -418,3 +418,31 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
             reason="" if reason in ("", "(null)") else reason,
         ))
     return nodes
+
+
+def parse_scontrol_partitions(text: str) -> dict[str, tuple[bool, int | None]]:
+    """`scontrol --oneliner show partition` -> {name: (is the default, MaxTime in minutes or
+    None for UNLIMITED)}. The default partition is `Default=YES` (sinfo's `*`)."""
+    from slurmpod.render.launch import parse_time_limit_min
+
+    out: dict[str, tuple[bool, int | None]] = {}
+    for line in text.splitlines():
+        if not line.startswith("PartitionName="):
+            continue
+        kv = parse_scontrol_kv(line)
+        try:
+            max_min = parse_time_limit_min(kv.get("MaxTime", "UNLIMITED"))
+        except ValueError:
+            max_min = None  # a form this Slurm prints that we do not know: no check
+        out[kv["PartitionName"]] = (kv.get("Default", "NO").upper() == "YES", max_min)
+    return out
+
+
+def partition_max_time(parts: dict[str, tuple[bool, int | None]],
+                       partition: str | None) -> int | None:
+    """MaxTime (minutes) of `partition`, or of the default one when None; None when unlimited
+    or unknown (sbatch then reports an unknown partition itself)."""
+    if partition is None:
+        partition = next((name for name, (dflt, _) in parts.items() if dflt), None)
+    entry = parts.get(partition) if partition is not None else None
+    return entry[1] if entry else None

@@ -521,6 +521,20 @@ class PyslurmBackend:
             ))
         return out
 
+    def partition_max_time(self, partition: str | None) -> int | None:
+        """Best effort: pyslurm 23.x+ `Partitions.load()`; `max_time` is in minutes there (an
+        int, or "UNLIMITED"/None). Anything else reads as unknown (None): no check."""
+        parts = _call("loading partitions", self.ps.Partitions.load)
+        chosen = None
+        for name, part in dict(parts).items():
+            if (partition is None and getattr(part, "is_default", False)) or name == partition:
+                chosen = part
+                break
+        value = getattr(chosen, "max_time", None) if chosen is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31 - 1:
+            return value
+        return None
+
     def update_comment(self, job_id: str, comment: str) -> None:
         job = self.ps.Job(int(parent_id(job_id)))
         _call("update comment", job.modify, self.ps.JobSubmitDescription(comment=comment))

@@ -153,6 +153,10 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
     site = load_site(resolve_site_path(site_name, default="dgx-h100-superpod"))
     spec, source = load_run_input(run, preset, megatron_args, nodes, site)
+    from slurmpod.megatron.argnames import unknown_key_warnings
+
+    for line in unknown_key_warnings(spec.megatron.explicit(), site.software.megatron, source):
+        click.echo(f"slurmpod: warning: {line}", err=True)
     result = make_plan(spec, site, nodes=nodes)
     if write_spec:
         _write_spec(spec, result.nodes, Path(write_spec))

@@ -80,6 +80,7 @@ def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
 def render(run_file: Path, output: Path | None, **kw: Any) -> None:
     """Render the sbatch script for RUN_FILE (refuses an invalid or non-fitting plan: exit 3)."""
     prep = _prepare_local(run_file, kw)
+    _warn(prep)
     if output is None:
         sys.stdout.write(prep.script)
         return
@@ -127,7 +128,8 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
     try:
         if host is not None:
             run_dir = sub.resolve_run_dir(run, kw["run_dir"], _remote_home(runner))
-            prep = sub.prepare(run, site, opts, run_dir)
+            prep = sub.prepare(run, site, opts, run_dir, str(run_file))
+        _warn(prep)
         if dry_run:
             if host is None:  # "would store" only where it could
                 from slurmpod.fsutil import check_writable_dir
@@ -181,10 +183,16 @@ def _prepare_local(run_file: Path, kw: dict[str, Any]):  # -> Prepared | Rendere
         return hit
     run, site, label = sub.read_run_and_site(run_file, kw["site"])
     opts = _options(label, kw)
-    prep = sub.prepare(run, site, opts, sub.resolve_run_dir(run, kw["run_dir"], base))
+    prep = sub.prepare(run, site, opts, sub.resolve_run_dir(run, kw["run_dir"], base),
+                       str(run_file))
     if key:
         sub.cache_store(key, prep)
     return prep
+
+
+def _warn(prep: Any) -> None:
+    for line in prep.warnings:
+        click.echo(f"slurmpod: warning: {line}", err=True)
 
 
 def _load_site(site: str | None):  # -> Site

@@ -227,6 +227,12 @@ class SlurmTarget(Strict, kw_only=True):
         return int(major), int(minor)
 
 
+class Software(Strict, kw_only=True):
+    # The Megatron-LM release jobs run (a branch of NVIDIA/Megatron-LM); `[megatron]` keys it
+    # has no argument for get a warning. The names are slurmpod/megatron/data/megatron_args.json's.
+    megatron: Literal["core_r0.12", "core_r0.13", "core_r0.14", "main"] = "core_r0.14"
+
+
 class SiteInfo(Strict, kw_only=True):
     name: SlurmName
     description: str = ""
@@ -240,6 +246,7 @@ class Site(Strict, kw_only=True, dict=True):  # dict=True: room for the cached i
     su_groups: Annotated[list[SuGroup], Meta(min_length=1)]
     naming: Naming = field(default_factory=Naming)
     partitions: list[Partition] = field(default_factory=list)
+    software: Software = field(default_factory=Software)
 
     def __post_init__(self) -> None:
         for i, grp in enumerate(self.su_groups):

@@ -14,29 +14,8 @@ from typing import Any
 
 from slurmpod.errors import ConfigError
 
-# Megatron arguments declared with action='store_false': the dest name is the positive form,
-# the flag is `--no-…` (megatron/training/arguments.py, core 0.14). `dest = false` must render
-# the flag; `dest = true` is Megatron's default and renders nothing.
-STORE_FALSE_FLAGS: dict[str, str] = {
-    "masked_softmax_fusion": "--no-masked-softmax-fusion",
-    "bias_gelu_fusion": "--no-bias-gelu-fusion",
-    "bias_swiglu_fusion": "--no-bias-swiglu-fusion",
-    "bias_dropout_fusion": "--no-bias-dropout-fusion",
-    "apply_rope_fusion": "--no-rope-fusion",
-    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
-    "async_tensor_model_parallel_allreduce": "--no-async-tensor-model-parallel-allreduce",
-    "persist_layer_norm": "--no-persist-layer-norm",
-    "add_bias_linear": "--disable-bias-linear",
-    "add_position_embedding": "--no-position-embedding",
-    "perform_initialization": "--no-initialization",
-    "load_optim": "--no-load-optim",
-    "load_rng": "--no-load-rng",
-    "save_optim": "--no-save-optim",
-    "save_rng": "--no-save-rng",
-    "mmap_bin_files": "--no-mmap-bin-files",
-    "create_attention_mask_in_dataloader": "--no-create-attention-mask-in-dataloader",
-    "async_save": "--no-async-save",
-}
+# Which flag a dest renders as (`fp8` -> `--fp8-format`, store_false args -> `--no-…`) lives in
+# one place with Megatron's argument names per release: slurmpod.megatron.argnames.
 
 # Keys slurmpod derives for every job; a value the user gives in [megatron] wins.
 DERIVED_KEYS = ("log_throughput", "save", "load", "exit_signal_handler", "exit_duration_in_mins",
@@ -56,8 +35,11 @@ DISTRIBUTED_TIMEOUT_MIN = 30
 
 
 def flag_name(dest: str) -> str:
-    """Megatron dest name (or a flag name already) -> `--flag-name`."""
-    return "--" + dest.lstrip("-").replace("_", "-")
+    """Megatron dest name (or a flag name already) -> its flag: `--flag-name`, or the flag
+    Megatron declares for that dest where they differ (`fp8` -> `--fp8-format`)."""
+    from slurmpod.megatron.argnames import flag_for
+
+    return flag_for(dest)
 
 
 def _scalar(value: Any, key: str) -> str:
@@ -77,14 +59,17 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
     Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
     lists become nargs='+' values, None is left out, everything else is one value.
     """
+    from slurmpod.megatron.argnames import store_false_flags
+
+    store_false = store_false_flags()
     out: list[str] = []
     for key, value in args.items():
         if value is None:
             continue
         if isinstance(value, bool):
-            if key in STORE_FALSE_FLAGS:
+            if key in store_false:
                 if not value:
-                    out.append(STORE_FALSE_FLAGS[key])
+                    out.append(store_false[key])
             elif value:
                 out.append(flag_name(key))
             continue

@@ -153,6 +153,14 @@ class BackendContract:
         assert [j.job_id for j in backend.jobs(job_ids=[jid])] == [jid]
         backend.cancel([jid])
 
+    def test_partition_max_time(self, backend) -> None:
+        # The sandbox's slurm.conf: batch (Default=YES, MaxTime=01:00:00), preemptible
+        # (MaxTime=INFINITE); the fake is set up the same.
+        assert backend.partition_max_time(None) == 60
+        assert backend.partition_max_time("batch") == 60
+        assert backend.partition_max_time("preemptible") is None
+        assert backend.partition_max_time("no-such-partition") is None
+
     def test_nodes(self, backend) -> None:
         nodes = backend.nodes()
         assert nodes and all(n.n_gpus == 8 for n in nodes)
@@ -166,7 +174,7 @@ class TestFakeBackendContract(BackendContract):
 
     @pytest.fixture
     def backend(self) -> FakeBackend:
-        return FakeBackend()
+        return FakeBackend(partitions=("batch", "preemptible"), max_time_min={"batch": 60})
 
     @pytest.fixture
     def place_script(self, backend: FakeBackend) -> Callable[[str], PurePath]:

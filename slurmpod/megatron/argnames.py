@@ -1,0 +1,66 @@
+"""Megatron-LM's argument names per release, and the flag each destination name renders as.
+
+One home for what slurmpod knows of Megatron's argparse: `data/megatron_args.json` lists the
+destination names of each supported release (megatron/training/arguments.py, core_r0.12 to
+main), the value-taking arguments whose flag differs from the dest (`fp8` is `--fp8-format`),
+the `store_false` arguments (`add_bias_linear = false` is `--disable-bias-linear`) and slurmpod's
+positive aliases of store_true `--no-…` flags. Loaded lazily, once per process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+DATA_FILE = Path(__file__).resolve().parent / "data" / "megatron_args.json"
+
+
+@cache
+def _data() -> dict[str, Any]:
+    return json.loads(DATA_FILE.read_text(encoding="utf-8"))
+
+
+def releases() -> tuple[str, ...]:
+    return tuple(_data()["releases"])
+
+
+def default_release() -> str:
+    return str(_data()["default"])
+
+
+@cache
+def names(release: str) -> frozenset[str]:
+    """Every argument dest of `release` (a KeyError for a release not in the file)."""
+    entry = _data()["releases"][release]
+    base = names(entry["base"]) if entry.get("base") else frozenset()
+    return (base | frozenset(entry.get("add", ()))) - frozenset(entry.get("remove", ()))
+
+
+def store_false_flags() -> dict[str, str]:
+    """dest (or slurmpod alias) -> the flag that sets it false; `true` renders nothing."""
+    return {**_data()["store_false"], **_data()["aliases"]}
+
+
+def flag_for(dest: str) -> str:
+    """The flag of a value-taking (or store_true) dest: `fp8` -> `--fp8-format`."""
+    special = _data()["flags"].get(dest)
+    return special or "--" + dest.lstrip("-").replace("_", "-")
+
+
+def unknown_key_warnings(keys: Iterable[str], release: str, file: str) -> list[str]:
+    """One line per `[megatron]` key that `release` has no argument for, with the nearest
+    name: a typo would otherwise reach the trainer, which rejects it only once the job runs."""
+    known = names(release)
+    aliases = _data()["aliases"]
+    out = []
+    for key in keys:
+        if key in known or key in aliases:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{file}: megatron.{key} is not a Megatron-LM {release} argument{hint}")
+    return out
