@@ -71,6 +71,13 @@ class JobSpec(Strict, kw_only=True):
     time_limit: Annotated[str, Meta(pattern=TIME_PATTERN)] = "04:00:00"
     container_image: str | None = None
     container_mounts: list[str] = field(default_factory=list)
+    # pyxis options (docs/submit.md "Containers"): workdir defaults to the run dir; name to
+    # `<name>-<image hash>` ("" for an unnamed container per step); writable unset keeps the
+    # site's enroot default.
+    container_workdir: str | None = None
+    container_name: Annotated[str, Meta(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.+-]*)?$")] | None = None
+    container_mount_home: bool = False
+    container_writable: bool | None = None
     work_dir: str | None = None
     checkpoint_dir: str | None = None
     data_dir: str | None = None

@@ -151,9 +151,14 @@ def gpu_numa_map(gpu_numa: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class Container:
-    image: str
-    mounts: tuple[str, ...] = ()
+    """pyxis options of the launch step (slurmpod.render.container decides them)."""
+
+    image: str  # normalised for enroot (REGISTRY#IMAGE:TAG)
+    mounts: tuple[str, ...] = ()  # SRC:DST[:FLAGS]
     workdir: str | None = None
+    name: str | None = None  # --container-name; None: an unnamed container per step
+    mount_home: bool = False
+    writable: bool | None = None  # None: the site's enroot default (ENROOT_ROOTFS_WRITABLE)
 
 
 def srun_argv(*, nodes: int, tasks_per_node: int, container: Container | None,
@@ -171,18 +176,41 @@ def srun_argv(*, nodes: int, tasks_per_node: int, container: Container | None,
             argv.append("--container-mounts=" + ",".join(container.mounts))
         if container.workdir:
             argv.append(f"--container-workdir={container.workdir}")
+        if container.name:
+            argv.append(f"--container-name={container.name}")
+        # pyxis mounts $HOME unless told not to (--no-container-mount-home, pyxis 0.3+).
+        argv.append("--container-mount-home" if container.mount_home
+                    else "--no-container-mount-home")
+        if container.writable is not None:  # pyxis 0.11+
+            argv.append("--container-writable" if container.writable
+                        else "--container-readonly")
     argv += list(extra)
     return argv
 
 
 # The per-rank wrapper, run as `bash -c "$SLURMPOD_RANK_WRAPPER" slurmpod-rank CMD...` by every
 # task. It holds no user value (those arrive as "$@"), so it can be a fixed, quoted string.
+# It runs where the trainer runs (inside the container under pyxis): local rank 0 of each node
+# creates the directories in $SLURMPOD_TRAINER_DIRS (one per line) and proves it can write
+# there, so a missing mount or a read-only one fails the step at once with one line, not at
+# the first checkpoint hours later.
 RANK_WRAPPER = r"""set -eu
 export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"
 export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE%%(*}"
 read -r -a map <<< "${SLURMPOD_GPU_NUMA_MAP:-}"
 numa="${map[$SLURM_LOCALID]:-}"
 export SLURMPOD_NUMA_NODE="$numa"
+if [ -n "${SLURMPOD_TRAINER_DIRS:-}" ] && [ "$SLURM_LOCALID" = 0 ]; then
+  while IFS= read -r d; do
+    [ -n "$d" ] || continue
+    probe="$d/.slurmpod-write-test.${SLURM_JOB_ID:-0}.${SLURMD_NODENAME:-node}"
+    if ! { mkdir -p -- "$d" && : > "$probe" && rm -f -- "$probe"; } 2>/dev/null; then
+      echo "slurmpod: rank $RANK on ${SLURMD_NODENAME:-?}: cannot create or write $d where" \
+           "the trainer runs; check container_mounts and the permissions there" >&2
+      exit 1
+    fi
+  done <<< "$SLURMPOD_TRAINER_DIRS"
+fi
 if [ "${SLURMPOD_CPU_BIND:-numactl}" = numactl ] && [ -n "$numa" ] \
    && [ -d "/sys/devices/system/node/node$numa" ] && command -v numactl >/dev/null 2>&1; then
   exec numactl --cpunodebind="$numa" --membind="$numa" -- "$@"

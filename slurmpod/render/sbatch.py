@@ -134,6 +134,16 @@ class SbatchContext:
     train_iters: int | None
     monitor: bool
     comment: str
+    # Container runs (pyxis): the rank wrapper creates and checks trainer_dirs where the trainer
+    # runs; the template exports them as SLURMPOD_TRAINER_DIRS (trainer_dirs_env).
+    container: bool = False
+    trainer_dirs: tuple[str, ...] = ()
+
+    @property
+    def trainer_dirs_env(self) -> str:
+        """SLURMPOD_TRAINER_DIRS: one path per line (container paths hold no newline)."""
+        return "\n".join(self.trainer_dirs)
+
 
     @property
     def command_groups(self) -> list[tuple[str, ...]]:
@@ -303,14 +313,18 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
     env_plan = build_env(facts, site_overrides=opts.site_env, run_overrides=run_env,
                          debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
 
+    container = None
+    trainer_dirs: tuple[str, ...] = ()
+    if job.container_image:
+        from slurmpod.render.container import container_run
+
+        crun = container_run(job, run_dir=run_dir, log_dir=log_dir, checkpoint_dir=ckpt,
+                             topo_dir=opts.topo_dir)
+        container, ckpt, trainer_dirs = crun.container, crun.checkpoint_dir, crun.trainer_dirs
     margs = run.megatron.explicit()
     exit_min = launch.exit_duration_min(limit_min, lead_s, margin_min)
     full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min)
     command = (*_command(job.entrypoint), *launch.megatron_argv(full))
-    container = None
-    if job.container_image:
-        container = launch.Container(job.container_image, tuple(job.container_mounts),
-                                     job.work_dir)
     gpu_numa = [p.numa for p in nt.gpu_pci]
     srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=gpn, container=container,
                             cpu_bind=opts.cpu_bind, gpu_numa=gpu_numa)
@@ -332,6 +346,7 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         master_port=opts.master_port, max_restarts=opts.max_restarts,
         train_iters=int(train_iters) if isinstance(train_iters, int) else None,
         monitor=opts.monitor, comment=comment,
+        container=container is not None, trainer_dirs=trainer_dirs,
     )
 
 

@@ -230,3 +230,109 @@ def test_cpu_bind_slurm_passes_locality_map(tmp_path: Path) -> None:
     assert _run(tmp_path, script).returncode == 0
     assert "--cpu-bind=map_ldom:0,0,0,0,1,1,1,1" in _nul_list(tmp_path / "srun.args")
     assert os.path.exists(tmp_path / "argv.1")
+
+
+# A stand-in for pyxis (a SPANK plugin, not packaged in Debian, so neither this test nor the
+# sandbox can run the real one): it reads the --container-* options as pyxis 0.11+ does,
+# refuses a mount whose source is missing (enroot-mount fails unless `nofail`), starts the tasks
+# in --container-workdir and tells the trainer which paths the container can see.
+PYXIS_SRUN = r"""#!/bin/bash
+printf '%s\0' "$@" > "$STUB_DIR/srun.args"
+echo $$ > "$STUB_DIR/srun.pid"
+mounts="" workdir=""
+while [ $# -gt 0 ] && [[ "$1" == --* ]]; do
+  case "$1" in
+    --container-image=*) [[ "${1#*=}" == *'#'* ]] || { echo "enroot: bad image $1" >&2; exit 1; } ;;
+    --container-mounts=*) mounts="${1#*=}" ;;
+    --container-workdir=*) workdir="${1#*=}" ;;
+  esac
+  shift
+done
+visible=""
+IFS=, read -r -a entries <<< "$mounts"
+for m in "${entries[@]}"; do
+  IFS=: read -r src dst flags <<< "$m"
+  if [ ! -e "$src" ] && [[ "+$flags+" != *+nofail+* ]]; then
+    echo "enroot-mount: failed to mount: $src at $dst: No such file or directory" >&2; exit 1
+  fi
+  [ "$src" = "$dst" ] || { echo "stand-in: only same-path mounts expected: $m" >&2; exit 1; }
+  visible+="$dst"$'\n'
+done
+export STUB_VISIBLE="$visible" SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2
+cd "$workdir" || exit 1
+for t in 0 1; do SLURM_PROCID=$t SLURM_LOCALID=$t "$@" & done
+rc=0
+for p in $(jobs -p); do wait "$p" || rc=$?; done
+exit $rc
+"""
+CONTAINER_TRAINER = r"""#!/bin/bash
+# The trainer in the container: --save must lie under a mount, or the checkpoint is lost.
+printf '%s\0' "$@" > "$STUB_DIR/argv.$RANK"
+env -0 > "$STUB_DIR/env.$RANK"
+pwd > "$STUB_DIR/cwd.$RANK"
+while [ $# -gt 0 ]; do case "$1" in --save) save="$2"; shift ;; esac; shift; done
+ok=0
+while IFS= read -r dst; do
+  [ -n "$dst" ] && [[ "$save/" == "$dst/"* ]] && ok=1
+done <<< "$STUB_VISIBLE"
+[ "$ok" = 1 ] || { echo "trainer: $save is not mounted" >&2; exit 9; }
+[ "$RANK" = 0 ] && echo 5 > "$save/latest_checkpointed_iteration.txt"
+exit 0
+"""
+
+
+def test_container_run_with_pyxis_stand_in(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    ckpt = tmp_path / "elsewhere" / "ckpt"  # outside the run dir: a mount of its own
+    script = _render(tmp_path, job={"container_image": "nvcr.io/nvidia/pytorch:24.12-py3",
+                                    "checkpoint_dir": str(ckpt),
+                                    "data_dir": str(tmp_path / "data")},
+                     topo_dir="/nonexistent/nccl-topo")
+    for name, text in (("srun", PYXIS_SRUN), ("trainer", CONTAINER_TRAINER)):
+        (tmp_path / "bin" / name).write_text(text)
+    proc = _run(tmp_path, script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = _nul_list(tmp_path / "srun.args")
+    run_dir = tmp_path / "run"
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.12-py3" in args
+    assert "--no-container-mount-home" in args and f"--container-workdir={run_dir}" in args
+    (mounts,) = (a.split("=", 1)[1] for a in args if a.startswith("--container-mounts="))
+    data = tmp_path / "data"
+    assert set(mounts.split(",")) == {f"{run_dir}:{run_dir}", f"{data}:{data}", f"{ckpt}:{ckpt}",
+                                      "/nonexistent/nccl-topo:/nonexistent/nccl-topo:ro+nofail"}
+    assert (tmp_path / "cwd.0").read_text().strip() == str(run_dir)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "5\n"
+    if "export SLURMPOD_TRAINER_DIRS=" in script.read_text():  # the template passes them on
+        env = dict(e.split("=", 1) for e in _nul_list(tmp_path / "env.0"))
+        assert env["SLURMPOD_TRAINER_DIRS"] == str(ckpt)
+
+
+def _wrapper(tmp: Path, dirs: str, localid: str = "0") -> subprocess.CompletedProcess[str]:
+    from slurmpod.render.launch import RANK_WRAPPER
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": localid, "SLURM_LOCALID": localid,
+           "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_ID": "7",
+           "SLURMD_NODENAME": "gpu001", "SLURMPOD_CPU_BIND": "none",
+           "SLURMPOD_TRAINER_DIRS": dirs}
+    return subprocess.run(["bash", "-c", RANK_WRAPPER, "slurmpod-rank", "true"], env=env,
+                          capture_output=True, text=True, timeout=30, cwd=tmp)
+
+
+def test_rank_wrapper_creates_trainer_dirs_where_the_trainer_runs(tmp_path: Path) -> None:
+    odd = tmp_path / "a dir with 'quotes' and $(x)" / "ckpt"
+    plain = tmp_path / "plain"
+    proc = _wrapper(tmp_path, f"{odd}\n{plain}")
+    assert proc.returncode == 0, proc.stderr
+    assert odd.is_dir() and plain.is_dir() and not list(plain.iterdir())  # probe removed
+    other = tmp_path / "other"
+    assert _wrapper(tmp_path, str(other), localid="1").returncode == 0
+    assert not other.exists()  # only local rank 0 of a node creates and checks
+
+
+def test_rank_wrapper_fails_the_rank_on_an_unusable_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"  # a file where a directory should be: fails even for root
+    blocker.write_text("")
+    proc = _wrapper(tmp_path, f"{tmp_path / 'fine'}\n{blocker / 'ckpt'}")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot create or write" in lines[0] and "gpu001" in lines[0]
