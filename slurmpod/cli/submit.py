@@ -41,8 +41,11 @@ def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-restarts", type=click.IntRange(0), default=3, show_default=True,
                      help="Requeues allowed after preemption, time limit or failure."),
         click.option("--signal-lead", "signal_lead_s", type=click.IntRange(10),
-                     default=300, show_default=True,
-                     help="Seconds before the time limit that the job gets SIGTERM to save."),
+                     default=None,
+                     help="Seconds before the time limit that the trainer is asked to save "
+                          "[default: 60 + twice the predicted checkpoint save time]."),
+        click.option("--save-on-cancel", is_flag=True,
+                     help="Let a cancelled run finish a checkpoint (within Slurm's KillWait)."),
         click.option("--switch-wait", default="24:00:00", show_default=True,
                      help="--switches max wait (Slurm caps it at max_switch_wait)."),
         click.option("--chain", type=click.IntRange(1), default=1, show_default=True,
@@ -69,6 +72,7 @@ def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
         max_restarts=kw["max_restarts"], signal_lead_s=kw["signal_lead_s"],
         switch_wait=kw["switch_wait"], chain=kw["chain"], spares=kw["spares"],
         cpu_bind=kw["cpu_bind"], monitor=not kw["no_monitor"],
+        save_on_cancel=kw["save_on_cancel"], python=sys.executable,
     )
 
 
@@ -91,6 +95,14 @@ def render(run_file: Path, output: Path | None, **kw: Any) -> None:
     except OSError as exc:
         raise output_error(output, exc) from None
     click.echo(f"wrote {output}", err=True)
+    # Slurm opens the script's --output file before the script runs, so its directory must
+    # exist by then: create it, so that a plain `sbatch` of the script works.
+    logs = Path(prep.run_dir) / "logs"
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        click.echo(f"slurmpod: warning: cannot create {logs} ({exc.strerror}); create it on the "
+                   "cluster before `sbatch`, or use `slurmpod submit`", err=True)
 
 
 @click.command()

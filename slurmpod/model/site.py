@@ -233,6 +233,13 @@ class Software(Strict, kw_only=True):
     megatron: Literal["core_r0.12", "core_r0.13", "core_r0.14", "main"] = "core_r0.14"
 
 
+class Storage(Strict, kw_only=True):
+    # Sustained write bandwidth of the checkpoint filesystem for one job, GB/s: it sets how long
+    # before the time limit a job is told to save (render/launch.py signal_lead). 20 GB/s is a
+    # conservative figure for one job on a parallel filesystem (Lustre/GPFS/VAST class).
+    checkpoint_write_gb_per_s: Annotated[float, Meta(gt=0, le=100_000)] = 20.0
+
+
 class SiteInfo(Strict, kw_only=True):
     name: SlurmName
     description: str = ""
@@ -247,6 +254,7 @@ class Site(Strict, kw_only=True, dict=True):  # dict=True: room for the cached i
     naming: Naming = field(default_factory=Naming)
     partitions: list[Partition] = field(default_factory=list)
     software: Software = field(default_factory=Software)
+    storage: Storage = field(default_factory=Storage)
 
     def __post_init__(self) -> None:
         for i, grp in enumerate(self.su_groups):

@@ -106,22 +106,43 @@ def parse_time_limit_min(limit: str) -> int | None:
     return days * 1440 + h * 60 + m + s // 60
 
 
-def scaled_lead(limit_min: int | None, lead_s: int, margin_min: int) -> tuple[int, int]:
-    """Signal lead and save margin for a time limit: as asked, but at most a quarter (lead) and
-    a tenth (margin) of a short limit, so a 10-minute job still trains for most of its time."""
-    if limit_min is None:
-        return lead_s, margin_min
-    return (max(10, min(lead_s, limit_min * 60 // 4)),
-            max(1, min(margin_min, limit_min // 10)))
+# Bytes per parameter a Megatron checkpoint writes with the distributed optimizer: bf16 weights
+# (2) + fp32 master weights (4) + Adam's two moments (4 + 4); gradients are not saved
+# (megatron/core/optimizer/distrib_optimizer.py sharded_state_dict, core 0.12-0.14).
+CHECKPOINT_BYTES_PER_PARAM = 14
 
 
-def exit_duration_min(limit_min: int | None, signal_lead_s: int,
-                      save_margin_min: int) -> int | None:
-    """Minutes Megatron may train before it saves and exits on its own: the time limit minus the
-    signal lead and a margin for the final checkpoint (at least 1 minute)."""
+def predicted_save_s(params_total: float, write_gb_per_s: float) -> float:
+    """Seconds one checkpoint save takes: its bytes over the checkpoint filesystem's sustained
+    write bandwidth for one job (site `[storage] checkpoint_write_gb_per_s`)."""
+    if params_total <= 0 or write_gb_per_s <= 0:
+        return 0.0
+    return params_total * CHECKPOINT_BYTES_PER_PARAM / (write_gb_per_s * 1e9)
+
+
+def signal_lead(limit_min: int | None, save_s: float, asked_s: int | None) -> int:
+    """Seconds before the time limit the batch shell is warned (--signal=B:USR2@lead).
+
+    The trainer must finish its current iteration, then save: twice the predicted save time
+    plus 60 s for the iteration in flight and the collective teardown, unless `--signal-lead`
+    says otherwise. Never more than a quarter of a short limit (a 10-minute job still trains
+    most of its time), never under 10 s. Slurm may send it up to 60 s early (sbatch(1)
+    --signal: "resolution of event handling"), which only adds margin."""
+    lead = asked_s if asked_s is not None else 60 + math.ceil(2 * save_s)
+    if limit_min is not None:
+        lead = min(lead, limit_min * 60 // 4)
+    return max(10, lead)
+
+
+def exit_duration_min(limit_min: int | None, signal_lead_s: int, save_s: float) -> int | None:
+    """Minutes Megatron may train before it saves and exits on its own
+    (--exit-duration-in-mins): the limit less the signal lead and room for one more save, so
+    its own exit comes before the warning. None (leave it to the signal) when that leaves less
+    than a minute: a 1-minute limit must not pass the whole limit."""
     if limit_min is None:
         return None
-    return max(1, limit_min - math.ceil(signal_lead_s / 60) - save_margin_min)
+    minutes = (limit_min * 60 - signal_lead_s - math.ceil(2 * save_s)) // 60
+    return minutes if minutes >= 1 else None
 
 
 def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str, exit_duration: int | None,
@@ -161,12 +182,21 @@ class Container:
     writable: bool | None = None  # None: the site's enroot default (ENROOT_ROOTFS_WRITABLE)
 
 
+# Seconds srun waits after the first rank exits before ending the others. Megatron's ranks
+# leave within seconds of each other after a save; 5 minutes covers a slow checkpoint flush on
+# one rank while still ending a step whose other ranks hang in a collective.
+STEP_WAIT_S = 300
+
+
 def srun_argv(*, nodes: int, tasks_per_node: int, container: Container | None,
               cpu_bind: str, gpu_numa: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
     """srun options for one rank per GPU; `--kill-on-bad-exit` so one dead rank ends the step
-    (a hung collective would otherwise burn the allocation until the time limit)."""
+    (a hung collective would otherwise burn the allocation until the time limit), `--wait` so
+    ranks left waiting on one that exited cleanly are ended too, `--label` so every line names
+    its rank (`slurmpod logs --rank`; the log parser strips the prefix)."""
     argv = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
-            f"--ntasks={nodes * tasks_per_node}", "--kill-on-bad-exit=1"]
+            f"--ntasks={nodes * tasks_per_node}", "--kill-on-bad-exit=1",
+            f"--wait={STEP_WAIT_S}", "--label"]
     if cpu_bind == "slurm":
         # Slurm binds each local rank to the locality domain (NUMA node) of its GPU.
         argv.append("--cpu-bind=map_ldom:" + ",".join(str(n) for n in gpu_numa))
@@ -212,8 +242,27 @@ if [ -n "${SLURMPOD_TRAINER_DIRS:-}" ] && [ "$SLURM_LOCALID" = 0 ]; then
   done <<< "$SLURMPOD_TRAINER_DIRS"
 fi
 if [ "${SLURMPOD_CPU_BIND:-numactl}" = numactl ] && [ -n "$numa" ] \
-   && [ -d "/sys/devices/system/node/node$numa" ] && command -v numactl >/dev/null 2>&1; then
-  exec numactl --cpunodebind="$numa" --membind="$numa" -- "$@"
+   && [ -d "/sys/devices/system/node/node$numa" ]; then
+  if command -v numactl >/dev/null 2>&1; then
+    set -- numactl --cpunodebind="$numa" --membind="$numa" -- "$@"
+  elif [ "$SLURM_LOCALID" = 0 ]; then
+    echo "slurmpod: warning: no numactl on ${SLURMD_NODENAME:-this node}: ranks run without" \
+         "CPU/memory binding (install numactl, or render with --cpu-bind slurm)" >&2
+  fi
+fi
+if [ "$SLURM_PROCID" = 0 ] && [ -n "${SLURMPOD_STEP_TERM_MARK:-}" ]; then
+  # `scancel --signal=TERM JOBID` reaches the steps only: rank 0 notes it, so the batch shell
+  # can tell a user's stop from the trainer's own exit. slurmstepd signals the trainer too;
+  # passing it on again is harmless (Megatron's handler only sets a flag).
+  trap ': > "$SLURMPOD_STEP_TERM_MARK" 2>/dev/null; kill -TERM "$child" 2>/dev/null; :' TERM
+  "$@" &
+  child=$!
+  while :; do
+    rc=0
+    wait "$child" || rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null; then continue; fi
+    exit "$rc"
+  done
 fi
 exec "$@"
 """

@@ -79,6 +79,7 @@ class PlanFacts:
     fits: bool = True
     errors: tuple[str, ...] = ()
     tokens_per_iteration: int | None = None
+    params_total: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,8 @@ class RenderOptions:
     run_env: Mapping[str, str | None] = field(default_factory=dict)
     topo_dir: str = "/etc/slurmpod/nccl-topo"
     max_restarts: int = 3
-    signal_lead_s: int = 300
-    save_margin_min: int = 5
+    signal_lead_s: int | None = None  # None: from the predicted checkpoint save time
+    save_on_cancel: bool = False  # a cancelled run may finish a save (bounded by KillWait)
     switch_wait: str = "24:00:00"
     chain: int = 1
     spares: int = 0
@@ -106,6 +107,7 @@ class RenderOptions:
     master_port: int = 0  # 0: 20000 + job id mod 20000, so requeues and neighbours never clash
     monitor: bool = True
     token: str = ""
+    python: str | None = None  # interpreter the script runs `slurmpod hook monitor` with
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,10 @@ class SbatchContext:
     train_iters: int | None
     monitor: bool
     comment: str
+    signal_lead_s: int = 300
+    save_on_cancel: bool = False
+    python: str | None = None
+    imex: bool = False  # Slurm hands the job an IMEX channel (switch/nvidia_imex): check it
     # Container runs (pyxis): the rank wrapper creates and checks trainer_dirs where the trainer
     # runs; the template exports them as SLURMPOD_TRAINER_DIRS (trainer_dirs_env).
     container: bool = False
@@ -143,7 +149,6 @@ class SbatchContext:
     def trainer_dirs_env(self) -> str:
         """SLURMPOD_TRAINER_DIRS: one path per line (container paths hold no newline)."""
         return "\n".join(self.trainer_dirs)
-
 
     @property
     def command_groups(self) -> list[tuple[str, ...]]:
@@ -172,6 +177,7 @@ def plan_facts_from_json(data: Mapping[str, Any]) -> PlanFacts:
             errors=tuple(str(e) for e in data.get("errors") or ()),
             tokens_per_iteration=(int(data["tokens_per_iteration"])
                                   if data.get("tokens_per_iteration") else None),
+            params_total=float(data.get("params_total") or 0.0),
         )
     except KeyError as exc:
         raise ConfigError(f"plan lacks {exc.args[0]!r}; slurmpod's planner and renderer "
@@ -224,7 +230,7 @@ def _check_time(value: str, key: str) -> None:
         raise ConfigError(f"{value!r} is not a Slurm time ([D-]HH:MM:SS)", key=key)
 
 
-def _command(entrypoint: str) -> list[str]:
+def _command(entrypoint: str, python: str | None = None) -> list[str]:
     try:
         words = shlex.split(entrypoint)
     except ValueError as exc:
@@ -233,6 +239,11 @@ def _command(entrypoint: str) -> list[str]:
         raise ConfigError("entrypoint is empty", key="job.entrypoint")
     if words[0].endswith(".py"):
         words = ["python", *words]
+    if (python and words[0] in ("python", "python3") and len(words) > 2 and words[1] == "-m"
+            and words[2].startswith("slurmpod.")):
+        # slurmpod's own module (the sandbox's emulated trainer) runs with the interpreter that
+        # has slurmpod, named absolutely: the script must not depend on an activated venv.
+        words[0] = python
     return words
 
 
@@ -252,7 +263,8 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
     log_dir = f"{run_dir}/logs"
     ckpt = job.checkpoint_dir or f"{run_dir}/checkpoints"
     limit_min = launch.parse_time_limit_min(job.time_limit)
-    lead_s, margin_min = launch.scaled_lead(limit_min, opts.signal_lead_s, opts.save_margin_min)
+    save_s = launch.predicted_save_s(plan.params_total, site.storage.checkpoint_write_gb_per_s)
+    lead_s = launch.signal_lead(limit_min, save_s, opts.signal_lead_s)
 
     d: list[tuple[str, object]] = [
         ("job-name", job.name),
@@ -270,13 +282,18 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         ("output", f"{log_dir.replace('%', '%%')}/%x-%j.out"),
         ("open-mode", "append"),
         ("requeue", bool(job.requeue)),
-        # B: signal only the batch shell, which forwards TERM to the ranks after deciding to
-        # requeue; SIGUSR1 is taken by NCCL (its own debug/abort handler).
-        ("signal", f"B:TERM@{lead_s}"),
+        # B: only the batch shell hears the time-limit warning, and USR2 tells it apart from
+        # every SIGTERM Slurm sends (cancel, preemption, requeue); the shell asks the trainer to
+        # save. SIGUSR1 is taken by NCCL (its own debug/abort handler).
+        ("signal", f"B:USR2@{lead_s}"),
     ]
     topo = site.topology_plugin
+    imex = False
     if topo == "tree":
-        d.append(("switches", f"{plan.min_sus}@{opts.switch_wait}"))
+        # The spares are part of the allocation: count them in the leaf switches (SUs) asked for.
+        su_nodes = site.su_groups[0].nodes_per_su
+        sus = max(plan.min_sus, -(-(plan.nodes + opts.spares) // su_nodes))
+        d.append(("switches", f"{sus}@{opts.switch_wait}"))
     elif site.slurm.version_tuple >= (24, 5):
         # --segment (and --exclusive=topo) came with Slurm 24.05 (NEWS 24.05.0). Never
         # --nodelist with block topology: it can make the job unplaceable (-x is fine).
@@ -290,6 +307,9 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         # that is not a multiple of it (topology/block eval_nodes_block.c, "segment_size does
         # not fit the job size"), so the job could never start.
         domain_nodes = max(1, nt.domain_gpus // gpn)
+        from slurmpod.topology.generate import imex_enabled
+
+        imex = imex_enabled(site, site.slurm.version_tuple)
         tp_nodes = -(-run.megatron.tensor_model_parallel_size // gpn)
         d.append(("segment", segment_size(plan.nodes + opts.spares, domain_nodes, tp_nodes)))
     if opts.spares:
@@ -322,9 +342,9 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
                              topo_dir=opts.topo_dir)
         container, ckpt, trainer_dirs = crun.container, crun.checkpoint_dir, crun.trainer_dirs
     margs = run.megatron.explicit()
-    exit_min = launch.exit_duration_min(limit_min, lead_s, margin_min)
+    exit_min = launch.exit_duration_min(limit_min, lead_s, save_s)
     full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min)
-    command = (*_command(job.entrypoint), *launch.megatron_argv(full))
+    command = (*_command(job.entrypoint, opts.python), *launch.megatron_argv(full))
     gpu_numa = [p.numa for p in nt.gpu_pci]
     srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=gpn, container=container,
                             cpu_bind=opts.cpu_bind, gpu_numa=gpu_numa)
@@ -345,7 +365,8 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         nodes=plan.nodes, spares=opts.spares, tasks_per_node=gpn,
         master_port=opts.master_port, max_restarts=opts.max_restarts,
         train_iters=int(train_iters) if isinstance(train_iters, int) else None,
-        monitor=opts.monitor, comment=comment,
+        monitor=opts.monitor, comment=comment, signal_lead_s=lead_s,
+        save_on_cancel=opts.save_on_cancel, python=opts.python, imex=imex,
         container=container is not None, trainer_dirs=trainer_dirs,
     )
 

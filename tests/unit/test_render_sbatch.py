@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -152,7 +154,8 @@ def test_whole_node_directives_and_tree_placement() -> None:
     assert d["nodes"] == "8" and d["ntasks-per-node"] == "8" and d["gpus-per-node"] == "8"
     assert d["exclusive"] is True and d["mem"] == "0" and d["requeue"] is True
     assert d["switches"] == "2@01:00:00"
-    assert d["signal"] == "B:TERM@300"
+    # USR2 to the batch shell only: the time-limit warning, told apart from Slurm's SIGTERMs.
+    assert d["signal"] == "B:USR2@60"
     assert "USR1" not in str(d["signal"])
     assert "segment" not in d and "nodelist" not in d
 
@@ -239,15 +242,53 @@ def test_spares_chain_and_comment() -> None:
     assert comment["flops_per_iter"] == 1.25e15 and comment["peak_tflops"] == 989.0
 
 
-@pytest.mark.parametrize(("limit", "lead", "exit_min"), [
-    ("04:00:00", 300, 240 - 5 - 5), ("00:10:00", 150, 10 - 3 - 1), ("00:30:00", 300, 30 - 5 - 3),
-])
-def test_short_limits_scale_signal_lead_and_margin(limit: str, lead: int, exit_min: int) -> None:
-    ctx = build_context(run_spec({"time_limit": limit}), sandbox(), facts(2),
-                        RenderOptions(run_dir="/r"))
-    assert f"#SBATCH --signal=B:TERM@{lead}" in ctx.directives
+def _timing(limit: str, params: float = 0.0, **opts: object) -> tuple[str, str | None]:
+    plan = replace(facts(2), params_total=params)
+    ctx = build_context(run_spec({"time_limit": limit}), sandbox(), plan,
+                        RenderOptions(run_dir="/r", **opts))  # type: ignore[arg-type]
+    (signal,) = [d for d in ctx.directives if d.startswith("#SBATCH --signal=")]
     cmd = list(ctx.command)
-    assert cmd[cmd.index("--exit-duration-in-mins") + 1] == str(exit_min)
+    exit_min = (cmd[cmd.index("--exit-duration-in-mins") + 1]
+                if "--exit-duration-in-mins" in cmd else None)
+    return signal.removeprefix("#SBATCH --signal="), exit_min
+
+
+@pytest.mark.parametrize(("limit", "params", "lead", "exit_min"), [
+    # 70e9 params x 14 B / 20 GB/s = 49 s to save: lead 60 + 2 x 49 = 158 s;
+    # exit = (14400 - 158 - 98) s = 235.7 min -> 235.
+    ("04:00:00", 70e9, 158, "235"),
+    # 405e9 x 14 / 20e9 = 283.5 s: lead 60 + 567 = 627 s; (14400 - 627 - 567) / 60 = 220.1.
+    ("04:00:00", 405e9, 627, "220"),
+    # Nothing to save: 60 s; a 10-minute limit keeps (600 - 60) / 60 = 9 minutes.
+    ("00:10:00", 0.0, 60, "9"),
+    # A quarter of a short limit at most: 15 s of 1 minute, and no --exit-duration-in-mins
+    # (45 s is under a minute; the whole limit must never be passed).
+    ("00:01:00", 70e9, 15, None),
+])
+def test_signal_lead_follows_the_predicted_save_time(limit: str, params: float, lead: int,
+                                                     exit_min: str | None) -> None:
+    assert _timing(limit, params) == (f"B:USR2@{lead}", exit_min)
+
+
+def test_signal_lead_option_overrides() -> None:
+    # (14400 - 600 - 2 x 49) / 60 = 228.4
+    assert _timing("04:00:00", 70e9, signal_lead_s=600) == ("B:USR2@600", "228")
+
+
+def test_site_checkpoint_bandwidth_sets_the_save_time() -> None:
+    site = sandbox()
+    fast = msgspec.structs.replace(site, storage=msgspec.structs.replace(
+        site.storage, checkpoint_write_gb_per_s=98.0))
+    plan = replace(facts(2), params_total=70e9)  # 70e9 x 14 / 98e9 = 10 s -> lead 80 s
+    ctx = build_context(run_spec({"time_limit": "04:00:00"}), fast, plan,
+                        RenderOptions(run_dir="/r"))
+    assert "#SBATCH --signal=B:USR2@80" in ctx.directives
+
+
+def test_switches_count_the_spares() -> None:
+    # 7 nodes fit 2 SUs of 4; with 2 spares the 9 nodes need 3.
+    assert _directives(sandbox(), 7, 2, spares=2)["switches"] == "3@24:00:00"
+    assert _directives(sandbox(), 7, 2)["switches"] == "2@24:00:00"
 
 
 @pytest.mark.parametrize(("limit", "minutes"), [("30", 30), ("1:30", 1), ("02:00:00", 120),
@@ -255,13 +296,6 @@ def test_short_limits_scale_signal_lead_and_margin(limit: str, lead: int, exit_m
                                                 ("INFINITE", None)])
 def test_time_limit_minutes(limit: str, minutes: int | None) -> None:
     assert launch.parse_time_limit_min(limit) == minutes
-
-
-def test_exit_duration_leaves_signal_lead_and_save_margin() -> None:
-    ctx = build_context(run_spec({"time_limit": "04:00:00"}), sandbox(), facts(2),
-                        RenderOptions(run_dir="/r", signal_lead_s=600, save_margin_min=5))
-    cmd = list(ctx.command)
-    assert cmd[cmd.index("--exit-duration-in-mins") + 1] == str(240 - 10 - 5)
 
 
 def test_megatron_argv_flags_lists_store_false_and_passthrough() -> None:

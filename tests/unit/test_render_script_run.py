@@ -7,6 +7,7 @@ forward SIGTERM, skip finished runs and route around failed nodes when spares ex
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -48,6 +49,9 @@ echo "$*" >> "$STUB_DIR/scontrol.log"
 case "$1 $2" in
   "show hostnames") printf 'gpu001\ngpu002\ngpu003\n' ;;
   "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.${3: -1} NodeHostName=$3" ;;
+  "show job") echo "JobId=4242 JobName=stub JobState=${STUB_JOB_STATE:-RUNNING}" \
+      "Reason=${STUB_REASON:-None} Restarts=${STUB_RESTARTS:-${SLURM_RESTART_COUNT:-0}}" \
+      "PreemptTime=${STUB_PREEMPT:-None} NodeList=gpu[001-003] BatchHost=gpu001" ;;
 esac
 exit 0
 """
@@ -70,6 +74,13 @@ done
 case "${STUB_MODE:-done}" in
   done) [ "$RANK" = 0 ] && echo "$iters" > "$save/latest_checkpointed_iteration.txt"; exit 0 ;;
   fail) exit 7 ;;
+  fail_trained)  # an iteration in the job's log, then a crash without a new checkpoint
+    echo " [x] iteration        1/       5 | elapsed" >> "$save/../logs/stub-$SLURM_JOB_ID.out"
+    exit 7 ;;
+  fail_progress)  # a new checkpoint, then a crash
+    [ "$RANK" = 0 ] && echo "$(( $(cat "$save/latest_checkpointed_iteration.txt" 2>/dev/null \
+                                  || echo 0) + 1 ))" > "$save/latest_checkpointed_iteration.txt"
+    exit 7 ;;
   term)
     on_term() {
       echo term > "$STUB_DIR/term.$RANK"
@@ -176,14 +187,40 @@ def test_finished_run_exits_zero_without_requeue(tmp_path: Path) -> None:
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == str(20000 + 4242)
 
 
-def test_failure_requeues_until_budget_is_spent(tmp_path: Path) -> None:
-    script = _render(tmp_path, max_restarts=2)
-    proc = _run(tmp_path, script, STUB_MODE="fail", SLURM_RESTART_COUNT="1")
+def _ends(tmp: Path) -> list[dict[str, Any]]:
+    path = tmp / "run" / ".slurmpod" / "attempts.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [x for x in lines if x["event"] == "end"]
+
+
+def test_failures_without_progress_use_the_budget(tmp_path: Path) -> None:
+    script = _render(tmp_path, max_restarts=1)
+    proc = _run(tmp_path, script, STUB_MODE="fail_trained")
     assert proc.returncode == 0 and _requeued(tmp_path), proc.stderr
     (tmp_path / "scontrol.log").unlink()
-    proc = _run(tmp_path, script, STUB_MODE="fail", SLURM_RESTART_COUNT="2")
+    proc = _run(tmp_path, script, STUB_MODE="fail_trained", SLURM_RESTART_COUNT="1")
     assert proc.returncode == 7 and not _requeued(tmp_path)
-    assert "restart budget (2) used up" in proc.stderr
+    assert "failure budget (1) used up" in proc.stderr
+    assert [(e["end"], e["failures"], e["attempt"]) for e in _ends(tmp_path)] == \
+        [("failure", 1, 1), ("failure", 2, 2)]
+
+
+def test_failure_after_progress_costs_no_restart(tmp_path: Path) -> None:
+    script = _render(tmp_path, max_restarts=0)
+    for restart in range(3):
+        proc = _run(tmp_path, script, STUB_MODE="fail_progress",
+                    SLURM_RESTART_COUNT=str(restart))
+        assert proc.returncode == 0 and _requeued(tmp_path), proc.stderr
+    ends = _ends(tmp_path)
+    assert [e["progress"] for e in ends] == [True] * 3 and ends[-1]["failures"] == 0
+
+
+def test_same_failure_before_training_fails_fast(tmp_path: Path) -> None:
+    script = _render(tmp_path, max_restarts=5)
+    assert _requeued(tmp_path) or _run(tmp_path, script, STUB_MODE="fail").returncode == 0
+    proc = _run(tmp_path, script, STUB_MODE="fail", SLURM_RESTART_COUNT="1")
+    assert proc.returncode == 7, proc.stderr
+    assert "died before training" in proc.stderr
 
 
 def test_already_finished_checkpoint_skips_launch(tmp_path: Path) -> None:
@@ -196,23 +233,80 @@ def test_already_finished_checkpoint_skips_launch(tmp_path: Path) -> None:
     assert not (tmp_path / "srun.args").exists()
 
 
-def test_sigterm_is_forwarded_then_job_requeues(tmp_path: Path) -> None:
-    script = _render(tmp_path)
-    proc = subprocess.Popen(["bash", str(script)], env=_env(tmp_path, STUB_MODE="term"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+def _start(tmp: Path, script: Path, **env: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(["bash", str(script)], env=_env(tmp, STUB_MODE="term", **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
     deadline = time.monotonic() + 20
-    while not all((tmp_path / f"started.{r}").exists() for r in "01"):
+    while not all((tmp / f"started.{r}").exists() for r in "01"):
         assert time.monotonic() < deadline, "trainer never started"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # what --signal=B:TERM@lead delivers to the batch shell
+    return proc
+
+
+def test_time_limit_warning_saves_and_requeues_free(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _render(tmp_path, max_restarts=0))
+    proc.send_signal(signal.SIGUSR2)  # what --signal=B:USR2@lead delivers to the batch shell
     out, err = proc.communicate(timeout=30)
-    assert "SIGTERM received" in err
+    assert "asking the trainer to save" in err
     assert (tmp_path / "scancel.log").read_text() == "--signal=TERM 4242\n"
     assert (tmp_path / "term.0").exists() and (tmp_path / "term.1").exists()
     assert _requeued(tmp_path) and proc.returncode == 0, out + err
     ck = tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt"
     assert ck.read_text() == "3\n"
+    [end] = _ends(tmp_path)
+    assert (end["end"], end["failures"], end["progress"]) == ("timelimit", 0, True)
+
+
+def test_scancel_ends_the_run_without_requeue(tmp_path: Path) -> None:
+    # scancel: Slurm marks the job COMPLETING, then sends SIGTERM to the shell and the steps.
+    proc = _start(tmp_path, _render(tmp_path), STUB_JOB_STATE="COMPLETING")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert not _requeued(tmp_path), out + err
+    assert "--signal=KILL 4242" in (tmp_path / "scancel.log").read_text()
+    assert [e["end"] for e in _ends(tmp_path)] == ["cancelled"]
+
+
+def test_save_on_cancel_lets_the_trainer_save(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _render(tmp_path, save_on_cancel=True), STUB_JOB_STATE="COMPLETING")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert not _requeued(tmp_path)
+    assert "--signal=KILL" not in (tmp_path / "scancel.log").read_text() \
+        if (tmp_path / "scancel.log").exists() else True
+
+
+def test_admin_requeue_is_left_to_slurm(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _render(tmp_path), STUB_JOB_STATE="COMPLETING", STUB_RESTARTS="1")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert not _requeued(tmp_path) and proc.returncode == 0
+    assert [e["end"] for e in _ends(tmp_path)] == ["requeued"]
+
+
+def _signal_steps(tmp: Path) -> None:
+    os.kill(int((tmp / "srun.pid").read_text()), signal.SIGTERM)
+
+
+def test_preempted_steps_save_and_the_job_requeues_free(tmp_path: Path) -> None:
+    # Preemption with GraceTime (Slurm 22.05): SIGTERM to the steps only, PreemptTime set.
+    proc = _start(tmp_path, _render(tmp_path, max_restarts=0),
+                  STUB_PREEMPT="2026-12-01T11:38:17")
+    _signal_steps(tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert _requeued(tmp_path) and proc.returncode == 0, out + err
+    [end] = _ends(tmp_path)
+    assert (end["end"], end["failures"]) == ("preempted", 0)
+
+
+def test_user_signal_to_the_steps_is_a_cancel(tmp_path: Path) -> None:
+    # scancel --signal=TERM JOBID: the steps only, the job stays RUNNING; it saves and stops.
+    proc = _start(tmp_path, _render(tmp_path))
+    _signal_steps(tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert not _requeued(tmp_path), out + err
+    assert (tmp_path / "scancel.log").read_text().splitlines()[-1] == "4242"
+    assert [e["end"] for e in _ends(tmp_path)] == ["cancelled"]
 
 
 def test_spares_skip_failed_nodes(tmp_path: Path) -> None:
