@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fp16", action="store_true")
     a("--emu-report-env", action="store_true",
       help="every rank prints one line with its rank, node and NCCL/CUDA variables")
+    # Faults to rehearse the job script's handling of failures on the sandbox.
+    a("--emu-fail-at-iteration", type=int, default=None,
+      help="crash (exit 1) after this iteration, once per run (a marker in --save)")
+    a("--emu-fail-at-start", type=int, default=None, metavar="CODE",
+      help="exit with CODE before training, as a launch that cannot start would")
     return p
 
 
@@ -302,18 +307,44 @@ class _Signals:
         self.received = signum
 
 
+def marker_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """This user's private directory for step markers (the sandbox runs every "node" on one
+    machine, so the ranks of a step share TMPDIR)."""
+    return Path(env.get("TMPDIR") or "/tmp") / f"megatron_emu-{os.getuid()}"
+
+
 def done_marker(dist: Dist, env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """Where rank 0 says it has finished, for the idle ranks of the same step on this host
-    (the sandbox runs every "node" on one machine; ranks share TMPDIR)."""
-    return Path(env.get("TMPDIR") or "/tmp") / f"megatron_emu-{dist.job_id}.{dist.step_id}.done"
+    """Where rank 0 says it has finished, for the idle ranks of the same step."""
+    return marker_dir(env) / f"{dist.job_id}.{dist.step_id}.done"
+
+
+def clean_markers(dist: Dist, max_age_s: float = 600.0) -> None:
+    """Rank 0, at its start: remove this step's marker from an earlier job of the same id (a
+    new sandbox numbers jobs from 1 again) and markers of steps long finished."""
+    d = marker_dir()
+    d.mkdir(mode=0o700, exist_ok=True)
+    now = time.time()
+    for m in d.glob("*.done"):
+        try:
+            if m == done_marker(dist) or now - m.stat().st_mtime > max_age_s:
+                m.unlink()
+        except OSError:
+            pass
 
 
 def idle_rank(dist: Dist, poll_s: float = 0.5) -> int:
-    """Non-zero ranks: sleep until rank 0 finishes or a signal arrives (no CPU used)."""
+    """Non-zero ranks: sleep until rank 0 finishes or a signal arrives (no CPU used). A marker
+    older than this rank is another job's (ids repeat across sandboxes) and is ignored."""
     sig = _Signals()
     sig.install()
     marker = done_marker(dist)
-    while sig.received is None and not marker.exists():
+    started = time.time() - 1.0
+    while sig.received is None:
+        try:
+            if marker.stat().st_mtime >= started:
+                break
+        except OSError:
+            pass
         time.sleep(poll_s)
     return 0
 
@@ -345,6 +376,10 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int
         else:
             print(f" successfully loaded checkpoint from {args.load} [ t 1/1, p 1/1 ] "
                   f"at iteration {loaded}", file=out, flush=True)
+    if args.emu_fail_at_start is not None:
+        print(f"megatron_emu: failing at start with exit {args.emu_fail_at_start} (as asked)",
+              file=out, flush=True)
+        return int(args.emu_fail_at_start)
     if save is not None:
         append_progress(save, dist, "Starting job")
     print(f"time to initialize megatron (seconds): {time.monotonic() - t_start:.3f}", file=out)
@@ -398,6 +433,12 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int
         if args.save_interval and it % args.save_interval == 0:
             checkpoint()
             saved_at = it
+        if args.emu_fail_at_iteration == it and save is not None \
+                and not (save / f".emu-crashed-{it}").exists():
+            (save / f".emu-crashed-{it}").touch()  # once per run: the resumed attempt goes on
+            print(f"megatron_emu: crashing after iteration {it} (as asked)", file=out,
+                  flush=True)
+            return 1
         if sig.received is not None:
             if saved_at != it:
                 checkpoint()
@@ -429,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     if dist.rank != 0:
         return idle_rank(dist)
     args = finish_args(args, dist)
+    if dist.world_size > 1:
+        clean_markers(dist)
     if unknown:
         print(f"megatron_emu: ignoring arguments it does not model: {' '.join(unknown)}",
               flush=True)
@@ -436,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(args, dist)
     finally:
         if dist.world_size > 1:
+            marker_dir().mkdir(mode=0o700, exist_ok=True)
             done_marker(dist).touch()
 
 

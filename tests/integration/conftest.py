@@ -201,10 +201,12 @@ class SandboxFixture:
         cp = self.run(["sacct", "--json", "-j", job_id], check=False, timeout_s=30)
         if cp.returncode != 0:
             return None
-        for job in json.loads(cp.stdout).get("jobs", []):
-            if str(job.get("job_id")) == job_id:
-                return job
-        return None
+        # A requeued job has one record per attempt; the earlier ones end REQUEUED. The last
+        # attempt's record is the job's.
+        found = [job for job in json.loads(cp.stdout).get("jobs", [])
+                 if str(job.get("job_id")) == job_id]
+        final = [job for job in found if _sacct_state(job) != "REQUEUED"]
+        return (final or found)[-1] if found else None
 
     def wait_job(self, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
         """The job's sacct --json record once it has finished and is complete.

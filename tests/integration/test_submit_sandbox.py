@@ -137,10 +137,10 @@ def test_requeue_mid_run_resumes_from_last_checkpoint(sandbox: Any) -> None:
     # let it start again at once.
     wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 60, "the requeue")
     sandbox.release_requeued(jid)
-    wait_for(lambda: "restart 1/3" in log_of(run_dir), 90, "the restarted job")
+    wait_for(lambda: "restart 1 on" in log_of(run_dir), 180, "the restarted job")
     wait_for(lambda: "training complete" in log_of(run_dir), 240, "the resumed run to finish")
     log = log_of(run_dir)
-    first, second = log.split("restart 1/3", 1)
+    first, second = log.split("restart 1 on", 1)
     saved = [int(m) for m in re.findall(r"successfully saved checkpoint from iteration\s+(\d+)",
                                         first)]
     assert saved, first[-2000:]
@@ -151,8 +151,9 @@ def test_requeue_mid_run_resumes_from_last_checkpoint(sandbox: Any) -> None:
 
 
 def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None:
-    """The real --signal=B:TERM@lead path: a 2-minute job gets SIGTERM 30 s before its limit,
-    the trainer saves, the script requeues the job, the next run continues from the save."""
+    """The real --signal=B:USR2@lead path: a 2-minute job's shell is warned 30 s before its
+    limit, the trainer saves, the script requeues the job, the next run continues from the
+    save, and the segment costs no restart (--max-restarts 0)."""
     d = sandbox.tmp_dir / "timelimit"
     d.mkdir(exist_ok=True)
     # exit_duration_in_mins set high so the signal, not Megatron's own timer, ends the run.
@@ -161,21 +162,24 @@ def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None
                     job_extra='time_limit = "00:02:00"')
     text = (d / "run.toml").read_text().replace('time_limit = "00:10:00"\n', "")
     (d / "run.toml").write_text(text)
-    res = submit_json(sandbox, run, "--wait")
+    res = submit_json(sandbox, run, "--wait", "--max-restarts", "0")
     jid, run_dir = res["job_id"], d / "timelimit"
     try:
-        assert "#SBATCH --signal=B:TERM@30" in Path(res["script"]).read_text()
+        assert "#SBATCH --signal=B:USR2@30" in Path(res["script"]).read_text()
         wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 200, "the requeue")
         sandbox.release_requeued(jid)
         its = re.compile(r"iteration\s+(\d+)/")
 
         def resumed() -> bool:  # one read: the restart line and two iterations after it
-            _, mark, after = log_of(run_dir).partition("restart 1/3")
+            _, mark, after = log_of(run_dir).partition("restart 1 on")
             return bool(mark) and len(its.findall(after)) >= 2
 
         wait_for(resumed, 120, "the resumed run")
-        first, second = log_of(run_dir).split("restart 1/3", 1)
-        assert "SIGTERM received" in first and "requeueing" in first
+        first, second = log_of(run_dir).split("restart 1 on", 1)
+        assert "asking the trainer to save" in first and "requeueing (timelimit" in first
+        ends = [json.loads(line) for line in (run_dir / ".slurmpod" / "attempts.jsonl")
+                .read_text().splitlines() if '"event":"end"' in line]
+        assert ends[0]["end"] == "timelimit" and ends[0]["failures"] == 0, ends
         saved = re.findall(r"successfully saved checkpoint from iteration\s+(\d+)", first)
         assert saved and int(its.findall(second)[0]) == int(saved[-1]) + 1
     finally:

@@ -63,7 +63,7 @@ KNOWN = {
                  "Features", "Weight", "NodeHostname", "NodeAddr", "Port", "State", "CPUs",
                  "Boards"},
     "PartitionName": {"PartitionName", "Nodes", "Default", "MaxTime", "State", "OverSubscribe",
-                      "PriorityTier"},
+                      "PriorityTier", "GraceTime", "PreemptMode"},
     "gres": {"NodeName", "Name", "Type", "File", "Cores"},
 }
 

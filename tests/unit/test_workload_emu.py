@@ -191,9 +191,28 @@ def test_other_ranks_idle_until_rank0_finishes(tmp_path: Path) -> None:
     time.sleep(1.5)
     assert proc.poll() is None  # still waiting, not training
     marker = emu.done_marker(emu.Dist.from_env(env), env)
-    assert marker.parent == tmp_path
+    assert marker.parent.parent == tmp_path  # a private directory in TMPDIR
+    marker.parent.mkdir(exist_ok=True)
     marker.touch()
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert out.strip() == ("megatron_emu: rank 1/2 node gpu007 local_rank 1 "
                            "NCCL_IB_HCA=mlx5_0,mlx5_1")
+
+
+def test_an_old_marker_of_the_same_job_id_is_ignored(tmp_path: Path) -> None:
+    # A new sandbox numbers jobs from 1 again: a marker left by an earlier job 1 must not end
+    # the ranks of the new one at once.
+    env = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1",
+           "SLURM_STEP_ID": "0", "TMPDIR": str(tmp_path), "SLURM_LOCALID": "1"}
+    marker = emu.done_marker(emu.Dist.from_env(env), env)
+    marker.parent.mkdir()
+    marker.touch()
+    os.utime(marker, (time.time() - 3600, time.time() - 3600))
+    proc = subprocess.Popen(emu_cmd("--train-iters", "5"), env=env, stdout=subprocess.PIPE,
+                            text=True)
+    time.sleep(1.5)
+    assert proc.poll() is None  # the stale marker did not release it
+    marker.touch()
+    proc.communicate(timeout=10)
+    assert proc.returncode == 0
