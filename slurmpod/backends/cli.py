@@ -216,14 +216,6 @@ def _slurm_error(exc: CommandError, what: str | None = None) -> CommandError:
     return err
 
 
-def _status_from_record(rec: JobRecord) -> JobStatus:
-    return replace(
-        JobStatus(job_id=rec.job_id, name=rec.name, state=rec.state),
-        user=rec.user, account=rec.account, partition=rec.partition, nodes=rec.nodes,
-        n_nodes=rec.n_nodes, n_gpus=rec.n_gpus, comment=rec.comment,
-        admin_comment=rec.admin_comment, restarts=rec.restarts, submit_time=rec.submit_time,
-        start_time=rec.start_time, end_time=rec.end_time,
-    )
 def _merge_live(listed: JobStatus, live: JobStatus | None) -> JobStatus:
     if live is None:
         return listed
@@ -237,3 +229,11 @@ def _submit_order(job: JobStatus) -> tuple[float, int, str]:
     return t, int(head) if head.isdigit() else 0, job.job_id
 
 
+def _status_from_record(rec: JobRecord) -> JobStatus:
+    return replace(
+        JobStatus(job_id=rec.job_id, name=rec.name, state=rec.state),
+        user=rec.user, account=rec.account, partition=rec.partition, nodes=rec.nodes,
+        n_nodes=rec.n_nodes, n_gpus=rec.n_gpus, comment=rec.comment,
+        admin_comment=rec.admin_comment, restarts=rec.restarts, submit_time=rec.submit_time,
+        start_time=rec.start_time, end_time=rec.end_time,
+    )

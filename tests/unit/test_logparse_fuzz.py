@@ -81,7 +81,13 @@ def test_real_samples_with_junk_spliced_in_never_crash(pos: int, junk: bytes, ch
     s = p.close()
     # Junk can break at most the line it lands in (and glue two lines into one).
     assert len(CLEAN) - 2 <= len(s.iterations) <= len(CLEAN)
-    assert _genuine(_rows(s), CLEAN)
+    rows = _rows(s)
+    if junk.strip(b"0123456789."):
+        assert _genuine(rows, CLEAN)
+    else:
+        # Digits spliced into a number ("9088" -> "90088") make another valid number: no parser
+        # can tell. Only the one line they land in may differ from the real records.
+        assert sum(not _genuine([r], CLEAN) for r in rows) <= 1
 
 
 @FUZZ
