@@ -250,9 +250,10 @@ class Sandbox:
 
     def _node_states(self) -> dict[str, int]:
         cp = self.run(["sinfo", "-h", "-N", "-o", "%N|%T"], timeout_s=10)
+        # `sinfo -N` lists a node once per partition it is in: count each node once.
+        state_of = dict(line.split("|", 1) for line in cp.stdout.splitlines() if "|" in line)
         counts: dict[str, int] = {}
-        for line in cp.stdout.splitlines():
-            _, _, st = line.partition("|")
+        for st in state_of.values():
             if st:
                 counts[st] = counts.get(st, 0) + 1
         return counts
