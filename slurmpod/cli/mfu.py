@@ -10,6 +10,8 @@ TFLOP/s is shown next to them when the log has it.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,14 +24,61 @@ if TYPE_CHECKING:
     from slurmpod.model.site import Site
 
 
-def _read_log(path: Path) -> Any:
+def _read_log(path: Path, attempt: int | None = None) -> Any:
     from slurmpod.accounting.logparse import parse_log
 
     try:
+        if attempt is None:
+            with path.open("rb") as f:
+                return parse_log(f)
+        start, end = _attempt_range(path, attempt)
         with path.open("rb") as f:
-            return parse_log(f)
+            f.seek(start)
+            return parse_log(_chunks(f, end - start if end is not None else None))
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the log: {exc.strerror}") from None
+
+
+ATTEMPTS_MAX_BYTES = 16 * 1024 * 1024  # the record's tail: ~300 B a line, ~50k attempts
+
+
+def _attempt_range(log: Path, attempt: int) -> tuple[int, int | None]:
+    """Byte range of one attempt in a slurmpod job log (RUN_DIR/logs/NAME-JOB.out), from the
+    job script's record next to it (RUN_DIR/.slurmpod/attempts.jsonl, docs/runs.md)."""
+    from slurmpod.runs.attempts import byte_range, parse_attempts
+
+    record = log.resolve().parent.parent / ".slurmpod" / "attempts.jsonl"
+    try:
+        # O_NONBLOCK and a regular-file check: a FIFO in its place must not hang the command.
+        fd = os.open(record, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{record} is not a regular file")
+            f.seek(max(0, st.st_size - ATTEMPTS_MAX_BYTES))
+            data = f.read(ATTEMPTS_MAX_BYTES)
+    except OSError:
+        raise UsageError(f"{log}: --attempt needs the job script's attempt record {record}, "
+                         "which cannot be read",
+                         hint="only logs of jobs submitted by slurmpod have attempts") from None
+    mine = [a for a in parse_attempts(data).attempts
+            if a.log is not None and Path(a.log) == log.resolve()]
+    chosen = [a for a in mine if a.attempt == attempt and a.log_offset is not None]
+    if not chosen:
+        have = ", ".join(str(a.attempt) for a in mine) or "none"
+        raise UsageError(f"{log}: no attempt {attempt} in {record} (attempts: {have})")
+    return byte_range(chosen[0])
+
+
+def _chunks(f: Any, limit: int | None, size: int = 4 * 1024 * 1024) -> Any:
+    left = limit
+    while left is None or left > 0:
+        data = f.read(size if left is None else min(size, left))
+        if not data:
+            return
+        if left is not None:
+            left -= len(data)
+        yield data
 
 
 def _peak(site: Site, site_name: str, node_type: str | None) -> tuple[float, str]:
@@ -64,17 +113,20 @@ def _fmt(x: float | None, spec: str) -> str:
               help="Dense BF16 peak per GPU, overriding the site's.")
 @click.option("--warmup-iters", type=click.IntRange(min=0), default=10, show_default=True,
               help="Iterations after each launch left out of the steady-state statistics.")
+@click.option("--attempt", type=click.IntRange(min=1), default=None,
+              help="Only this attempt of a slurmpod job (its bytes of the log, from the job "
+                   "script's .slurmpod/attempts.jsonl).")
 @click.option("--series", is_flag=True, help="With --json: add the per-record series.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | None,
-        gpus: int | None, peak_tflops: float | None, warmup_iters: int, series: bool,
-        as_json: bool) -> None:
+        gpus: int | None, peak_tflops: float | None, warmup_iters: int, attempt: int | None,
+        series: bool, as_json: bool) -> None:
     """MFU and throughput from a Megatron LOG (any release, submitted by slurmpod or not)."""
     from slurmpod.accounting.metrics import flops_fn_for, job_metrics
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.megatron.runspec import ModelConfig, load_run
 
-    summary = _read_log(log)
+    summary = _read_log(log, attempt)
     if len(summary.iterations) == 0:
         raise UsageError(f"{log}: no Megatron iteration lines found "
                          f"({summary.n_rejected} malformed)",
@@ -130,7 +182,8 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     if as_json:
         from slurmpod.cli.output import emit_json
 
-        out = {"log": str(log), "model_source": source, "peak_source": peak_src,
+        out = {"log": str(log), "attempt": attempt, "model_source": source,
+               "peak_source": peak_src,
                "log_summary": {"n_bytes": summary.n_bytes, "n_rejected": summary.n_rejected,
                                "n_duplicates": summary.n_duplicates}}
         emit_json(out | m.to_json(series=series))

@@ -89,3 +89,63 @@ def test_bad_model_in_the_dump_names_the_log(capsys: pytest.CaptureFixture[str],
                     b"-------------------- end of arguments ---------------------\n" + line)
     rc, _, err = _run(capsys, str(log))
     assert rc == 3 and str(log) in err and "hidden_size" in err
+
+
+def _two_attempts(tmp_path: Path) -> Path:
+    """A slurmpod run dir whose job log holds two attempts of job 7 (the same real log twice,
+    the second one with srun --label prefixes), and the job script's record of them."""
+    real = Path(MIXTRAL).read_bytes()
+    labelled = b"".join(b" 0: " + line for line in real.splitlines(keepends=True))
+    log = tmp_path / "logs" / "mixtral-7.out"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"slurmpod: job 7\n" + real + labelled)
+    state = tmp_path / ".slurmpod"
+    state.mkdir()
+    first, second = len(b"slurmpod: job 7\n"), len(b"slurmpod: job 7\n") + len(real)
+    lines = [
+        {"v": 1, "event": "start", "job_id": "7", "attempt": 1, "restart": 0, "time": 1,
+         "nodes": ["gpu001"], "log": str(log), "log_offset": first},
+        {"v": 1, "event": "end", "job_id": "7", "attempt": 1, "restart": 0, "time": 2,
+         "end": "timelimit", "rc": 0, "iteration": None, "progress": False, "failures": 0,
+         "max_restarts": 3},
+        {"v": 1, "event": "start", "job_id": "7", "attempt": 2, "restart": 1, "time": 3,
+         "nodes": ["gpu001"], "log": str(log), "log_offset": second},
+    ]
+    (state / "attempts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines)
+                                          + "{garbage\n")
+    return log
+
+
+def test_attempt_reads_only_that_attempts_bytes(capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    log = _two_attempts(tmp_path)
+    whole = json.loads(_run(capsys, MIXTRAL, "--run", RUN, "--json")[1])
+    rc, out, err = _run(capsys, str(log), "--run", RUN, "--json", "--attempt", "2")
+    assert rc == 0, err
+    doc = json.loads(out)
+    # The second attempt alone is the real log once: the same records and figures.
+    assert doc["attempt"] == 2 and doc["n_records"] == whole["n_records"]
+    assert doc["mfu"]["median"] == pytest.approx(whole["mfu"]["median"])
+    both = json.loads(_run(capsys, str(log), "--run", RUN, "--json")[1])
+    assert both["n_records"] > whole["n_records"]
+
+
+def test_attempt_that_is_not_recorded_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    log = _two_attempts(tmp_path)
+    rc, _, err = _run(capsys, str(log), "--run", RUN, "--attempt", "5")
+    assert rc == 2 and "no attempt 5" in err and "attempts: 1, 2" in err
+    rc, _, err = _run(capsys, MIXTRAL, "--run", RUN, "--attempt", "1")
+    assert rc == 2 and "attempt record" in err and "Traceback" not in err
+
+
+def test_attempt_record_that_is_a_fifo_does_not_hang(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    import os
+
+    log = _two_attempts(tmp_path)
+    record = tmp_path / ".slurmpod" / "attempts.jsonl"
+    record.unlink()
+    os.mkfifo(record)
+    rc, _, err = _run(capsys, str(log), "--run", RUN, "--attempt", "1")
+    assert rc == 2 and "attempt record" in err
