@@ -58,6 +58,9 @@ class LogHints:
     nccl_topo_warning: bool = False  # slurmpod's sbatch: NCCL_TOPO_FILE not readable, unset
     nccl_topo_loaded: bool = False  # NCCL INFO: "NCCL_TOPO_FILE set by environment to ..."
     nccl_info: bool = False  # NCCL_DEBUG=INFO output present (so absence of the above means)
+    # Why each attempt ended, from the job script's .slurmpod/attempts.jsonl beside the logs
+    # (the job owns that file: shown as words from a fixed set, never used as numbers).
+    attempt_ends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

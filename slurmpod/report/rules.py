@@ -84,6 +84,11 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
             out.append(Note("info", "nccl-topo-unset",
                             "NCCL ran without a topology file (no NCCL_TOPO_FILE in its INFO "
                             "output)"))
+        if len(log_hints.attempt_ends) > 1:
+            ends = log_hints.attempt_ends
+            out.append(Note("info", "attempt-ends",
+                            f"{len(ends)} attempts ended: {', '.join(ends)} (why each ended: "
+                            "`slurmpod runs`, docs/submit.md)"))
     alloc = loss.allocated_gpu_s
     causes = loss.by_cause_gpu_s
     if alloc > 0 and causes:

@@ -254,3 +254,14 @@ def test_placement_with_unknown_nodes_is_partial(inv: Inventory) -> None:
     assert p.unknown == ("login1",) and p.sus == ("su1", "su4")
     assert p.wider_than_needed == []  # not judged when nodes are unknown
     assert p.min_sus == 1 and p.n_nodes == 3
+
+
+def test_attempt_ends_become_a_note(jobs: dict) -> None:
+    from slurmpod.report.model import LogHints
+
+    hints = LogHints(path="/r/logs/x.out", attempt_ends=("timelimit", "preempted", "completed"))
+    r = build_job_report(jobs["102"], log_hints=hints)
+    (note,) = [n for n in r.notes if n.code == "attempt-ends"]
+    assert "3 attempts ended: timelimit, preempted, completed" in note.text
+    one = build_job_report(jobs["102"], log_hints=LogHints(path="/x", attempt_ends=("completed",)))
+    assert "attempt-ends" not in [n.code for n in one.notes]

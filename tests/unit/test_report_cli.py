@@ -250,3 +250,33 @@ exec {flaky} "$@"
     rc, err = main_rc(capsys, "--since", "1d", "--user", "zz")
     assert rc == 2 and err.startswith("slurmpod: error: --user: sacct failed: ")
     assert "getent passwd" in err and not marker.exists()
+
+
+def test_log_hints_read_why_each_attempt_ended(tmp_path: Path) -> None:
+    from slurmpod.cli.report import attempt_ends, log_hints
+
+    log = tmp_path / "logs" / "gpt-7.out"
+    log.parent.mkdir()
+    log.write_text("x\n")
+    state = tmp_path / ".slurmpod"
+    state.mkdir()
+    rows = [{"v": 1, "event": "start", "job_id": "7", "attempt": 1, "restart": 0, "time": 1,
+             "nodes": [], "log": str(log), "log_offset": 0},
+            {"v": 1, "event": "end", "job_id": "7", "attempt": 1, "restart": 0, "time": 2,
+             "end": "timelimit", "rc": 0, "iteration": 3, "progress": True, "failures": 0,
+             "max_restarts": 3},
+            {"v": 1, "event": "start", "job_id": "7", "attempt": 2, "restart": 1, "time": 3,
+             "nodes": [], "log": str(log), "log_offset": 2},
+            {"v": 1, "event": "end", "job_id": "7", "attempt": 2, "restart": 1, "time": 4,
+             "end": "<script>", "rc": 0, "iteration": 6, "progress": True, "failures": 0,
+             "max_restarts": 3},
+            {"v": 1, "event": "start", "job_id": "9", "attempt": 1, "restart": 0, "time": 5,
+             "nodes": [], "log": str(tmp_path / "logs" / "other-9.out"), "log_offset": 0}]
+    (state / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # Another log's attempts are not this job's; a value outside the known ends is "unknown".
+    assert attempt_ends(str(log)) == ("timelimit", "unknown")
+    h = log_hints({"log": {"path": str(log)}})
+    assert h is not None and h.attempt_ends == ("timelimit", "unknown")
+    os.unlink(state / "attempts.jsonl")
+    os.mkfifo(state / "attempts.jsonl")  # never blocks
+    assert attempt_ends(str(log)) == ()
