@@ -187,3 +187,29 @@ def test_rendered_script_runs_with_plain_sbatch_from_an_empty_environment(sandbo
     assert "COMPLETED" in json.dumps(job["state"]), (job["state"], log_of(d / "plain"))
     assert "training complete" in log_of(d / "plain")
     assert sys.executable in script.read_text() and os.path.isabs(sys.executable)
+
+
+def test_hard_time_limit_before_the_warning_still_requeues(sandbox: Any) -> None:
+    # A script without the USR2 warning (as if the lead were too short): at the limit Slurm
+    # sends SIGTERM with Reason=TimeLimit and would end the job TIMEOUT; the trap requeues it.
+    d = sandbox.tmp_dir / "hardlimit"
+    d.mkdir(exist_ok=True)
+    run = write_run(d / "run.toml", "hardlimit", 1, train_iters=100_000, hidden=512, seq=256,
+                    extra="save_interval = 1000000", job_extra='time_limit = "00:01:00"')
+    text = (d / "run.toml").read_text().replace('time_limit = "00:10:00"\n', "")
+    (d / "run.toml").write_text(text)
+    script = d / "x.sbatch"
+    cp = slurmpod(sandbox, "render", str(run), "--topo-dir", "", "-o", str(script))
+    assert cp.returncode == 0, cp.stderr
+    body = "".join(x for x in script.read_text().splitlines(keepends=True)
+                   if not x.startswith("#SBATCH --signal="))
+    script.write_text(body)
+    jid = sandbox.sbatch(f"--output={d}/hardlimit/logs/%x-%j.out", str(script))
+    run_dir = d / "hardlimit"
+    try:
+        wait_for(lambda: restarts_of(sandbox, jid) >= 1, 240, "the requeue at the time limit")
+        ends = ends_of(run_dir)
+        assert [(e["end"], e["failures"]) for e in ends] == [("timelimit", 0)], ends
+        assert "time limit reached before the warning; requeued" in log_of(run_dir)
+    finally:
+        sandbox.cancel(jid)

@@ -276,6 +276,19 @@ def test_save_on_cancel_lets_the_trainer_save(tmp_path: Path) -> None:
         if (tmp_path / "scancel.log").exists() else True
 
 
+def test_hard_time_limit_requeues_from_the_trap(tmp_path: Path) -> None:
+    # The limit came before the warning: Slurm ends the job TIMEOUT (Reason=TimeLimit) and would
+    # not requeue it; the trap does, at once.
+    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
+                  STUB_REASON="TimeLimit")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert _requeued(tmp_path) and proc.returncode == 0, out + err
+    assert (tmp_path / "scontrol.log").read_text().count("requeue 4242") == 1
+    [end] = _ends(tmp_path)
+    assert (end["end"], end["failures"]) == ("timelimit", 0)
+
+
 def test_admin_requeue_is_left_to_slurm(tmp_path: Path) -> None:
     proc = _start(tmp_path, _render(tmp_path), STUB_JOB_STATE="COMPLETING", STUB_RESTARTS="1")
     proc.send_signal(signal.SIGTERM)
