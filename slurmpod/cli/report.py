@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,10 +115,15 @@ def log_hints(record: dict[str, Any] | None) -> LogHints | None:
     if not path:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK and a regular-file check: the job chose this path, and a FIFO or a device
+        # there must not hang the report (the epilog refuses them but records the path).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                     | os.O_NOCTTY)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         head = fh.read(LOG_HEAD_BYTES)
     warn = re.search(rb"NCCL_TOPO_FILE \S* ?is not readable", head) is not None
     return LogHints(path=path, nccl_topo_warning=warn,
@@ -132,8 +138,6 @@ def attempt_ends(log_path: str) -> tuple[str, ...]:
     """Why each attempt that wrote to this log ended, from the job script's record in the run
     directory (RUN_DIR/logs/X.out -> RUN_DIR/.slurmpod/attempts.jsonl); () when unreadable.
     Opened without blocking and only as a regular file: the job owns it."""
-    import stat
-
     from slurmpod.runs.attempts import parse_attempts
 
     record = os.path.join(os.path.dirname(os.path.dirname(log_path)), ".slurmpod",

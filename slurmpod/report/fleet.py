@@ -184,8 +184,23 @@ class FleetReport:
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(CSV_COLUMNS)
         for r in self.rows:
-            w.writerow(["" if v is None else v for v in r.csv_values()])
+            w.writerow([csv_cell(v) for v in r.csv_values()])
         return buf.getvalue()
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection); job
+# names, users and accounts are chosen by users. Numbers are written as numbers.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell: None is empty; text that a spreadsheet would run as a formula gets a
+    leading apostrophe (OWASP's advice), so `=HYPERLINK(...)` in a job name stays text."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def weighted_median(pairs: Sequence[tuple[float, float]]) -> float | None:

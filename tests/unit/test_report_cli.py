@@ -280,3 +280,12 @@ def test_log_hints_read_why_each_attempt_ended(tmp_path: Path) -> None:
     os.unlink(state / "attempts.jsonl")
     os.mkfifo(state / "attempts.jsonl")  # never blocks
     assert attempt_ends(str(log)) == ()
+
+
+def test_log_hints_never_block_on_a_fifo_or_read_a_device(tmp_path: Path) -> None:
+    from slurmpod.cli.report import log_hints
+
+    fifo = tmp_path / "job.out"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang the report forever
+    assert log_hints({"log": {"path": str(fifo)}}) is None
+    assert log_hints({"log": {"path": "/dev/zero"}}) is None

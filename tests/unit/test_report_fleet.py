@@ -123,3 +123,23 @@ def test_prometheus_label_values_with_quotes(reports) -> None:
     cp = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                         capture_output=True, timeout=60)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+@pytest.mark.parametrize(("value", "cell"), [
+    ("=HYPERLINK(\"http://x\")", "'=HYPERLINK(\"http://x\")"), ("+1", "'+1"), ("-2", "'-2"),
+    ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("train-a", "train-a"), (-1.5, -1.5),
+    (None, ""), (0, 0),
+])
+def test_csv_cells_never_run_as_formulas(value: object, cell: object) -> None:
+    from slurmpod.report.fleet import csv_cell
+
+    assert csv_cell(value) == cell
+
+
+def test_csv_of_a_job_named_like_a_formula(reports: list) -> None:
+    from dataclasses import replace
+
+    r = reports[0]
+    hostile = replace(r, job=replace(r.job, name="=cmd|' /C calc'!A0"))
+    rows = list(csv.reader(io.StringIO(build_fleet([hostile], window="1d").to_csv())))
+    assert rows[1][CSV_COLUMNS.index("name")] == "'=cmd|' /C calc'!A0"
