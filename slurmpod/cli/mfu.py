@@ -172,6 +172,9 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
         raise ConfigError(exc.message, file=where, hint=exc.hint) from None
 
     if peak_tflops is not None:
+        if not math.isfinite(peak_tflops):  # click's FloatRange lets nan and inf through
+            raise UsageError(f"--peak-tflops {peak_tflops}: give the GPU's finite dense peak in "
+                             "TFLOP/s (H100 SXM: 989)")
         peak, peak_src = float(peak_tflops), "--peak-tflops"
     else:
         peak, peak_src = _peak(site_obj, site_name, node_type)

@@ -149,3 +149,9 @@ def test_attempt_record_that_is_a_fifo_does_not_hang(capsys: pytest.CaptureFixtu
     os.mkfifo(record)
     rc, _, err = _run(capsys, str(log), "--run", RUN, "--attempt", "1")
     assert rc == 2 and "attempt record" in err
+
+
+@pytest.mark.parametrize("peak", ["nan", "inf", "-inf"])
+def test_non_finite_peak_is_a_usage_error(capsys: pytest.CaptureFixture[str], peak: str) -> None:
+    rc, _, err = _run(capsys, MIXTRAL, "--run", RUN, "--peak-tflops", peak)
+    assert rc == 2 and "--peak-tflops" in err and "internal error" not in err
