@@ -10,8 +10,6 @@ TFLOP/s is shown next to them when the log has it.
 from __future__ import annotations
 
 import math
-import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,34 +37,22 @@ def _read_log(path: Path, attempt: int | None = None) -> Any:
         raise UsageError(f"{path}: cannot read the log: {exc.strerror}") from None
 
 
-ATTEMPTS_MAX_BYTES = 16 * 1024 * 1024  # the record's tail: ~300 B a line, ~50k attempts
-
-
 def _attempt_range(log: Path, attempt: int) -> tuple[int, int | None]:
     """Byte range of one attempt in a slurmpod job log (RUN_DIR/logs/NAME-JOB.out), from the
     job script's record next to it (RUN_DIR/.slurmpod/attempts.jsonl, docs/runs.md)."""
-    from slurmpod.runs.attempts import byte_range, parse_attempts
+    from slurmpod.runs.attempts import byte_range
+    from slurmpod.runs.local import attempts_of_log, record_beside
 
-    record = log.resolve().parent.parent / ".slurmpod" / "attempts.jsonl"
-    try:
-        # O_NONBLOCK and a regular-file check: a FIFO in its place must not hang the command.
-        fd = os.open(record, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(f"{record} is not a regular file")
-            f.seek(max(0, st.st_size - ATTEMPTS_MAX_BYTES))
-            data = f.read(ATTEMPTS_MAX_BYTES)
-    except OSError:
-        raise UsageError(f"{log}: --attempt needs the job script's attempt record {record}, "
-                         "which cannot be read",
-                         hint="only logs of jobs submitted by slurmpod have attempts") from None
-    mine = [a for a in parse_attempts(data).attempts
-            if a.log is not None and Path(a.log) == log.resolve()]
+    mine = attempts_of_log(log.resolve())
+    if mine is None:
+        raise UsageError(f"{log}: --attempt needs the job script's attempt record "
+                         f"{record_beside(log.resolve())}, which cannot be read",
+                         hint="only logs of jobs submitted by slurmpod have attempts")
     chosen = [a for a in mine if a.attempt == attempt and a.log_offset is not None]
     if not chosen:
         have = ", ".join(str(a.attempt) for a in mine) or "none"
-        raise UsageError(f"{log}: no attempt {attempt} in {record} (attempts: {have})")
+        raise UsageError(f"{log}: no attempt {attempt} in {record_beside(log.resolve())} "
+                         f"(attempts: {have})")
     return byte_range(chosen[0])
 
 

@@ -131,29 +131,12 @@ def log_hints(record: dict[str, Any] | None) -> LogHints | None:
                     nccl_info=b"NCCL INFO" in head, attempt_ends=attempt_ends(path))
 
 
-ATTEMPTS_MAX_BYTES = 4 * 1024 * 1024
-
-
 def attempt_ends(log_path: str) -> tuple[str, ...]:
     """Why each attempt that wrote to this log ended, from the job script's record in the run
-    directory (RUN_DIR/logs/X.out -> RUN_DIR/.slurmpod/attempts.jsonl); () when unreadable.
-    Opened without blocking and only as a regular file: the job owns it."""
-    from slurmpod.runs.attempts import parse_attempts
+    directory; () when it cannot be read (slurmpod.runs.local opens it safely)."""
+    from slurmpod.runs.local import attempts_of_log
 
-    record = os.path.join(os.path.dirname(os.path.dirname(log_path)), ".slurmpod",
-                          "attempts.jsonl")
-    try:
-        fd = os.open(record, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return ()
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return ()
-        fh.seek(max(0, st.st_size - ATTEMPTS_MAX_BYTES))
-        data = fh.read(ATTEMPTS_MAX_BYTES)
-    mine = [a for a in parse_attempts(data).attempts if a.log == log_path]
-    return tuple(a.end or "running" for a in sorted(mine, key=lambda a: a.attempt))
+    return tuple(a.end or "running" for a in attempts_of_log(log_path) or ())
 
 
 def _inventory(site: str | None) -> Inventory | None:
