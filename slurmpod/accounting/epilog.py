@@ -3,10 +3,15 @@
 Runs as SlurmUser on the controller after every job (Slurm 22.05: the job is already COMPLETING,
 so slurmctld refuses updates to it; the AdminComment goes to slurmdbd through sacctmgr). It
 
-1. reads the job's log, safely (safeio: no symlinks, owner must be the job's uid, size-capped);
-2. computes the summary (slurmpod's FLOPs model, the peak from the Comment or the site);
+0. decides from the job's Comment and its log's first MiB whether the job is slurmpod's or
+   Megatron's at all (most jobs of a cluster are not: they cost one bounded read);
+1. asks Slurm for what decides the scale (attempt, start and end, allocated GPUs: trusted.py)
+   and the site file for the GPU's peak;
+2. reads the job's log, safely (safeio: no symlinks, owner must be the job's uid, size-capped),
+   and computes the summary (slurmpod's FLOPs model; implausible figures flagged);
 3. writes a per-job record (summary + time series) into the spool, atomically;
-4. sets the AdminComment through `sacctmgr -i modify job where jobid=N set AdminComment=...`; if
+4. sets the AdminComment through `sacctmgr -i modify job where jobid=N set AdminComment=...`
+   unless another tool's summary is there (jobstats' `JS1:`; `--admin-comment`); if
    slurmdbd does not take it, the update is queued in the spool and the next epilog (or
    `slurmpod hook flush`) delivers it;
 5. delivers whatever earlier epilogs left queued.
@@ -26,6 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from slurmpod.accounting.safeio import (
     read_job_file,
 )
 from slurmpod.accounting.spool import Deliver, DeliveryError, Spool, safe_job_id
+from slurmpod.accounting.trusted import SiteGpu, allocated_gpus, parse_scontrol_job
 
 log = logging.getLogger("slurmpod.hook")
 SPOOL_ENV = "SLURMPOD_SPOOL"
@@ -166,25 +173,30 @@ def local_runner(slurm_conf: str | None = None) -> Callable[[list[str], float],
     return run
 
 
-def job_times(run: Callable[[list[str], float], tuple[int, str, str]],
-              job_id: str) -> tuple[int | None, int | None]:
-    """StartTime and EndTime (epoch) from `scontrol show job`: Slurm 22.05 does not put them in
-    the EpilogSlurmctld environment (later releases set SLURM_JOB_START_TIME/END_TIME)."""
-    from slurmpod.backends.parse import parse_scontrol_kv
-
+def scontrol_job(run: Callable[[list[str], float], tuple[int, str, str]],
+                 job_id: str) -> str | None:
+    """`scontrol --oneliner show job ID` with epoch times: the job is still in slurmctld's memory
+    while EpilogSlurmctld runs. Slurm 22.05 exports neither the start and end times nor the
+    restart count to EpilogSlurmctld (later releases set SLURM_JOB_START_TIME/END_TIME), and
+    the allocation's GPU count is only in `TRES=`/`AllocTRES=`. `trusted.parse_scontrol_job`
+    reads it so that job-controlled text cannot plant keys."""
     try:
         rc, out, _ = run(["scontrol", "--oneliner", "show", "job", job_id], COMMAND_TIMEOUT_S)
     except OSError:
-        return None, None
-    if rc != 0 or not out.strip():
-        return None, None
-    kv = parse_scontrol_kv(out.strip().splitlines()[0])
+        return None
+    return out if rc == 0 and out.strip() else None
 
-    def epoch(key: str) -> int | None:
-        val = kv.get(key, "")
-        return int(val) if val.isdigit() and int(val) > 0 else None
 
-    return epoch("StartTime"), epoch("EndTime")
+def current_admin_comment(run: Callable[[list[str], float], tuple[int, str, str]],
+                          job_id: str) -> str | None:
+    """The job's AdminComment in slurmdbd now (another tool's, e.g. jobstats' `JS1:…`), or None
+    when sacct cannot say. One field of one job: no free text of the job can shift it."""
+    try:
+        rc, out, _ = run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs",
+                          job_id, "--format=AdminComment"], COMMAND_TIMEOUT_S)
+    except OSError:
+        return None
+    return out.split("\n", 1)[0].strip() if rc == 0 else None
 
 
 def local_run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
@@ -229,7 +241,7 @@ def build_record(job: Mapping[str, Any], log_path: str, read_info: Mapping[str, 
         "v": hooks.RECORD_V,
         "job": {k: job.get(k) for k in ("job_id", "uid", "user", "name", "nodelist", "n_nodes",
                                         "restart", "exit_code", "derived_ec", "partition",
-                                        "start_time", "end_time")},
+                                        "start_time", "end_time", "alloc_gpus", "gsrc")},
         "comment": hooks.decode_field(job.get("comment")) or {},
         "log": {"path": log_path, **read_info},
         "summary": dict(summary),
@@ -237,6 +249,24 @@ def build_record(job: Mapping[str, Any], log_path: str, read_info: Mapping[str, 
         "series": dict(series),
         "written": int(now_s),
     }
+
+
+ADMIN_COMMENT_MODES = ("auto", "never", "always")
+# Markers of a log worth summarising, looked for in its head only when the job is not
+# slurmpod's: Megatron's arguments banner and iteration lines, NeMo's step timing.
+MEGATRON_MARKERS = (b" arguments ---", b"elapsed time per iteration", b"train_step_timing")
+
+
+@dataclass(frozen=True)
+class EpilogOptions:
+    """What the admin's wrapper decides (`slurmpod hook epilog` options)."""
+
+    head_bytes: int = DEFAULT_HEAD_BYTES
+    tail_bytes: int = DEFAULT_TAIL_BYTES
+    peak_tflops: float | None = None  # --peak-tflops: one peak for every job
+    site_gpu: Callable[[str], SiteGpu | None] | None = None  # nodelist -> the site's GPU
+    track_all: bool = False
+    admin_comment: str = "auto"  # auto | never | always (ADMIN_COMMENT_MODES)
 
 
 def run_epilog(
@@ -248,15 +278,22 @@ def run_epilog(
     head_bytes: int = DEFAULT_HEAD_BYTES,
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     peak_tflops: float | None = None,
+    site_gpu: Callable[[str], SiteGpu | None] | None = None,
     slurm_conf: str | None = None,
     track_all: bool = False,
+    admin_comment: str = "auto",
+    show_job: Callable[[str], str | None] | None = None,
+    admin_now: Callable[[str], str | None] | None = None,
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Do everything the module docstring lists. Returns 0, always.
 
-    Jobs that are neither slurmpod's (no slurmpod Comment) nor Megatron (no iteration in the
-    log) get nothing stored unless `track_all`: their AdminComment is left alone.
+    Jobs that are neither slurmpod's (no slurmpod Comment) nor Megatron (no marker in the
+    log's head) get nothing stored unless `track_all`: their AdminComment is left alone.
+    `show_job(job_id)` gives `scontrol show job` text and `admin_now(job_id)` the AdminComment
+    slurmdbd holds; both default to Slurm's commands when `deliver` is not given (tests pass
+    fakes).
     """
     try:
         spool = Spool(spool_dir)
@@ -264,15 +301,16 @@ def run_epilog(
         logging.getLogger("slurmpod.hook").error("spool %s unusable: %s", spool_dir, exc)
         return 0
     handler = setup_logging(spool.root)
+    opts = EpilogOptions(head_bytes, tail_bytes, peak_tflops, site_gpu, track_all,
+                         admin_comment if admin_comment in ADMIN_COMMENT_MODES else "auto")
     try:
-        times: Callable[[str], tuple[int | None, int | None]] | None = None
         if deliver is None:
             conf = slurm_conf or env.get("SLURM_CONF") or slurmctld_conf()
             run = local_runner(conf)
             deliver = slurm_deliver(run)
-            times = lambda jid: job_times(run, jid)  # noqa: E731
-        _epilog(env, spool, deliver, summarise, head_bytes, tail_bytes, peak_tflops, now,
-                track_all, times, sleep)
+            show_job = show_job or (lambda jid: scontrol_job(run, jid))
+            admin_now = admin_now or (lambda jid: current_admin_comment(run, jid))
+        _epilog(env, spool, deliver, summarise, opts, now, show_job, admin_now, sleep)
     except Exception:  # never fail the epilog: record the bug and go on
         log.exception("epilog for job %s failed", env.get("SLURM_JOB_ID", "?"))
     finally:
@@ -282,11 +320,24 @@ def run_epilog(
     return 0
 
 
+def _looks_like_training(log_path: str, uid: int | None, head_bytes: int) -> bool:
+    """Whether a job slurmpod did not submit printed Megatron/NeMo output: its log's head only
+    (the arguments dump and the first iterations are there), so deciding costs O(1)."""
+    if uid is None:
+        return False
+    try:
+        got = read_job_file(log_path, uid, head_bytes=min(head_bytes, 1 << 20), tail_bytes=0)
+        head = b"".join(got.chunks())
+    except (UnsafeFileError, OSError):
+        return False
+    return any(m in head for m in MEGATRON_MARKERS)
+
+
 def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
-            head_bytes: int, tail_bytes: int, peak_tflops: float | None,
-            now: Callable[[], float], track_all: bool,
-            times: Callable[[str], tuple[int | None, int | None]] | None = None,
+            opts: EpilogOptions, now: Callable[[], float],
+            show_job: Callable[[str], str | None] | None,
+            admin_now: Callable[[str], str | None] | None,
             sleep: Callable[[float], None] = time.sleep) -> None:
     job = job_from_env(env)
     try:
@@ -295,6 +346,13 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         log.error("no usable SLURM_JOB_ID (%r): nothing to do", job["job_id"])
         return
     log_path = expand_output_pattern(env.get("SLURM_JOB_STDOUT", ""), env)
+    # Decide first, reading nothing large: most jobs of a cluster are not slurmpod's.
+    if (not opts.track_all and not is_tracked(job.get("comment"))
+            and not _looks_like_training(log_path, job["uid"], opts.head_bytes)):
+        log.info("job %s: not a slurmpod job and no Megatron output; nothing stored", job_id)
+        _flush_queue(spool, deliver)
+        return
+    _trusted_facts(job, job_id, show_job, opts)
     summary: dict[str, Any]
     series: dict[str, Any] = {}
     read_info: dict[str, Any] = {}
@@ -303,8 +361,8 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         log.error("job %s: SLURM_JOB_UID missing; log not read", job_id)
     else:
         try:
-            got = read_job_file(log_path, job["uid"], head_bytes=head_bytes,
-                                tail_bytes=tail_bytes)
+            got = read_job_file(log_path, job["uid"], head_bytes=opts.head_bytes,
+                                tail_bytes=opts.tail_bytes)
         except UnsafeFileError as exc:
             summary = {"err": exc.reason}
             read_info = {"refused": exc.reason}
@@ -316,22 +374,19 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             log.warning("job %s: log %s unreadable: %s", job_id, log_path, exc)
         else:
             read_info = {"bytes": got.size, "truncated": got.truncated}
-            if times is not None and job["start_time"] is None:
-                job["start_time"], job["end_time"] = times(job_id)
             if summarise is None:
                 from slurmpod.accounting.figures import summarise_log as summarise
+            gpu: SiteGpu | None = job.get("site_gpu")
+            peak = gpu.peak_tflops if gpu else opts.peak_tflops
             try:
-                summary, series = summarise(got.chunks(), job, peak_tflops=peak_tflops,
+                summary, series = summarise(got.chunks(), job, peak_tflops=peak,
+                                            peak_fp8=gpu.peak_fp8 if gpu else None,
                                             truncated=got.truncated)
             except Exception as exc:  # a parser bug must not cost the record
                 log.exception("job %s: summarising %s failed", job_id, log_path)
                 summary = {"err": f"summary-{type(exc).__name__}"}
-    if not track_all and not is_tracked(job.get("comment")) and not summary.get("iters"):
-        # Not a slurmpod job and no Megatron output: leave its AdminComment alone (a site may
-        # keep other tools' summaries there) and keep no record.
-        log.info("job %s: not a slurmpod job and no Megatron iterations; nothing stored", job_id)
-        _flush_queue(spool, deliver)
-        return
+    summary.setdefault("gpus", job.get("alloc_gpus"))
+    summary["attempt"] = job["restart"]
     admin = hooks.build_admin_comment(summary)
     record = build_record(job, log_path, read_info, summary, series, admin, now())
     try:
@@ -339,16 +394,60 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         log.info("job %s: record %s, admin comment %s", job_id, path, admin)
     except OSError as exc:
         log.error("job %s: cannot write record: %s", job_id, exc)
+    if not _may_write_admin_comment(job_id, opts.admin_comment, admin_now):
+        _flush_queue(spool, deliver)
+        return
     try:
         _deliver_soon(deliver, job_id, "admin_comment", admin, sleep)
         log.info("job %s: admin comment delivered", job_id)
         delivered = True
     except DeliveryError as exc:
-        spool.put(job_id, "admin_comment", admin, error=str(exc))
+        spool.put(job_id, "admin_comment", admin, error=str(exc), attempt=job["restart"])
         log.warning("job %s: admin comment queued in the spool (%s)", job_id, exc)
         delivered = False
     if delivered:
         _flush_queue(spool, deliver)
+
+
+def _trusted_facts(job: dict[str, Any], job_id: str,
+                   show_job: Callable[[str], str | None] | None, opts: EpilogOptions) -> None:
+    """Fill in from Slurm and the site what the figures' scale depends on: the attempt, the
+    start and end, the allocated GPUs and the GPU's peak (trusted.py says why these)."""
+    slurm = None
+    if show_job is not None:
+        text = show_job(job_id)
+        slurm = parse_scontrol_job(text, job_id, job.get("name") or "") if text else None
+        if text and slurm is None:
+            log.warning("job %s: scontrol output does not start with this job's id and name; "
+                        "not used", job_id)
+    if slurm is not None:
+        if slurm.restarts is not None:
+            job["restart"] = slurm.restarts  # 22.05 does not export SLURM_JOB_RESTART_COUNT
+        job["start_time"] = job["start_time"] or slurm.start_time
+        job["end_time"] = job["end_time"] or slurm.end_time
+        job["nodelist"] = job["nodelist"] or slurm.nodelist or ""
+    gpu = opts.site_gpu(job["nodelist"]) if opts.site_gpu and job["nodelist"] else None
+    job["site_gpu"] = gpu
+    job["alloc_gpus"], job["gsrc"] = allocated_gpus(slurm, job, gpu)
+
+
+def _may_write_admin_comment(job_id: str, mode: str,
+                             admin_now: Callable[[str], str | None] | None) -> bool:
+    """`never`: the spool only. `auto`: not over another tool's AdminComment (jobstats keeps
+    `JS1:<base64 gzip JSON>` there). `always`: overwrite."""
+    if mode == "never":
+        log.info("job %s: AdminComment left alone (--admin-comment never); record in the spool",
+                 job_id)
+        return False
+    if mode == "always" or admin_now is None:
+        return True
+    current = admin_now(job_id)
+    if current and hooks.decode_field(current) is None:
+        owner = "jobstats" if current.startswith("JS1:") else "another tool"
+        log.info("job %s: AdminComment holds %s's summary; left alone, record in the spool",
+                 job_id, owner)
+        return False
+    return True
 
 
 def _deliver_soon(deliver: Deliver, job_id: str, kind: str, value: str,

@@ -3,8 +3,9 @@ and its time series from a whole (size-capped) log. Pure: bytes and dicts in, di
 
 FLOPs per iteration come, in this order, from the job's Comment (`flops_per_iter`, rendered by
 slurmpod from the run spec, with its `formula`), or from the log's `arguments` dump through
-slurmpod's FLOPs model (`slurmpod.megatron.flops`, version `FLOPS_FORMULA_VERSION`). The peak is
-the Comment's `peak_tflops`, else the one passed in (the site's GPU), else none (no MFU).
+slurmpod's FLOPs model (`slurmpod.megatron.flops`, version `FLOPS_FORMULA_VERSION`). The GPU
+count and the peak are never the job's: the epilog passes Slurm's allocation and the site's
+GPU peak (docs/accounting.md, "What slurmpod trusts").
 
 MFU = model FLOPs per iteration / (iteration time × GPUs × peak dense BF16 FLOP/s per GPU).
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from slurmpod.accounting import hooks
+from slurmpod.accounting import hooks, plausible
 
 SERIES_MAX_POINTS = 512
 
@@ -54,8 +55,16 @@ def _pos(x: Any) -> float | None:
 
 
 def job_params(comment: Mapping[str, Any] | None, args: Mapping[str, Any] | None, *,
-               gpus_hint: int | None = None, peak_hint: float | None = None) -> JobParams:
-    """Combine the Comment (slurmpod-rendered), the log's arguments and hints (env, site)."""
+               gpus: int | None = None, peak: float | None = None,
+               trust_comment: bool = False) -> JobParams:
+    """What turns the job's iteration times into TFLOP/s and MFU.
+
+    `gpus` and `peak` are the trusted values: Slurm's allocation and the site file's GPU (the
+    epilog). The job's Comment supplies FLOPs per iteration (with its formula); its `gpus` and
+    `peak_tflops` are used only with `trust_comment` (the live monitor, which runs as the job's
+    user and reports the job's own view), and then only where no trusted value is given.
+    The log's arguments dump is checked like a run spec before slurmpod's FLOPs model reads it:
+    an impossible model (negative layers, 10^12 layers) gives no FLOPs rather than a figure."""
     c = dict(comment or {})
     a = dict(args or {})
     gbs = a.get("global_batch_size")
@@ -63,7 +72,7 @@ def job_params(comment: Mapping[str, Any] | None, args: Mapping[str, Any] | None
     flops = _pos(c.get("flops_per_iter", c.get("flops")))
     formula = c.get("formula")
     src = "comment" if flops else "none"
-    if flops is None and a:
+    if flops is None and a and _dump_ok(a):
         try:
             from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_iteration
 
@@ -71,15 +80,33 @@ def job_params(comment: Mapping[str, Any] | None, args: Mapping[str, Any] | None
             formula, src = FLOPS_FORMULA_VERSION, "args"
         except Exception:  # an incomplete dump: no FLOPs, but the times still count
             flops = None
-    gpus = c.get("gpus") or a.get("world_size") or gpus_hint
-    peak = _pos(c.get("peak_tflops", c.get("peak"))) or _pos(peak_hint)
+    n_gpus: Any = gpus
+    peak_tflops = _pos(peak)
+    if trust_comment:
+        n_gpus = n_gpus or c.get("gpus") or a.get("world_size")
+        peak_tflops = peak_tflops or _pos(c.get("peak_tflops", c.get("peak")))
     return JobParams(
         flops_per_iter=flops,
         global_batch_size=int(gbs) if isinstance(gbs, int) and gbs > 0 else None,
         seq_length=int(seq) if isinstance(seq, int) and seq > 0 else None,
-        gpus=int(gpus) if isinstance(gpus, int | float) and gpus and gpus > 0 else None,
-        peak_tflops=peak, formula=str(formula) if formula else None,
+        gpus=(int(n_gpus) if isinstance(n_gpus, int | float) and not isinstance(n_gpus, bool)
+              and math.isfinite(n_gpus) and n_gpus >= 1 else None),
+        peak_tflops=peak_tflops, formula=str(formula) if formula else None,
         src=src if flops else "none")
+
+
+def _dump_ok(args: Mapping[str, Any]) -> bool:
+    from slurmpod.megatron.validate import check_dump_args
+
+    problem = check_dump_args(args)
+    return problem is None
+
+
+def is_fp8(args: Mapping[str, Any] | None) -> bool:
+    """Megatron's `--fp8-format e4m3|hybrid` leaves `fp8` set in the arguments dump (None
+    otherwise): the GEMMs ran in FP8, so MFU is also shown against the FP8 peak."""
+    v = (args or {}).get("fp8")
+    return bool(v) and str(v).lower() not in ("none", "false", "0")
 
 
 def per_iteration(elapsed_ms: np.ndarray, gbs: np.ndarray, p: JobParams) -> dict[str, np.ndarray]:
@@ -151,10 +178,15 @@ def _flops_fn(p: JobParams, args: Mapping[str, Any] | None) -> Callable[[int], f
 
 
 def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
-                  peak_tflops: float | None = None,
+                  peak_tflops: float | None = None, peak_fp8: float | None = None,
                   truncated: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Final summary (AdminComment v1 keys) and time series from a job's log bytes, with the
     definitions of `slurmpod.accounting.metrics.job_metrics` (the same as `slurmpod mfu`).
+
+    Trusted inputs only decide the scale: `job["alloc_gpus"]` (Slurm's allocation, with
+    `job["gsrc"]` saying how it was found) and `peak_tflops`/`peak_fp8` (the site's GPU). The
+    log and the Comment supply what the job measured (iteration times, batch, FLOPs per
+    iteration); every result is checked by `plausible.reasons` and flagged, never trusted.
 
     `truncated`: the middle of the log was not read (size cap), so the productive time is not
     known and goodput is left out."""
@@ -169,10 +201,10 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
     raw_comment = hooks.decode_field(job.get("comment")) or {}
     if "formula" in raw_comment:
         comment["formula"] = raw_comment["formula"]
-    p = job_params(comment, s.args, gpus_hint=_gpus_from_env(job), peak_hint=peak_tflops)
+    p = job_params(comment, s.args, gpus=job.get("alloc_gpus"), peak=peak_tflops)
     summary: dict[str, Any] = {"iters": len(s.iterations), "restarts": s.restarts,
-                               "src": p.src, "gpus": p.gpus, "peak": p.peak_tflops,
-                               "fv": p.formula}
+                               "src": p.src, "gpus": p.gpus, "gsrc": job.get("gsrc"),
+                               "peak": p.peak_tflops, "fv": p.formula}
     if len(s.iterations) == 0:
         summary["err"] = "no-iterations"
         return summary, {}
@@ -206,6 +238,11 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
         summary["tflops"] = m.tflops_per_gpu.median
         if p.peak_tflops and m.mfu:
             summary.update(mfu=m.mfu.median, mfu_p10=m.mfu.p10, mfu_p90=m.mfu.p90)
+            fp8_peak = _pos(peak_fp8)
+            if fp8_peak and is_fp8(s.args):
+                summary.update(mfu_fp8=m.mfu.median * p.peak_tflops / fp8_peak,
+                               peak_fp8=fp8_peak)
+    summary["implausible"] = plausible.joined(plausible.reasons(summary))
     ser = m.series
     idx = _downsample(np.arange(len(ser)), SERIES_MAX_POINTS)
     series: dict[str, Any] = {
@@ -232,14 +269,3 @@ def _utc_offset_s() -> float:
 
     lt = time.localtime()
     return float(lt.tm_gmtoff or 0)
-
-
-def _gpus_from_env(job: Mapping[str, Any]) -> int | None:
-    """GPUs of the job when the Comment does not say: `SLURM_JOB_GPUS` lists one node's GPU
-    indices in 22.05 (`0,1,...,7`), times the node count; whole-node jobs only."""
-    gpus = str(job.get("gpus") or "")
-    n_nodes = job.get("n_nodes")
-    if gpus and isinstance(n_nodes, int) and n_nodes > 0:
-        per_node = len([g for g in gpus.split(",") if g.strip()])
-        return per_node * n_nodes if per_node else None
-    return None

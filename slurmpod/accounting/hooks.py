@@ -47,17 +47,26 @@ ADMIN_FIELDS: dict[str, tuple[str, int | None]] = {
     "iter_ms": ("median iteration time, ms (steady state)", 1),
     "iters": ("iterations logged", None),
     "last_iter": ("last iteration number reached", None),
-    "gpus": ("GPUs of the job", None),
-    "peak": ("peak dense BF16 TFLOP/s per GPU used for MFU", 1),
+    "gpus": ("GPUs of the job, from Slurm's allocation (never from the job's Comment)", None),
+    "peak": ("peak dense BF16 TFLOP/s per GPU used for MFU, from the site file", 1),
+    "mfu_fp8": ("FP8 runs: median MFU against the FP8 dense peak", 4),
+    "peak_fp8": ("FP8 runs: peak dense FP8 TFLOP/s per GPU (site file)", 1),
     "goodput": ("productive training time / allocated GPU time", 4),
     "ttfi_s": ("time from job start to first logged iteration, s", None),
     "ckpt_s": ("time spent in checkpoint stalls, s", None),
     "restarts": ("restarts seen in the log", None),
     "fv": ("FLOPs formula version (see docs/accounting.md)", None),
     "src": ("where FLOPs came from: comment | args | none", None),
+    "gsrc": ("where the GPU count came from: slurm (AllocTRES gres/gpu) | site (nodes × GPUs "
+             "per node)", None),
+    "attempt": ("Slurm's restart count of the run these figures describe", None),
+    "implausible": ("why the figures cannot be right (plausible.reasons, ':'-joined); such "
+                    "a job stays out of fleet aggregates", None),
     "err": ("why there are no figures: a refusal reason or parse error", None),
 }
-_STR_OK = re.compile(r"^[a-z0-9._:-]{0,64}$")
+# AdminComment v1 keys whose values are strings (everything else is a number).
+ADMIN_STR_KEYS = frozenset({"fv", "src", "gsrc", "implausible", "err"})
+_STR_OK = re.compile(r"^[a-z0-9._:-]{0,160}$")
 
 
 def _num(x: Any, decimals: int | None) -> int | float | None:
@@ -81,7 +90,7 @@ def _num(x: Any, decimals: int | None) -> int | float | None:
 def _safe_str(x: Any) -> str | None:
     """A string that survives sacctmgr (lower case, no quotes, no backslash) or None."""
     s = str(x).lower()
-    s = re.sub(r"[^a-z0-9._:-]+", "-", s)[:64]
+    s = re.sub(r"[^a-z0-9._:-]+", "-", s)[:160]
     return s if _STR_OK.match(s) else None
 
 
@@ -150,7 +159,7 @@ def build_admin_comment(summary: Mapping[str, Any], *,
         if key == "v" or key not in summary or summary[key] is None:
             continue
         val = summary[key]
-        if key in ("fv", "src", "err"):
+        if key in ADMIN_STR_KEYS:
             s = _safe_str(val)
             if s:
                 doc[key] = s
@@ -201,7 +210,7 @@ def validate_admin_comment(doc: Mapping[str, Any]) -> list[str]:
     for key, val in doc.items():
         if key not in ADMIN_FIELDS:
             problems.append(f"unknown key {key}")
-        elif key in ("fv", "src", "err"):
+        elif key in ADMIN_STR_KEYS:
             if not isinstance(val, str) or not _STR_OK.match(val):
                 problems.append(f"{key} must be a short lowercase string")
         elif not isinstance(val, int | float) or isinstance(val, bool):

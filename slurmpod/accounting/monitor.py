@@ -181,8 +181,10 @@ def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float 
     cycles = 0
     while True:
         parse_chunk(tail.read_new(), state)
-        params: JobParams = job_params(initial, state.args, gpus_hint=gpus_hint,
-                                       peak_hint=peak_hint)
+        # The monitor runs as the job's user and reports the job's own view, so the Comment's
+        # GPUs and peak (rendered by slurmpod at submission) count here; the epilog's do not.
+        params: JobParams = job_params(initial, state.args, gpus=gpus_hint, peak=peak_hint,
+                                       trust_comment=True)
         live = state.window.figures(params)
         if live.get("iter") is not None:
             _update(job_id, base_comment, live, state, io)

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -20,6 +21,18 @@ def _site_peak(site: str | None) -> float | None:
 
     s = load_site(resolve_site_path(site))
     return s.node_types[s.su_groups[0].node_type].gpu.peak_tflops_bf16
+
+
+def _site_gpu_resolver(site: str | None) -> Any:
+    """nodelist -> the site's GPU of those nodes (trusted.site_gpu), or None without a site."""
+    if not site:
+        return None
+    from slurmpod.accounting.trusted import site_gpu
+    from slurmpod.config import load_site, resolve_site_path
+
+    s = load_site(resolve_site_path(site))
+    inv = s.inventory
+    return lambda nodelist: site_gpu(nodelist, s, inv)
 
 
 @click.group()
@@ -99,29 +112,38 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
 @hook.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--spool", envvar="SLURMPOD_SPOOL", help="Spool directory (default "
               "$SLURMPOD_SPOOL, else /var/spool/slurmpod).")
-@click.option("--site", help="Site file or built-in name, for the GPU peak.")
-@click.option("--peak-tflops", help="Peak per GPU when neither the Comment nor --site has one.")
+@click.option("--site", help="Site file or built-in name: the GPU and its peak by the job's nodes.")
+@click.option("--peak-tflops", help="Peak per GPU for jobs on nodes the site file does not know.")
 @click.option("--head-mb", default="1", show_default=True, help="Read at most this from the start")
 @click.option("--tail-mb", default="64", show_default=True, help="… and this from the end.")
 @click.option("--slurm-conf", help="slurm.conf for sacctmgr (default: slurmctld's own).")
 @click.option("--all-jobs", is_flag=True,
               help="Store a summary for every job, not only slurmpod/Megatron ones.")
+@click.option("--admin-comment", "admin_mode", default="auto", show_default=True,
+              help="auto: set AdminComment unless another tool's (jobstats) is there; never: "
+                   "the spool only; always: overwrite.")
 def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb: str,
-           tail_mb: str, slurm_conf: str | None, all_jobs: bool) -> None:
+           tail_mb: str, slurm_conf: str | None, all_jobs: bool, admin_mode: str) -> None:
     """EpilogSlurmctld hook: final summary to AdminComment and the spool. Always exits 0."""
     from slurmpod.accounting.epilog import default_spool, log, run_epilog
 
     root = Path(spool) if spool else default_spool()
     peak: float | None = None
+    site_gpu = None
     try:
-        peak = float(peak_tflops) if peak_tflops else _site_peak(site)
+        peak = float(peak_tflops) if peak_tflops else None
         head, tail = int(float(head_mb) * (1 << 20)), int(float(tail_mb) * (1 << 20))
     except Exception as exc:  # a bad option must not fail the epilog: log it, use defaults
         print(f"slurmpod hook epilog: ignoring bad option: {exc}", file=sys.stderr)
         head, tail = 1 << 20, 64 << 20
     try:
-        run_epilog(os.environ, root, peak_tflops=peak, head_bytes=head, tail_bytes=tail,
-                   slurm_conf=slurm_conf, track_all=all_jobs)
+        site_gpu = _site_gpu_resolver(site)
+    except Exception as exc:  # an unreadable site file: no peaks, but the record is still kept
+        print(f"slurmpod hook epilog: site {site}: {exc}; no GPU peaks", file=sys.stderr)
+    try:
+        run_epilog(os.environ, root, peak_tflops=peak, site_gpu=site_gpu, head_bytes=head,
+                   tail_bytes=tail, slurm_conf=slurm_conf, track_all=all_jobs,
+                   admin_comment=admin_mode)
     except BaseException as exc:  # run_epilog catches everything; this is the last resort
         log.error("epilog crashed: %r", exc)
     sys.exit(0)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from functools import cached_property
 from typing import Annotated, Literal
 
@@ -31,6 +33,10 @@ class Gpu(Strict, kw_only=True):
     model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200")]
     name: Annotated[str, Meta(description="marketing name, e.g. 'H100 SXM5 80GB'")] = ""
     peak_tflops_bf16: Annotated[PosFloat, Meta(description="dense BF16 peak per GPU, TFLOP/s")]
+    # FP8 runs report MFU against the BF16 peak (Megatron-Bridge's and most papers' convention)
+    # and, labelled, against this one.
+    peak_tflops_fp8: Annotated[PosFloat, Meta(description="dense FP8 peak per GPU, TFLOP/s")] \
+        | None = None
     hbm_gib: Annotated[PosFloat, Meta(description="HBM per GPU, GiB")]
     # A sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this CPU's measured matmul
     # rate, so sandbox MFU figures mean something.
@@ -388,6 +394,21 @@ class Inventory:
     rack_names: tuple[str, ...]
     su_node_type: tuple[str, ...]
     domain_names: tuple[str, ...] = ()  # NVLink domains (one per node on 8-GPU systems)
+    # node type -> its GPU's dense BF16 peak (TFLOP/s): reports recompute MFU with the site's
+    # peak, never a job's claim.
+    node_type_peak: Mapping[str, float] = dc_field(default_factory=dict, hash=False,
+                                                    compare=False)
+
+    def peak_of(self, hosts: Iterable[str]) -> float | None:
+        """The one GPU peak of these nodes; None if any is unknown or their types differ."""
+        by_name = self.by_name
+        peaks = set()
+        for h in hosts:
+            node = by_name.get(h)
+            if node is None or node.node_type not in self.node_type_peak:
+                return None
+            peaks.add(self.node_type_peak[node.node_type])
+        return peaks.pop() if len(peaks) == 1 else None
 
     def nodes_in_su(self, su: int) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.su == su)
@@ -454,7 +475,8 @@ def build_inventory(site: Site) -> Inventory:
         _check_unique(key, pattern, names, taken)
         taken.update(dict.fromkeys(names, 0))
     return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types),
-                     tuple(domain_names))
+                     tuple(domain_names),
+                     {name: nt.gpu.peak_tflops_bf16 for name, nt in site.node_types.items()})
 
 
 def _check_unique(key: str, pattern: str, names: list[str], hosts: dict[str, int]) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from slurmpod.accounting import plausible
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.site import Inventory
 from slurmpod.report.placement import Placement, placement_of
@@ -86,6 +87,9 @@ class Figures:
     # Time the first logged record itself trained: the epilog's time to first iteration ends
     # when that line is printed, so it includes this productive time, not start-up.
     first_record_s: float | None = None
+    mfu_fp8: float | None = None  # FP8 runs: median MFU against the FP8 dense peak
+    peak_fp8: float | None = None
+    flagged: tuple[str, ...] = ()  # reasons the epilog found the figures implausible
 
     @property
     def has_training(self) -> bool:
@@ -157,6 +161,9 @@ class JobReport:
     params_b: float | None  # model size estimated from FLOPs and tokens (6·N per token)
     series: dict[str, list[Any]] = field(default_factory=dict)
     notes: tuple[Note, ...] = ()
+    # Why these figures cannot be right (plausible.reasons); such a job is shown, labelled,
+    # and left out of every fleet aggregate.
+    implausible: tuple[str, ...] = ()
 
     @property
     def queue_s(self) -> float | None:
@@ -200,6 +207,8 @@ class JobReport:
                 "log_restarts": f.log_restarts, "time_to_first_iteration_s": f.ttfi_s,
                 "checkpoint_stall_s": f.checkpoint_s, "redone_s": f.redone_s,
                 "params_billion": self.params_b, "error": f.err,
+                "mfu_fp8": f.mfu_fp8, "peak_fp8_tflops": f.peak_fp8,
+                "implausible": list(self.implausible),
             },
             "gpu_time": self.loss.to_json(),
             "stability": self.stability.to_json() if self.stability else None,
@@ -272,7 +281,9 @@ def figures_from_spool(record: Mapping[str, Any]) -> Figures:
         ttfi_s=_f(s.get("ttfi_s")), checkpoint_s=_f(m.get("checkpoint_stall_s",
                                                           s.get("ckpt_s"))),
         productive_s=_f(m.get("productive_s")), redone_s=_f(m.get("lost_s")),
-        checkpoints=stalls, err=s.get("err"), first_record_s=first_s)
+        checkpoints=stalls, err=s.get("err"), first_record_s=first_s,
+        mfu_fp8=_f(s.get("mfu_fp8")), peak_fp8=_f(s.get("peak_fp8")),
+        flagged=plausible.split(s.get("implausible")))
 
 
 def figures_from_admin(doc: Mapping[str, Any]) -> Figures:
@@ -290,21 +301,31 @@ def figures_from_admin(doc: Mapping[str, Any]) -> Figures:
         iter_ms=Dist(_f(doc.get("iter_ms"))) if _f(doc.get("iter_ms")) else None,
         peak_tflops=peak, formula=doc.get("fv"), gpus=_i(doc.get("gpus")),
         log_restarts=_i(doc.get("restarts")) or 0, hook_goodput=_f(doc.get("goodput")),
-        ttfi_s=_f(doc.get("ttfi_s")), checkpoint_s=_f(doc.get("ckpt_s")), err=doc.get("err"))
+        ttfi_s=_f(doc.get("ttfi_s")), checkpoint_s=_f(doc.get("ckpt_s")), err=doc.get("err"),
+        mfu_fp8=_f(doc.get("mfu_fp8")), peak_fp8=_f(doc.get("peak_fp8")),
+        flagged=plausible.split(doc.get("implausible")))
 
 
-def figures_from_live(doc: Mapping[str, Any]) -> Figures:
-    """Figures of a running job's Comment v1 (the monitor's window medians)."""
+def figures_from_live(doc: Mapping[str, Any], site_peak: float | None = None) -> Figures:
+    """Figures of a running job's Comment v1 (the monitor's window medians).
+
+    The Comment is the job's own: its TFLOP/s is what the job measured (range-checked like any
+    job-supplied figure), but its GPU count is never used and, when the site file knows the
+    job's nodes, MFU is recomputed against the site's peak rather than the Comment's."""
     mfu = _f(doc.get("mfu"))
     tflops = _f(doc.get("tflops"))
+    peak = _f(doc.get("peak"))
+    if site_peak and tflops is not None:
+        mfu, peak = tflops / site_peak, site_peak
     return Figures(source="live_comment", last_iter=_i(doc.get("iter")),
                    mfu=Dist(mfu) if mfu is not None else None,
                    tflops=Dist(tflops) if tflops is not None else None,
-                   tokens_per_s=_f(doc.get("tokens_per_s")), peak_tflops=_f(doc.get("peak")),
-                   gpus=_i(doc.get("gpus")), formula=doc.get("formula"))
+                   tokens_per_s=_f(doc.get("tokens_per_s")), peak_tflops=peak,
+                   formula=doc.get("formula"))
 
 
-def choose_figures(job: Any, spool_record: Mapping[str, Any] | None) -> Figures:
+def choose_figures(job: Any, spool_record: Mapping[str, Any] | None,
+                   site_peak: float | None = None) -> Figures:
     if spool_record is not None:
         fig = figures_from_spool(spool_record)
         if fig.has_training or fig.err:
@@ -318,8 +339,37 @@ def choose_figures(job: Any, spool_record: Mapping[str, Any] | None) -> Figures:
     if job.state.is_active:
         live = decode_field(job.comment)
         if live and ("mfu" in live or "tflops" in live):
-            return figures_from_live(live)
+            return figures_from_live(live, site_peak)
     return Figures(source="none")
+
+
+def implausible_reasons(fig: Figures, loss: Loss) -> tuple[str, ...]:
+    """The epilog's flags plus what the report itself can see (its goodput over every attempt,
+    the live Comment's claims), without repeats."""
+    mine = plausible.reasons({
+        "mfu": fig.mfu.median if fig.mfu else None,
+        "mfu_p10": fig.mfu.p10 if fig.mfu else None,
+        "mfu_p90": fig.mfu.p90 if fig.mfu else None,
+        "tflops": fig.tflops.median if fig.tflops else None,
+        "tokens_per_s": fig.tokens_per_s,
+        "iter_ms": fig.iter_ms.median if fig.iter_ms else None,
+        "ttfi_s": fig.ttfi_s, "ckpt_s": fig.checkpoint_s,
+        "goodput": fig.hook_goodput})
+    if fig.productive_s is not None and loss.productive_gpu_s is None:
+        mine += ("productive-time-unusable",)
+    return tuple(dict.fromkeys((*fig.flagged, *mine)))
+
+
+def _site_peak(nodelist: str, inventory: Inventory | None) -> float | None:
+    """The site's dense BF16 peak of a job's nodes (one GPU type), else None."""
+    if inventory is None or not nodelist:
+        return None
+    from slurmpod.model.hostlist import expand
+
+    try:
+        return inventory.peak_of(expand(nodelist))
+    except ValueError:
+        return None
 
 
 def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss:
@@ -397,7 +447,8 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     from slurmpod.report.rules import notes_for
 
     job = sj.record
-    fig = choose_figures(job, spool_record)
+    site_peak = _site_peak(job.nodes, inventory) if job.state.is_active else None
+    fig = choose_figures(job, spool_record, site_peak)
     gpus = job.n_gpus or fig.gpus or 0
     attempts = sj.attempts or ()
     elapsed = [a.elapsed_s for a in attempts] or [job.elapsed_s]
@@ -424,7 +475,8 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
                 + ": identity and placement only")
     report = JobReport(job=job, attempts=tuple(attempts), status=status, status_text=text,
                        figures=fig, loss=loss, stability=stab, placement=placement,
-                       params_b=params_estimate(fig, gpus), series=series)
+                       params_b=params_estimate(fig, gpus), series=series,
+                       implausible=implausible_reasons(fig, loss))
     if not with_notes:
         return report
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)

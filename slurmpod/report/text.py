@@ -69,6 +69,12 @@ def job_text(r: JobReport) -> str:
                 f"  tokens/s     {num(f.tokens_per_s, '.5g')}",
                 f"  iteration    {dist_text(f.iter_ms, lambda v: num(v, '.4g') + ' ms')}",
                 f"  iterations   {num(f.iters, 'd')} logged, last {num(f.last_iter, 'd')}"]
+        if f.mfu_fp8 is not None:
+            out.append(f"  MFU (FP8)    {pct(f.mfu_fp8)} of the FP8 dense peak "
+                       f"{num(f.peak_fp8)} TFLOP/s (the MFU above is against BF16)")
+        if r.implausible:
+            out.append(f"  IMPLAUSIBLE  {', '.join(r.implausible)}: kept for audit, left out "
+                       "of fleet figures")
         if r.params_b is not None:
             out.append(f"  model size   ~{r.params_b:.3g} B parameters (from FLOPs / tokens)")
     if loss.productive_gpu_s is not None:

@@ -36,6 +36,23 @@ class Slurm:
         self.admin[job_id] = value
 
 
+def scontrol_line(job_id: str = "42", name: str = "train", *, gpus: int = 16, restarts: int = 0,
+                  nodes: str = "gpu[001-002]", comment: str = "") -> str:
+    """`scontrol --oneliner show job` of Slurm 22.05 (SLURM_TIME_FORMAT=%s), as the epilog sees
+    it: the job is COMPLETING."""
+    return (f"JobId={job_id} JobName={name} UserId=u({ME}) GroupId=u({ME}) MCS_label=N/A "
+            f"Priority=1 Nice=0 Account=a QOS=normal JobState=COMPLETING Reason=None "
+            f"Dependency=(null) Requeue=1 Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode=0:0 "
+            f"RunTime=00:01:40 TimeLimit=01:00:00 TimeMin=N/A SubmitTime=1699999800 "
+            f"EligibleTime=1699999800 AccrueTime=1699999800 StartTime=1699999900 "
+            f"EndTime=1700000000 Deadline=N/A Partition=batch AllocNode:Sid=login:1 "
+            f"ReqNodeList=(null) ExcNodeList=(null) NodeList={nodes} BatchHost=gpu001 NumNodes=2 "
+            f"NumCPUs=64 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+            f"TRES=cpu=64,mem=500G,node=2,billing=64,gres/gpu={gpus} Socks/Node=* "
+            f"Features=(null) DelayBoot=00:00:00 OverSubscribe=NO Command=/w/run.sh "
+            f"WorkDir=/w Comment={comment} StdErr=/w/o StdIn=/dev/null StdOut=/w/o\n")
+
+
 def job_env(tmp_path: Path, job_id: str = "42", stdout: str | None = None) -> dict[str, str]:
     comment = json.dumps({"slurmpod": "0.1.0", "fmt": 1, "run": "t", "flops_per_iter": 8e15,
                           "peak_tflops": 1000.0, "gpus": 16, "formula": "f1", "v": 1,
@@ -60,12 +77,14 @@ def test_epilog_writes_record_and_admin_comment(tmp_path: Path) -> None:
     write_log(tmp_path)
     slurm = Slurm()
     spool_dir = tmp_path / "spool"
-    assert run_epilog(job_env(tmp_path), spool_dir, deliver=slurm, now=lambda: 1.7e9) == 0
+    assert run_epilog(job_env(tmp_path), spool_dir, deliver=slurm, now=lambda: 1.7e9,
+                      peak_tflops=1000.0, show_job=lambda jid: scontrol_line(jid)) == 0
     admin = decode_field(slurm.admin["42"])
     assert admin is not None and validate_admin_comment(admin) == []
-    # 8e15 FLOPs / 2 s / 16 GPUs = 250 TFLOP/s; / 1000 peak = 0.25
+    # 8e15 FLOPs / 2 s / 16 GPUs (Slurm's gres/gpu) = 250 TFLOP/s; / 1000 peak = 0.25
     assert admin["mfu"] == 0.25 and admin["tflops"] == 250.0 and admin["iters"] == 5
     assert admin["peak"] == 1000.0 and admin["fv"] == "f1" and admin["src"] == "comment"
+    assert admin["gpus"] == 16 and admin["gsrc"] == "slurm" and admin["attempt"] == 0
     rec = Spool(spool_dir).read_record("42", 0)
     assert rec["v"] == 1 and rec["admin_comment"] == slurm.admin["42"]
     assert rec["job"]["job_id"] == "42" and rec["job"]["nodelist"] == "gpu[001-002]"
@@ -84,7 +103,7 @@ def test_symlinked_log_is_refused_logged_and_not_read(tmp_path: Path) -> None:
     slurm = Slurm()
     run_epilog(job_env(tmp_path), tmp_path / "spool", deliver=slurm)
     admin = decode_field(slurm.admin["42"])
-    assert admin == {"v": 1, "err": "symlink"}
+    assert admin == {"v": 1, "attempt": 0, "err": "symlink"}
     rec = Spool(tmp_path / "spool").read_record("42")
     assert rec["log"] == {"path": str(link), "refused": "symlink"} and rec["series"] == {}
     text = (tmp_path / "spool" / "hook.log").read_text()
@@ -97,7 +116,7 @@ def test_log_of_another_uid_is_refused(tmp_path: Path) -> None:
     env["SLURM_JOB_UID"] = str(ME + 1000)
     slurm = Slurm()
     run_epilog(env, tmp_path / "spool", deliver=slurm)
-    assert decode_field(slurm.admin["42"]) == {"v": 1, "err": "owner"}
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "attempt": 0, "err": "owner"}
 
 
 def test_slurmdbd_down_spools_then_next_epilog_delivers(tmp_path: Path) -> None:
@@ -203,14 +222,14 @@ def test_epilog_never_fails(tmp_path: Path) -> None:
     del env["SLURM_JOB_UID"]
     slurm = Slurm()
     assert run_epilog(env, tmp_path / "s2", deliver=slurm) == 0
-    assert decode_field(slurm.admin["42"]) == {"v": 1, "err": "no-uid"}
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "attempt": 0, "err": "no-uid"}
     write_log(tmp_path)
 
     def boom(*a: object, **k: object) -> tuple[dict, dict]:
         raise RuntimeError("parser bug")
 
     assert run_epilog(job_env(tmp_path), tmp_path / "s3", deliver=slurm, summarise=boom) == 0
-    assert decode_field(slurm.admin["42"]) == {"v": 1, "err": "summary-runtimeerror"}
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "attempt": 0, "err": "summary-runtimeerror"}
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert run_epilog(job_env(tmp_path), blocker / "spool", deliver=slurm) == 0
@@ -263,7 +282,7 @@ def test_untracked_job_without_iterations_is_left_alone(tmp_path: Path) -> None:
     assert "mfu" not in decode_field(slurm.admin["42"])  # no FLOPs without Comment or arguments
     log.write_text("hello again\n")
     run_epilog(env, tmp_path / "spool2", deliver=slurm, track_all=True)
-    assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none",
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none", "attempt": 0,
                                                "err": "no-iterations"}
 
 
