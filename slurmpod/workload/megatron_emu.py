@@ -11,6 +11,9 @@ The work: each iteration performs this rank's share of the model's FLOPs (slurmp
 FLOPs formula ÷ world size) as the forward, data-gradient and weight-gradient GEMMs of a real
 least-squares model of width `hidden_size`, trained by SGD, so `lm loss` and `grad norm` are
 computed, not invented, and a resumed run continues exactly where the saved one stopped.
+An emulated GPU cannot beat its peak: rank 0 measures this CPU's matmul rate at start, logs it
+with the site's peak, and paces every iteration to at least its model FLOPs per GPU at that peak,
+so MFU against the site's peak stays within 0-100 % (docs/workload.md, "Pacing").
 Only rank 0 computes and logs; other ranks (srun tasks) idle until it finishes, so 16 tasks on
 a 2-core machine stay light.
 """
@@ -26,12 +29,16 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from slurmpod.workload.calibrate import PeakEstimate
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _DATA_ROWS = 4096  # rows of the synthetic dataset, cycled through by consumed samples
@@ -79,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--use-distributed-optimizer", action="store_true")
     a("--bf16", action="store_true")
     a("--fp16", action="store_true")
+    a("--emu-peak-tflops", type=float, default=None, metavar="TFLOPS",
+      help="peak of one emulated GPU to pace to (default: the emulated GPUs' peak in "
+           "$SLURMPOD_SITE, which `slurmpod sandbox env` sets to the measured site)")
     a("--emu-report-env", action="store_true",
       help="every rank prints one line with its rank, node and NCCL/CUDA variables")
     # Faults to rehearse the job script's handling of failures on the sandbox.
@@ -153,6 +163,81 @@ def model_flops_per_iteration(args: argparse.Namespace) -> float:
     from slurmpod.megatron.flops import flops_per_iteration
 
     return float(flops_per_iteration(dict(vars(args))))
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The emulated GPU's peak this run is paced to, and where it came from."""
+    tflops: float | None
+    source: str
+
+
+def emulated_peak(flag: float | None, env: dict[str, str] | os._Environ[str] = os.environ
+                  ) -> Peak:
+    """`--emu-peak-tflops`, else the lowest `peak_tflops_bf16` of the emulated GPUs in the site
+    `$SLURMPOD_SITE` names (the sandbox's measured site: the peak slurmpod submit puts in the
+    job's comment and the hooks compute MFU against). The lowest, so that no node type's MFU
+    can pass 100 %; a site without emulated GPUs (a real one) gives no peak."""
+    if flag is not None:
+        if not (flag > 0 and math.isfinite(flag)):
+            raise SystemExit(f"--emu-peak-tflops must be a positive number, not {flag}")
+        return Peak(flag, "--emu-peak-tflops")
+    site = env.get("SLURMPOD_SITE")
+    if not site:
+        return Peak(None, "no --emu-peak-tflops and no $SLURMPOD_SITE")
+    from slurmpod.config import read_toml, resolve_site_path
+    from slurmpod.errors import SlurmpodError
+
+    try:
+        path = resolve_site_path(site)
+        data = read_toml(path)
+    except (SlurmpodError, OSError) as exc:
+        return Peak(None, f"$SLURMPOD_SITE {site} unreadable ({exc})")
+    peaks = [gpu.get("peak_tflops_bf16") for nt in (data.get("node_types") or {}).values()
+             if isinstance(nt, dict) and isinstance(gpu := nt.get("gpu"), dict)
+             and gpu.get("emulated")]
+    ok = [float(x) for x in peaks if isinstance(x, int | float) and x > 0 and math.isfinite(x)]
+    if not ok:
+        return Peak(None, f"no emulated GPU with a peak in $SLURMPOD_SITE {path}")
+    return Peak(min(ok), f"$SLURMPOD_SITE {path}")
+
+
+def min_iteration_s(flops_per_gpu: float, peak_tflops: float | None) -> float:
+    """The shortest iteration allowed: its model FLOPs per GPU at the peak. Rounded up to the
+    0.1 ms Megatron prints the iteration time with, because MFU is computed from the printed
+    time: 0.74 ms printed as 0.7 would be 6 % faster than it was."""
+    if not peak_tflops:
+        return 0.0
+    ms = flops_per_gpu / (peak_tflops * 1e12) * 1e3
+    return math.ceil(ms * 10.0 * (1.0 + 1e-9)) / 10.0 / 1e3
+
+
+def pace(deadline: float) -> None:
+    """Sleep (no CPU used) until time.monotonic() reaches `deadline`."""
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(left)
+
+
+def pacing_line(peak: Peak, flops_per_gpu: float, min_s: float,
+                measure: Callable[[], PeakEstimate] | None = None) -> str:
+    """What the job measured and how it is paced, for its log. `measure()` returns a
+    `calibrate.PeakEstimate` of this CPU now."""
+    from slurmpod.workload.calibrate import sample_peak
+
+    # About 0.1 s on a quiet machine: a log figure, not the peak (that is the site's).
+    est = (measure or (lambda: sample_peak(rounds=3, repeats=2, pause_s=0.02)))()
+    now = (f"this CPU now {est.peak_tflops:.4g} TFLOP/s (second-best of {len(est.samples)} "
+           f"float32 {est.size}x{est.size} matmuls, median {est.median_tflops:.4g})")
+    if peak.tflops is None:
+        return f"megatron_emu: {now}; no emulated GPU peak ({peak.source}): not paced"
+    s = (f"megatron_emu: emulated GPU peak {peak.tflops:.4g} TFLOP/s ({peak.source}); {now}; "
+         f"iterations paced to >= {min_s * 1e3:.1f} ms ({flops_per_gpu:.3e} model FLOPs per "
+         f"GPU at the peak)")
+    if est.peak_tflops > peak.tflops * 1.1:
+        s += "; this CPU is now faster than that peak, so the job runs at the peak"
+        if peak.source.startswith("$SLURMPOD_SITE"):
+            s += " (a sandbox measures it at `up`: `down` and `up` again to re-measure)"
+    return s
 
 
 def learning_rate(args: argparse.Namespace, iteration: int) -> float:
@@ -357,7 +442,8 @@ def report_env(dist: Dist, out: TextIO) -> None:
           f"{dist.local_rank} {env}", file=out, flush=True)
 
 
-def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int:
+def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout,
+          measure: Callable[[], PeakEstimate] | None = None) -> int:
     t_start = time.monotonic()
     sig = _Signals()
     if args.exit_signal_handler:
@@ -382,6 +468,10 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int
         return int(args.emu_fail_at_start)
     if save is not None:
         append_progress(save, dist, "Starting job")
+    peak = emulated_peak(args.emu_peak_tflops)
+    flops_per_gpu = flops_iter / dist.world_size
+    min_s = min_iteration_s(flops_per_gpu, peak.tflops)
+    print(pacing_line(peak, flops_per_gpu, min_s, measure), file=out, flush=True)
     print(f"time to initialize megatron (seconds): {time.monotonic() - t_start:.3f}", file=out)
     # Megatron's print_datetime marker; the log parser dates the launch and start-up from it.
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
@@ -417,6 +507,7 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout) -> int
     while trainer.iteration < args.train_iters:
         t_step = time.monotonic()
         loss, gnorm = trainer.step()
+        pace(t_step + min_s)  # an emulated GPU is never faster than its peak
         trainer.train_s += time.monotonic() - t_step
         job_flops += flops_iter
         interval_iters += 1

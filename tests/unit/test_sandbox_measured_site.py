@@ -37,3 +37,19 @@ def test_written_site_loads_with_the_measured_peak(tmp_path: Path, monkeypatch) 
     assert resolve_site_path(None) == target
     monkeypatch.delenv("SLURMPOD_SITE")
     assert resolve_site_path(None) == builtin_site_path("dgx-h100-superpod")
+
+
+def test_up_measures_a_peak_robust_to_load(monkeypatch) -> None:
+    # `up` keeps the robust statistic of samples spread over time, not one quick burst.
+    from slurmpod.sandbox import measured_site
+    from slurmpod.workload import calibrate
+
+    seen: dict[str, object] = {}
+
+    def fake_sample_peak(**kw: object) -> calibrate.PeakEstimate:
+        seen.update(kw)
+        samples = (0.26, 0.11, 0.259, 0.13, 0.2, 0.05)  # mostly loaded, two quiet
+        return calibrate.PeakEstimate(calibrate.robust_peak(samples), 0.13, samples, 1024, 0.7)
+
+    monkeypatch.setattr(calibrate, "sample_peak", fake_sample_peak)
+    assert measured_site.measure_peak() == 0.259 and seen == {}  # sample_peak's defaults

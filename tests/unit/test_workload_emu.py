@@ -16,9 +16,13 @@ import numpy as np
 import pytest
 
 from slurmpod.accounting.logparse import parse_log
+from slurmpod.accounting.metrics import flops_fn_for, job_metrics
+from slurmpod.config import builtin_site_path
 from slurmpod.megatron.args import parse_arguments_dump
 from slurmpod.megatron.flops import flops_per_iteration
+from slurmpod.sandbox.measured_site import write_measured_site
 from slurmpod.workload import megatron_emu as emu
+from slurmpod.workload.calibrate import PeakEstimate
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -26,12 +30,23 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--lr-warmup-iters", "2"]
 
 
-def run_emu(argv: list[str], world: int = 1) -> tuple[str, emu.Trainer | None]:
+@pytest.fixture(autouse=True)
+def _no_site_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A shell with `slurmpod sandbox env` applied would pace these runs to its sandbox's peak.
+    monkeypatch.delenv("SLURMPOD_SITE", raising=False)
+
+
+def fake_cpu(tflops: float) -> PeakEstimate:
+    return PeakEstimate(tflops, tflops * 0.98, (tflops * 0.9, tflops, tflops * 0.98), 1024, 0.1)
+
+
+def run_emu(argv: list[str], world: int = 1, cpu_tflops: float = 0.2
+            ) -> tuple[str, emu.Trainer | None]:
     args, _ = emu.build_parser().parse_known_args(argv)
     dist = emu.Dist(rank=0, world_size=world, local_rank=0, job_id="77", step_id="0")
     args = emu.finish_args(args, dist)
     out = io.StringIO()
-    assert emu.train(args, dist, out) == 0
+    assert emu.train(args, dist, out, measure=lambda: fake_cpu(cpu_tflops)) == 0
     return out.getvalue(), None
 
 
@@ -216,3 +231,100 @@ def test_an_old_marker_of_the_same_job_id_is_ignored(tmp_path: Path) -> None:
     marker.touch()
     proc.communicate(timeout=10)
     assert proc.returncode == 0
+
+
+# -- pacing: an emulated GPU is never faster than its peak -------------------------------------
+
+def measured_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peak: float) -> Path:
+    site = tmp_path / "site.toml"
+    write_measured_site(builtin_site_path("sandbox"), site, measure=lambda: peak)
+    monkeypatch.setenv("SLURMPOD_SITE", str(site))
+    return site
+
+
+def test_peak_comes_from_the_flag_else_the_measured_site(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    assert emu.emulated_peak(None).tflops is None  # no flag, no $SLURMPOD_SITE
+    site = measured_site(tmp_path, monkeypatch, 0.0123)
+    assert emu.emulated_peak(None) == emu.Peak(0.0123, f"$SLURMPOD_SITE {site}")
+    assert emu.emulated_peak(0.5) == emu.Peak(0.5, "--emu-peak-tflops")
+    # A real site's GPUs are not emulated: their peak is not this CPU's.
+    monkeypatch.setenv("SLURMPOD_SITE", "dgx-h100-superpod")
+    assert emu.emulated_peak(None).tflops is None
+    monkeypatch.setenv("SLURMPOD_SITE", str(tmp_path / "gone.toml"))
+    none = emu.emulated_peak(None)
+    assert none.tflops is None and "gone.toml" in none.source
+    with pytest.raises(SystemExit, match="positive"):
+        emu.emulated_peak(float("nan"))
+
+
+def test_the_lowest_emulated_peak_of_a_site_is_the_pace(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "two.toml"
+    site.write_text("""
+[node_types.a]
+gpu = { model = "emu", emulated = true, peak_tflops_bf16 = 0.3 }
+[node_types.b]
+gpu = { model = "emu", emulated = true, peak_tflops_bf16 = 0.2 }
+[node_types.real]
+gpu = { model = "h100", peak_tflops_bf16 = 989 }
+""")
+    monkeypatch.setenv("SLURMPOD_SITE", str(site))
+    assert emu.emulated_peak(None).tflops == 0.2
+
+
+@pytest.mark.parametrize(("flops", "peak", "ms"), [
+    (1.825e8, 0.05, 3.7),     # 3.65 ms: rounded up to what the log can print
+    (2.0e9, 0.2, 10.0),       # exactly 10 ms stays 10 ms (up to float noise)
+    (2.0e9, 0.2001, 10.0),    # 9.995 ms
+    (1.0e6, 1.0, 0.1),        # 1 us: the shortest printable iteration
+])
+def test_min_iteration_is_the_share_at_the_peak_rounded_up_to_the_printed_0_1_ms(
+        flops: float, peak: float, ms: float) -> None:
+    got = emu.min_iteration_s(flops, peak) * 1e3
+    assert got == pytest.approx(ms, abs=0.1) and got >= flops / peak / 1e9
+    assert round(got * 10) == pytest.approx(got * 10)  # a multiple of 0.1 ms
+    assert emu.min_iteration_s(flops, None) == 0.0
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_mfu_from_the_log_stays_within_the_site_peak(tmp_path: Path, world: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A site peak far below what this CPU does (as when `sandbox up` measured it under load):
+    # unpaced, TINY's ~3 ms share at >= 10 GFLOP/s would be an MFU of several hundred percent.
+    argv = [*TINY, "--train-iters", "6", "--log-interval", "2"]
+    peak = 0.002
+    measured_site(tmp_path, monkeypatch, peak)
+    out, _ = run_emu(argv, world=world, cpu_tflops=0.25)
+    line = next(ln for ln in out.splitlines() if ln.startswith("megatron_emu: emulated GPU"))
+    assert f"peak 0.002 TFLOP/s ($SLURMPOD_SITE {tmp_path / 'site.toml'})" in line
+    assert "this CPU now 0.25 TFLOP/s" in line and "the job runs at the peak" in line
+    args = emu.finish_args(emu.build_parser().parse_known_args(argv)[0],
+                           emu.Dist(0, world, 0, "", "0"))
+    min_ms = emu.min_iteration_s(flops_per_iteration(dict(vars(args))) / world, peak) * 1e3
+    assert f"paced to >= {min_ms:.1f} ms" in line
+    # MFU as the hooks compute it (metrics.job_metrics), from the printed log alone.
+    summary = parse_log(out.encode().splitlines(keepends=True))
+    flops_fn, _ = flops_fn_for(dict(vars(args)))
+    m = job_metrics(summary, flops_fn, peak, world, seq_length=args.seq_length, warmup_iters=0)
+    assert len(m.series) == 3
+    assert np.all(m.series.mfu > 0) and np.all(m.series.mfu <= 1.0), m.series.mfu
+    assert np.all(np.asarray(summary.iterations.tflops_reported) <= peak)
+
+
+def test_no_peak_no_pacing_and_the_log_says_so() -> None:
+    out, _ = run_emu([*TINY, "--train-iters", "1"], cpu_tflops=0.123)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("megatron_emu: this CPU")]
+    assert line == ("megatron_emu: this CPU now 0.123 TFLOP/s (second-best of 3 float32 "
+                    "1024x1024 matmuls, median 0.1205); no emulated GPU peak (no "
+                    "--emu-peak-tflops and no $SLURMPOD_SITE): not paced")
+
+
+def test_the_real_start_measurement_is_logged(tmp_path: Path) -> None:
+    out = subprocess.run(emu_cmd("--train-iters", "1", "--emu-peak-tflops", "1e6"),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    m = re.search(r"megatron_emu: emulated GPU peak 1e\+06 TFLOP/s \(--emu-peak-tflops\); "
+                  r"this CPU now (\S+) TFLOP/s \(second-best of 6 float32 1024x1024 matmuls, "
+                  r"median (\S+)\); iterations paced to >= 0\.1 ms", out)
+    assert m is not None, out
+    assert 0 < float(m.group(2)) <= float(m.group(1))  # median <= second-best of 6
