@@ -39,9 +39,11 @@ from slurmpod.accounting import hooks
 from slurmpod.accounting.safeio import (
     DEFAULT_HEAD_BYTES,
     DEFAULT_TAIL_BYTES,
+    StreamedRead,
     UnsafeFileError,
     expand_output_pattern,
     read_job_file,
+    stream_job_file,
 )
 from slurmpod.accounting.spool import Deliver, DeliveryError, Spool, safe_job_id
 from slurmpod.accounting.trusted import SiteGpu, allocated_gpus, parse_scontrol_job
@@ -361,8 +363,10 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         log.error("job %s: SLURM_JOB_UID missing; log not read", job_id)
     else:
         try:
-            got = read_job_file(log_path, job["uid"], head_bytes=opts.head_bytes,
-                                tail_bytes=opts.tail_bytes)
+            with stream_job_file(log_path, job["uid"], head_bytes=opts.head_bytes,
+                                 tail_bytes=opts.tail_bytes) as got:
+                read_info = {"bytes": got.size, "truncated": got.truncated}
+                summary, series = _summarise(got, job, job_id, log_path, summarise, opts)
         except UnsafeFileError as exc:
             summary = {"err": exc.reason}
             read_info = {"refused": exc.reason}
@@ -372,19 +376,6 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             summary = {"err": "unreadable"}
             read_info = {"refused": "unreadable"}
             log.warning("job %s: log %s unreadable: %s", job_id, log_path, exc)
-        else:
-            read_info = {"bytes": got.size, "truncated": got.truncated}
-            if summarise is None:
-                from slurmpod.accounting.figures import summarise_log as summarise
-            gpu: SiteGpu | None = job.get("site_gpu")
-            peak = gpu.peak_tflops if gpu else opts.peak_tflops
-            try:
-                summary, series = summarise(got.chunks(), job, peak_tflops=peak,
-                                            peak_fp8=gpu.peak_fp8 if gpu else None,
-                                            truncated=got.truncated)
-            except Exception as exc:  # a parser bug must not cost the record
-                log.exception("job %s: summarising %s failed", job_id, log_path)
-                summary = {"err": f"summary-{type(exc).__name__}"}
     summary.setdefault("gpus", job.get("alloc_gpus"))
     summary["attempt"] = job["restart"]
     admin = hooks.build_admin_comment(summary)
@@ -407,6 +398,23 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
         delivered = False
     if delivered:
         _flush_queue(spool, deliver)
+
+
+def _summarise(got: StreamedRead, job: dict[str, Any], job_id: str, log_path: str,
+               summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
+               opts: EpilogOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    if summarise is None:
+        from slurmpod.accounting.figures import summarise_log as summarise
+    gpu: SiteGpu | None = job.get("site_gpu")
+    peak = gpu.peak_tflops if gpu else opts.peak_tflops
+    try:
+        return summarise(got.chunks(), job, peak_tflops=peak,
+                         peak_fp8=gpu.peak_fp8 if gpu else None, truncated=got.truncated)
+    except OSError:
+        raise  # the read itself failed: "unreadable"
+    except Exception as exc:  # a parser bug must not cost the record
+        log.exception("job %s: summarising %s failed", job_id, log_path)
+        return {"err": f"summary-{type(exc).__name__}"}, {}
 
 
 def _trusted_facts(job: dict[str, Any], job_id: str,

@@ -188,6 +188,60 @@ def _pread_all(fd: int, offset: int, length: int) -> bytes:
     return b"".join(chunks)
 
 
+@dataclass(frozen=True)
+class StreamedRead:
+    """A job file read in pieces from its open descriptor: the head, then (when the file is
+    bigger than both caps) the tail; at most one piece in memory at a time."""
+
+    fd: int
+    path: str
+    size: int
+    head_bytes: int
+    tail_bytes: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.size > self.head_bytes + self.tail_bytes
+
+    def chunks(self, size: int = 4 * MIB) -> Iterator[bytes]:
+        if not self.truncated:
+            yield from self._range(0, self.size, size)
+            return
+        yield from self._range(0, self.head_bytes, size)
+        yield b"\n[slurmpod: middle of log skipped]\n"
+        start = self.size - self.tail_bytes
+        first = True
+        for chunk in self._range(start, self.size, size):
+            if first:  # the tail starts mid-line: parsers get whole lines only
+                nl = chunk.find(b"\n")
+                chunk = chunk[nl + 1:] if nl >= 0 else b""
+                first = not chunk and nl < 0
+            yield chunk
+
+    def _range(self, start: int, end: int, size: int) -> Iterator[bytes]:
+        offset = start
+        while offset < end:
+            chunk = os.pread(self.fd, min(size, end - offset), offset)
+            if not chunk:  # the file shrank while we read it
+                return
+            offset += len(chunk)
+            yield chunk
+
+
+@contextlib.contextmanager
+def stream_job_file(path: str, uid: int, *, head_bytes: int = DEFAULT_HEAD_BYTES,
+                    tail_bytes: int = DEFAULT_TAIL_BYTES,
+                    root: str = "/") -> Iterator[StreamedRead]:
+    """`open_job_file`, then the capped head and tail as a stream (the epilog parses a 64 MiB
+    tail without holding it); the descriptor is closed when the block ends."""
+    fd = open_job_file(path, uid, root=root)
+    try:
+        yield StreamedRead(fd, path, os.fstat(fd).st_size, head_bytes, tail_bytes)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def read_job_file(path: str, uid: int, *, head_bytes: int = DEFAULT_HEAD_BYTES,
                   tail_bytes: int = DEFAULT_TAIL_BYTES, root: str = "/") -> CappedRead:
     """`open_job_file` then `read_capped`, closing the descriptor."""

@@ -286,22 +286,18 @@ def test_untracked_job_without_iterations_is_left_alone(tmp_path: Path) -> None:
                                                "err": "no-iterations"}
 
 
-def test_job_times_from_scontrol() -> None:
-    from slurmpod.accounting.epilog import job_times
+def test_scontrol_job_asks_for_one_job_with_a_timeout() -> None:
+    from slurmpod.accounting.epilog import COMMAND_TIMEOUT_S, scontrol_job
 
-    line = ("JobId=3 JobName=emu UserId=root(0) JobState=COMPLETED Reason=None "
-            "SubmitTime=1795977668 StartTime=1795977669 EndTime=1795977676 Comment={\"v\":1}\n")
-    seen: list[list[str]] = []
+    seen: list[tuple[list[str], float]] = []
 
     def run(argv: list[str], t: float) -> tuple[int, str, str]:
-        seen.append(argv)
-        return 0, line, ""
+        seen.append((argv, t))
+        return 0, scontrol_line("3"), ""
 
-    assert job_times(run, "3") == (1795977669, 1795977676)
-    assert seen == [["scontrol", "--oneliner", "show", "job", "3"]]
-    assert job_times(lambda a, t: (1, "", "Invalid job id"), "3") == (None, None)
-    assert job_times(lambda a, t: (0, "JobId=3 StartTime=Unknown EndTime=0\n", ""), "3") == (
-        None, None)
+    assert scontrol_job(run, "3") == scontrol_line("3")
+    assert seen == [(["scontrol", "--oneliner", "show", "job", "3"], COMMAND_TIMEOUT_S)]
+    assert scontrol_job(lambda a, t: (1, "", "Invalid job id"), "3") is None
 
 
 _HOSTILE = st.one_of(

@@ -188,3 +188,16 @@ def test_chunks_equal_data(tmp_path: Path) -> None:
         got = read_job_file(str(log), ME, head_bytes=head, tail_bytes=tail)
         pieces = list(got.chunks(size=64))
         assert b"".join(pieces) == got.data and max(len(p) for p in pieces) <= 64
+
+
+@pytest.mark.parametrize("size,head,tail", [(100, 64, 64), (1000, 64, 64), (5000, 10, 3000)])
+def test_streamed_read_gives_the_same_bytes_as_the_capped_read(tmp_path: Path, size: int,
+                                                              head: int, tail: int) -> None:
+    from slurmpod.accounting.safeio import stream_job_file
+
+    log = tmp_path / "train.log"
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(size))[:size * 5])
+    want = read_job_file(str(log), ME, head_bytes=head, tail_bytes=tail)
+    with stream_job_file(str(log), ME, head_bytes=head, tail_bytes=tail) as got:
+        assert got.truncated == want.truncated and got.size == want.size
+        assert b"".join(got.chunks(size=7)) == want.data

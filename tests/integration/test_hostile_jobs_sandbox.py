@@ -1,0 +1,142 @@
+"""Hostile jobs submitted with plain sbatch on the real sandbox: a Comment that forges the GPU
+count, the peak and the FLOPs, a log swapped for a FIFO, and a jobstats AdminComment. The
+epilog's AdminComment and record take the GPUs from Slurm and the peak from the site file,
+flag what cannot be right, never overwrite another tool's AdminComment, and `slurmpod report`
+finishes."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmpod.accounting.hooks import decode_field, validate_admin_comment
+from tests.helpers import wait_for
+
+ITER_MS = 2000.0
+ITERS = 16
+
+
+def site_peak(sandbox: Any) -> float:
+    """The peak the epilog reads: the sandbox's measured site file (`hook epilog --site`)."""
+    from slurmpod.config import load_site
+
+    (nt,) = load_site(sandbox.sb.layout.site_file).node_types.values()
+    return float(nt.gpu.peak_tflops_bf16)
+
+
+def log_script(tail: str = "") -> str:
+    """A job that prints Megatron iteration lines of 2 s each, then runs `tail`."""
+    line = (" iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): "
+            f"{ITER_MS:.1f} | learning rate: 1.0E-05 | global batch size:     8 | lm loss: "
+            "2.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 | number of nan "
+            "iterations:   0 |\\n")
+    return (f"for i in $(seq 1 {ITERS}); do printf '{line}' $i {ITERS} $((i*8)); done; "
+            f"{tail}")
+
+
+def admin_doc(sandbox: Any, job_id: str) -> dict[str, Any] | None:
+    job = sandbox.sacct_job(job_id) or {}
+    return decode_field((job.get("comment") or {}).get("administrator"))
+
+
+def record(sandbox: Any, job_id: str) -> dict[str, Any] | None:
+    path = sandbox.sb.spool_dir / "records" / f"{job_id}.0.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def forged(flops_per_iter: float) -> str:
+    return json.dumps({"slurmpod": "0.1.0", "fmt": 1, "run": "evil", "v": 1, "mfu": 0.99,
+                       "flops_per_iter": flops_per_iter, "gpus": 4096, "peak_tflops": 1e-6,
+                       "peak": 1e-6, "formula": "mine"})
+
+
+def honest_flops(sandbox: Any, mfu: float) -> float:
+    """FLOPs per iteration that make `mfu` on 8 GPUs at 2 s per iteration with the site peak."""
+    return mfu * site_peak(sandbox) * 1e12 * 8 * ITER_MS / 1000.0
+
+
+def test_forged_gpus_and_peak_are_ignored(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "hostile-gpus"
+    d.mkdir(exist_ok=True)
+    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8",
+                            f"--output={d}/%j.out", f"--comment={forged(honest_flops(sandbox, 0.5))}",
+                            "--wrap", log_script())
+    sandbox.wait_job(job_id, timeout_s=120)
+    final = wait_for(lambda: admin_doc(sandbox, job_id), 60, "AdminComment in sacct")
+    assert validate_admin_comment(final) == [], final
+    # Slurm allocated 8 GPUs and the site's GPU has its measured peak: not 4096 and not 1e-6
+    assert final["gpus"] == 8 and final["gsrc"] == "slurm"
+    assert final["peak"] == pytest.approx(site_peak(sandbox), rel=1e-3)
+    assert final["mfu"] == pytest.approx(0.5, rel=1e-3) and "implausible" not in final
+    assert final["attempt"] == 0
+
+
+def test_forged_flops_are_flagged_and_left_out_of_the_fleet(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "hostile-flops"
+    d.mkdir(exist_ok=True)
+    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8",
+                            f"--output={d}/%j.out",
+                            f"--comment={forged(honest_flops(sandbox, 250.0))}",
+                            "--wrap", log_script())
+    sandbox.wait_job(job_id, timeout_s=120)
+    final = wait_for(lambda: admin_doc(sandbox, job_id), 60, "AdminComment in sacct")
+    assert final["mfu"] == pytest.approx(250.0, rel=1e-3)
+    assert final["implausible"] == "mfu-over-100"
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "report", job_id, "--json",
+                         "--spool", str(sandbox.sb.spool_dir)], env=sandbox.env,
+                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["figures"]["implausible"] == ["mfu-over-100"]
+
+
+def test_fifo_log_is_refused_and_report_finishes(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "hostile-fifo"
+    d.mkdir(exist_ok=True)
+    comment = json.dumps({"slurmpod": "0.1.0", "fmt": 1, "flops_per_iter": 1e9})
+    job_id = sandbox.sbatch(
+        "-N1", "--exclusive", f"--output={d}/fifo-%j.out", f"--comment={comment}", "--wrap",
+        log_script(f"rm -f {d}/fifo-$SLURM_JOB_ID.out; mkfifo {d}/fifo-$SLURM_JOB_ID.out"))
+    sandbox.wait_job(job_id, timeout_s=120)
+    final = wait_for(lambda: admin_doc(sandbox, job_id), 60, "AdminComment in sacct")
+    assert final["err"] == "fifo" and "iters" not in final
+    rec = record(sandbox, job_id)
+    assert rec is not None and rec["log"]["refused"] == "fifo"
+    # The report opens nothing that can block: it finishes (the timeout would fail the test).
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "report", job_id,
+                         "--spool", str(sandbox.sb.spool_dir)], env=sandbox.env,
+                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    assert Path(f"{d}/fifo-{job_id}.out").is_fifo()
+
+
+def test_jobstats_admin_comment_is_left_alone(sandbox: Any) -> None:
+    d = sandbox.tmp_dir / "hostile-jobstats"
+    d.mkdir(exist_ok=True)
+    theirs = "JS1:" + base64.b64encode(gzip.compress(json.dumps(
+        {"gpus": 8, "nodes": {"n": {"gpu_utilization": {"0": 97.0}}}}).encode())).decode()
+    comment = json.dumps({"slurmpod": "0.1.0", "fmt": 1,
+                          "flops_per_iter": honest_flops(sandbox, 0.25)})
+    marker = d / "go"
+    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8", f"--output={d}/%j.out",
+                            f"--comment={comment}", "--wrap",
+                            log_script(f"while [ ! -e {marker} ]; do sleep 0.2; done"))
+    sandbox.wait_running(job_id)
+    # jobstats stores its summary while the job runs or at its end; here, while it runs
+    sandbox.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={theirs}"])
+    wait_for(lambda: ((sandbox.sacct_job(job_id) or {}).get("comment") or {}).get(
+        "administrator") == theirs, 60, "the jobstats AdminComment in slurmdbd")
+    marker.touch()
+    sandbox.wait_job(job_id, timeout_s=120)
+    rec = wait_for(lambda: record(sandbox, job_id), 60, "the epilog's spool record")
+    assert rec["summary"]["mfu"] == pytest.approx(0.25, rel=1e-3)
+    job = sandbox.sacct_job(job_id) or {}
+    assert (job.get("comment") or {}).get("administrator") == theirs
+    hook_log = (sandbox.sb.spool_dir / "hook.log").read_text()
+    assert f"job {job_id}: AdminComment holds jobstats's summary" in hook_log
