@@ -14,13 +14,13 @@ from pathlib import PurePath
 
 from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import (
-    SACCT_DELIMITER,
     SACCT_FIELDS,
     SACCT_TIME_ENV,
     parse_sacct_parsable,
     parse_sbatch_parsable,
     parse_scontrol_nodes,
     parse_squeue_json,
+    sacct_delimiter,
 )
 from slurmpod.errors import CommandError, SlurmError
 from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
@@ -134,8 +134,10 @@ class CliBackend:
     ) -> list[JobStatus]:
         from slurmpod.backends.joblist import list_argv, parse_job_list
 
-        argv = list_argv(window_s=window_s, job_ids=job_ids, name=name, all_users=all_users)
-        listed = parse_job_list(self.query(argv, env=SACCT_TIME_ENV).stdout)
+        delim = sacct_delimiter()  # per query: no job's text can hold it (backends.parse)
+        argv = list_argv(window_s=window_s, job_ids=job_ids, name=name, all_users=all_users,
+                         delimiter=delim)
+        listed = parse_job_list(self.query(argv, env=SACCT_TIME_ENV).stdout, delim)
         if name is not None:
             listed = [j for j in listed if j.name == name]
         active = [j.job_id for j in listed if j.state.is_active]
@@ -173,10 +175,11 @@ class CliBackend:
         ids = list(dict.fromkeys(job_ids))
         # --parsable2 rather than --json: 22.05's dbv0.0.38 JSON reports exit code 0 for failed
         # jobs (recorded in tests/data/slurm/22.05/sacct.json), the text ExitCode is right.
-        argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={SACCT_DELIMITER}",
+        delim = sacct_delimiter()  # per query: no job's text can hold it (backends.parse)
+        argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={delim}",
                 f"--format={','.join(SACCT_FIELDS)}", "--duplicates", f"--jobs={','.join(ids)}"]
         result = self.query(argv, env=SACCT_TIME_ENV)
-        records = parse_sacct_parsable(result.stdout)
+        records = parse_sacct_parsable(result.stdout, delimiter=delim)
         return {r.job_id: r for r in records if wanted(r.job_id, ids)}
 
     def nodes(self, names: str | None = None) -> list[NodeInfo]:

@@ -3,8 +3,9 @@
 `slurmpod runs`, `logs` and `cancel` find a run's files through its Slurm WorkDir (sbatch
 --chdir), which slurmpod's usual `SACCT_FIELDS` do not carry. One allocation row per job (`-X`,
 and no `--duplicates`: a requeued job shows its latest attempt only), `--parsable2` with the
-unit-separator delimiter and epoch times, as in `backends.parse` (docs/architecture.md: sacct text
-over JSON). Comment is free text and may hold newlines; JobIDRaw closes every row.
+query's own delimiter and epoch times, read by `backends.parse.sacct_rows` (docs/backends.md:
+job-controlled text). Comment, JobName and WorkDir are free text; JobID opens and JobIDRaw
+closes every row.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from datetime import UTC
 from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     _nodes,
-    _rows,
     _sacct_time,
     gpus_from_tres,
+    sacct_rows,
 )
 from slurmpod.model.jobs import JobState, JobStatus
 
@@ -29,10 +30,12 @@ _NAME_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 def list_argv(*, window_s: int | None = None, job_ids: Sequence[str] = (),
-              name: str | None = None, all_users: bool = False) -> list[str]:
-    """sacct's argv for `SlurmBackend.jobs` (see there for the selection)."""
+              name: str | None = None, all_users: bool = False,
+              delimiter: str = SACCT_DELIMITER) -> list[str]:
+    """sacct's argv for `SlurmBackend.jobs` (see there for the selection); pass a fresh
+    `backends.parse.sacct_delimiter()` and the same to `parse_job_list`."""
     argv = ["sacct", "--noheader", "--parsable2", "--allocations",
-            f"--delimiter={SACCT_DELIMITER}", f"--format={','.join(LIST_FIELDS)}"]
+            f"--delimiter={delimiter}", f"--format={','.join(LIST_FIELDS)}"]
     if job_ids:
         argv.append(f"--jobs={','.join(dict.fromkeys(job_ids))}")
     else:
@@ -47,11 +50,10 @@ def list_argv(*, window_s: int | None = None, job_ids: Sequence[str] = (),
     return argv
 
 
-def parse_job_list(text: str) -> list[JobStatus]:
+def parse_job_list(text: str, delimiter: str = SACCT_DELIMITER) -> list[JobStatus]:
     """Rows of `list_argv`'s output -> JobStatus (sacct has no reason or time limit: left empty)."""
     out: dict[str, JobStatus] = {}
-    for values in _rows(text, len(LIST_FIELDS), SACCT_DELIMITER):
-        row = dict(zip(LIST_FIELDS, values, strict=True))
+    for row in sacct_rows(text, LIST_FIELDS, delimiter):
         job_id = row["JobID"]
         if not job_id or "." in job_id:
             continue

@@ -11,8 +11,10 @@ Covered shapes (recorded samples live in tests/data/slurm/<version>/):
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
@@ -276,17 +278,105 @@ def _merge_attempts(records: Sequence[JobRecord]) -> JobRecord:
 
 
 # -- sacct --parsable2 ----------------------------------------------------------------------
+#
+# sacct prints every field verbatim: `printf("%s%s", value, fields_delimiter)` in
+# print_fields_str (src/common/print_fields.c, 22.05 – 24.11), no escaping. A job controls some
+# of those fields (Comment, JobName, WorkDir; AdminComment is set by whoever can run sacctmgr)
+# and they may hold any byte but NUL: newlines, `|`, the unit separator. So:
+# - every query gets its own delimiter (`sacct_delimiter`: the unit separator and 64 random
+#   bits, chosen after every job's text was written, so no field can contain it);
+# - the field list starts with JobID and ends with JobIDRaw, which no job controls: a record is
+#   complete once its delimiters are all seen, however many lines its free text spans;
+# - each record must have exactly its fields, and its JobID and JobIDRaw must have Slurm's shapes
+#   and agree; one that does not is left out with a warning, never repaired by guessing.
 
 SACCT_FIELDS: tuple[str, ...] = (
     "JobID", "JobName", "User", "Account", "Partition", "State", "ExitCode",
     "Submit", "Start", "End", "ElapsedRaw", "NodeList", "NNodes", "NTasks", "AllocTRES",
     "AdminComment", "Comment", "JobIDRaw",
 )
-# ASCII unit separator: comments are free text (JSON with `|` is common), a control
-# character never appears in them.
+# The first character of every query's delimiter (ASCII unit separator), and the whole delimiter
+# of the recorded samples in tests/data/slurm/22.05/.
 SACCT_DELIMITER = "\x1f"
 # Epoch seconds in sacct's text output, so no guessing at the cluster's time zone.
 SACCT_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+_log = logging.getLogger("slurmpod.sacct")
+
+
+def sacct_delimiter() -> str:
+    """A fresh `--delimiter` for one sacct query: the unit separator and 16 random hex digits.
+
+    sacct takes any string (22.05.8 and 24.11.5 print it whole between fields, checked on the
+    sandbox). A job's text was stored before this query chose its delimiter, so it cannot hold it.
+    """
+    return SACCT_DELIMITER + secrets.token_hex(8)
+
+
+# Step ids as log_build_step_id_str prints them (src/common/log.c, 22.05 – 24.11): batch, extern,
+# interactive, TDB (a pending step, spelled so), a number; `+N` for a het step component.
+_STEP = r"(?:batch|extern|interactive|TDB|\d+)(?:\+\d+)?"
+# slurmdb_get_job_id_str: `123`, array task `123_4`, pending array `123_[1-9%2]` (also
+# `1-99:2` and a `...`-truncated list), het component `123+1`; then `.step`.
+_JOB_ID = re.compile(rf"(?P<base>\d+)(?P<kind>_\d+|_\[[0-9,:%.\-]+\]|\+\d+)?"
+                     rf"(?:\.(?P<step>{_STEP}))?")
+_JOB_ID_RAW = re.compile(rf"(?P<base>\d+)(?:\.(?P<step>{_STEP}))?")
+_ID_FIELDS = frozenset({"JobID", "JobIDRaw"})
+
+
+def is_job_id(text: str) -> bool:
+    """True for a JobID as sacct prints it (`123`, `123_4`, `123_[1-3]`, `123+1`, `123.batch`)."""
+    return _JOB_ID.fullmatch(text) is not None
+
+
+def job_ids_agree(job_id: str, raw: str) -> bool:
+    """True when sacct's JobID and JobIDRaw of one row have Slurm's shapes and name the same
+    job: the same step, and the same number unless JobID is an array task or het component
+    (which have their own raw id: `4_1` is raw `5`, `38+1` is raw `39`)."""
+    j = _JOB_ID.fullmatch(job_id)
+    r = _JOB_ID_RAW.fullmatch(raw)
+    if j is None or r is None or j["step"] != r["step"]:
+        return False
+    return j["kind"] is not None or j["base"] == r["base"]
+
+
+def sacct_rows(text: str, fields: Sequence[str], delimiter: str) -> list[dict[str, str]]:
+    """The verified records of `sacct --noheader --parsable2 --delimiter=… --format=<fields>`.
+
+    `fields` must start and end with JobID and JobIDRaw (either order). A record whose field
+    count or ids do not check out is left out, with one warning for the whole output.
+    """
+    if {fields[0], fields[-1]} != _ID_FIELDS or not delimiter or "\n" in delimiter:
+        raise ValueError("sacct fields must start and end with JobID and JobIDRaw")
+    n = len(fields)
+    rows: list[dict[str, str]] = []
+    bad: list[str] = []
+    pending: list[str] = []
+    seen = 0
+    # split("\n"), not splitlines(): a Comment may hold \r, \x85 or \u2028, which sacct does
+    # not end rows with.
+    for line in text.rstrip("\n").split("\n"):
+        if not pending and not line:
+            continue
+        pending.append(line)
+        seen += line.count(delimiter)
+        if seen < n - 1:
+            continue
+        record = "\n".join(pending)
+        pending, seen = [], 0
+        values = record.split(delimiter)
+        row = dict(zip(fields, values, strict=True)) if len(values) == n else None
+        if row is not None and job_ids_agree(row["JobID"], row["JobIDRaw"]):
+            rows.append(row)
+        else:
+            bad.append(record)
+    if pending:
+        bad.append("\n".join(pending))
+    if bad:
+        _log.warning("slurmpod: warning: sacct: left out %d record(s) that do not check out "
+                     "(fields or job ids not as Slurm prints them), first: %.120r",
+                     len(bad), bad[0])
+    return rows
 
 
 def _sacct_time(text: str, tz: tzinfo) -> datetime | None:
@@ -306,42 +396,21 @@ def parse_sacct_parsable(
     delimiter: str = SACCT_DELIMITER,
     tz: tzinfo = UTC,
 ) -> list[JobRecord]:
-    """Rows from `sacct --noheader --parsable2 --delimiter=… --format=<fields>`.
+    """Records from `sacct --noheader --parsable2 --delimiter=… --format=<fields>`; pass the
+    query's own delimiter (`sacct_delimiter`). The default is the recorded samples'.
 
     sacct prints local wall-clock times without an offset, so the caller passes the cluster's
-    time zone. A field containing a newline (a comment can) continues on the next line: the
-    field list ends with JobIDRaw (never empty, never multi-line), so a row is complete only
-    once every delimiter has been seen.
+    time zone (none needed with `SACCT_TIME_ENV`).
     """
-    rows = list(_rows(text, len(fields), delimiter))
     groups: dict[str, list[tuple[dict[str, str], list[dict[str, str]]]]] = {}
-    for values in rows:
-        row = dict(zip(fields, values, strict=True))
-        jid = row.get("JobID", "")
-        base, dot, _ = jid.partition(".")
+    for row in sacct_rows(text, fields, delimiter):
+        base, dot, _ = row["JobID"].partition(".")
         if not dot:
             groups.setdefault(base, []).append((row, []))
         elif base in groups:
             groups[base][-1][1].append(row)
     return [_merge_attempts([_record_from_row(r, s, tz) for r, s in attempts])
             for attempts in groups.values()]
-
-
-def _rows(text: str, n_fields: int, delimiter: str) -> Iterable[list[str]]:
-    pending = ""
-    # split("\n"), not splitlines(): a comment may hold \x85 or \u2028, which are not row ends
-    for line in text.rstrip("\n").split("\n"):
-        candidate = f"{pending}\n{line}" if pending else line
-        parts = candidate.split(delimiter)
-        if len(parts) < n_fields:
-            pending = candidate
-            continue
-        pending = ""
-        if len(parts) > n_fields:  # only possible with a custom delimiter: keep extras in Comment
-            parts = [*parts[: n_fields - 1], delimiter.join(parts[n_fields - 1:])]
-        yield parts
-    if pending.strip():
-        raise SlurmError(f"sacct: truncated row: {pending[:80]!r}")
 
 
 def _row_common(row: dict[str, str], tz: tzinfo) -> dict[str, Any]:

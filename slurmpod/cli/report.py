@@ -226,10 +226,13 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
 
 
 def _load(selection: list[str]) -> list[SacctJob]:
+    from slurmpod.backends.parse import sacct_delimiter
     from slurmpod.report.sacct import attempts_argv, jobs_from_text, records_argv
 
-    records = _sacct(records_argv(selection))
-    return jobs_from_text(records, _sacct(attempts_argv(selection)) if records.strip() else "")
+    delim = sacct_delimiter()  # chosen now: no job's Comment or name can hold it
+    records = _sacct(records_argv(selection, delim))
+    attempts = _sacct(attempts_argv(selection, delim)) if records.strip() else ""
+    return jobs_from_text(records, attempts, delim)
 
 
 def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,

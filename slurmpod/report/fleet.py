@@ -181,7 +181,9 @@ class FleetReport:
 
     def to_csv(self) -> str:
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
+        # RFC 4180's CRLF: the writer quotes a cell holding any line-terminator character, and
+        # with "\n" alone a job name's bare \r went out unquoted, a row break to CSV readers.
+        w = csv.writer(buf, lineterminator="\r\n")
         w.writerow(CSV_COLUMNS)
         for r in self.rows:
             w.writerow([csv_cell(v) for v in r.csv_values()])

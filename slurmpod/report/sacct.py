@@ -4,6 +4,8 @@ Two inputs give the same `SacctJob`s:
 - the text queries `slurmpod report` runs (`records_argv` + `attempts_argv`): slurmpod's
   `--parsable2` field list (`backends.parse.SACCT_FIELDS`, the CLI backend's own parser), one row
   per attempt (`--duplicates --allocations`), and a narrow attempts query without free text.
+  Both take the delimiter `backends.parse.sacct_delimiter()` chose for this report, and every
+  row is checked against the shapes Slurm prints (docs/backends.md: job-controlled text).
   Allocation rows only: a fleet of 10,000 jobs is ~3 MB of text instead of ~190 MB of JSON
   whose step statistics the report never reads (benchmarks/report_scale.py compares both);
 - `sacct --json --duplicates` (`parse_sacct_jobs`), for recorded JSON.
@@ -19,6 +21,8 @@ in tests/data/slurm/22.05/), so exit codes come from a second, narrow text query
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +31,7 @@ from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
     exit_of,
+    is_job_id,
     load_json,
     num,
     parse_sacct_json,
@@ -36,6 +41,10 @@ from slurmpod.backends.parse import (
 )
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord
+
+_log = logging.getLogger("slurmpod.sacct")
+# The delimiter of the recorded narrow queries (tests/data/report/): sacct's default.
+RECORDED_NARROW_DELIMITER = "|"
 
 
 @dataclass(frozen=True)
@@ -89,12 +98,35 @@ EXIT_CODE_ARGV = ("sacct", "--noheader", "--parsable2", "--allocations", "--dupl
                   "--format=JobID,ExitCode")
 
 
-def parse_exit_codes(text: str) -> dict[str, tuple[int, int]]:
+_EXIT_CODE = re.compile(r"\d+:\d+")
+_EPOCH_OR_UNSET = re.compile(r"\d+|Unknown|None|")
+_STATE = re.compile(r"[A-Z_]+(?: by \d+)?")  # `CANCELLED by 1000`
+
+
+def _narrow_rows(text: str, n: int, delimiter: str, what: str) -> list[list[str]]:
+    """Lines of a query without free text, each exactly `n` fields with a job id first; others
+    are left out with one warning. split("\\n"), not splitlines(): only \\n ends a sacct row."""
+    rows, bad = [], []
+    for line in text.rstrip("\n").split("\n"):
+        if not line:
+            continue
+        parts = line.split(delimiter)
+        if len(parts) == n and is_job_id(parts[0]):
+            rows.append(parts)
+        else:
+            bad.append(line)
+    if bad:
+        _log.warning("slurmpod: warning: sacct %s: left out %d line(s) not as Slurm prints "
+                     "them, first: %.120r", what, len(bad), bad[0])
+    return rows
+
+
+def parse_exit_codes(text: str, delimiter: str = RECORDED_NARROW_DELIMITER
+                     ) -> dict[str, tuple[int, int]]:
     """`JobID|ExitCode` rows -> job id -> (exit code, signal); the last attempt wins."""
     out: dict[str, tuple[int, int]] = {}
-    for line in text.splitlines():
-        jid, sep, code = line.strip().partition("|")
-        if sep and jid and "." not in jid:
+    for jid, code in _narrow_rows(text, 2, delimiter, "exit codes"):
+        if "." not in jid and _EXIT_CODE.fullmatch(code):
             out[jid] = exit_of(code)
     return out
 
@@ -126,28 +158,41 @@ def select(jobs: Sequence[SacctJob], *, user: str | None = None, account: str | 
 ATTEMPT_FIELDS = ("JobID", "Submit", "Start", "End", "ElapsedRaw", "State")
 
 
-def records_argv(selection: Sequence[str]) -> list[str]:
-    return ["sacct", "--noheader", "--parsable2", f"--delimiter={SACCT_DELIMITER}",
+def records_argv(selection: Sequence[str], delimiter: str) -> list[str]:
+    """The records query; `delimiter` from `backends.parse.sacct_delimiter()`, fresh per report."""
+    return ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}",
             f"--format={','.join(SACCT_FIELDS)}", "--duplicates", "--allocations", *selection]
 
 
-def attempts_argv(selection: Sequence[str]) -> list[str]:
-    return ["sacct", "--noheader", "--parsable2", "--duplicates", "--allocations",
-            f"--format={','.join(ATTEMPT_FIELDS)}", *selection]
+def attempts_argv(selection: Sequence[str], delimiter: str) -> list[str]:
+    """The attempts query (no free text; the same delimiter all the same)."""
+    return ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}", "--duplicates",
+            "--allocations", f"--format={','.join(ATTEMPT_FIELDS)}", *selection]
 
 
 def _epoch(text: str) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def parse_attempts(text: str) -> dict[str, list[Attempt]]:
+def _attempt_ok(parts: Sequence[str]) -> bool:
+    _, submit, start, end, elapsed, state = parts
+    return (all(_EPOCH_OR_UNSET.fullmatch(t) for t in (submit, start, end))
+            and elapsed.isdigit() and _STATE.fullmatch(state) is not None)
+
+
+def parse_attempts(text: str, delimiter: str = RECORDED_NARROW_DELIMITER
+                   ) -> dict[str, list[Attempt]]:
     """`JobID|Submit|Start|End|ElapsedRaw|State` rows (epoch times) -> job id -> attempts."""
     out: dict[str, list[Attempt]] = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != len(ATTEMPT_FIELDS) or not parts[0] or "." in parts[0]:
-            continue
+    rows = _narrow_rows(text, len(ATTEMPT_FIELDS), delimiter, "attempts")
+    good = [p for p in rows if _attempt_ok(p)]
+    if len(good) < len(rows):
+        _log.warning("slurmpod: warning: sacct attempts: left out %d line(s) with times or "
+                     "state not as Slurm prints them", len(rows) - len(good))
+    for parts in good:
         jid, submit, start, end, elapsed, state = parts
+        if "." in jid:
+            continue
         out.setdefault(jid, []).append(Attempt(
             submit_s=_epoch(submit), start_s=_epoch(start), end_s=_epoch(end),
             elapsed_s=int(elapsed) if elapsed.isdigit() else 0,
@@ -155,8 +200,11 @@ def parse_attempts(text: str) -> dict[str, list[Attempt]]:
     return out
 
 
-def jobs_from_text(records_text: str, attempts_text: str) -> list[SacctJob]:
-    """The two text queries' outputs -> jobs in sacct's order, with their attempts."""
-    attempts = parse_attempts(attempts_text)
+def jobs_from_text(records_text: str, attempts_text: str,
+                   delimiter: str | None = None) -> list[SacctJob]:
+    """The two text queries' outputs -> jobs in sacct's order, with their attempts. `delimiter`
+    is the one both queries were run with; None reads the recorded samples (records with
+    `backends.parse.SACCT_DELIMITER`, attempts with `|`)."""
+    attempts = parse_attempts(attempts_text, delimiter or RECORDED_NARROW_DELIMITER)
     return [SacctJob(r, tuple(attempts.get(r.job_id, ())))
-            for r in parse_sacct_parsable(records_text)]
+            for r in parse_sacct_parsable(records_text, delimiter=delimiter or SACCT_DELIMITER)]

@@ -33,6 +33,9 @@ class CannedRunner:
         answer = self.answers[argv[0]].pop(0)
         if isinstance(answer, Exception):
             raise answer
+        delim = next((a.partition("=")[2] for a in argv if a.startswith("--delimiter=")), None)
+        if delim:  # recorded with the unit separator; sacct prints the query's own delimiter
+            answer = answer.replace(SACCT_DELIMITER, delim)
         return CommandResult(tuple(argv), 0, answer, "", 0.01)
 
     def write_text(self, path, text, mode=0o644):  # pragma: no cover - unused here
@@ -150,7 +153,12 @@ def test_accounting_argv() -> None:
     recs = backend.accounting(["2", "4", "2"])
     assert set(recs) == {"2", "4"} and recs["4"].restarts == 1
     argv = runner.calls[0][0]
-    assert f"--delimiter={SACCT_DELIMITER}" in argv and "--duplicates" in argv
+    delim = next(a.partition("=")[2] for a in argv if a.startswith("--delimiter="))
+    assert delim.startswith(SACCT_DELIMITER) and len(delim) == 17 and "--duplicates" in argv
+    runner.answers["sacct"].append((DATA / "sacct.parsable2.txt").read_text())
+    assert set(backend.accounting(["2"])) == {"2"}
+    again = next(a for a in runner.calls[1][0] if a.startswith("--delimiter="))
+    assert again != f"--delimiter={delim}"  # a fresh one per query
     assert f"--format={','.join(SACCT_FIELDS)}" in argv and "--jobs=2,4" in argv
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from slurmpod.cli.main import cli, main
 from slurmpod.cli.report import slurm_since
 
 DATA = Path(__file__).parents[1] / "data" / "report"
+# prints a recorded file with the delimiter the query asked for
+FAKE = Path(__file__).with_name("fake_sacct.py")
 
 
 @pytest.fixture()
@@ -27,8 +30,8 @@ def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 printf '%s\\n' "$*" >> {argv_log}
 [ "$SLURM_TIME_FORMAT" = "%s" ] || {{ echo "sacct: want epoch times" >&2; exit 1; }}
 case "$*" in
-  *--delimiter*) cat {DATA / 'handmade.records.txt'} ;;
-  *ElapsedRaw,State*) cat {DATA / 'handmade.attempts.txt'} ;;
+  *Comment*) exec {sys.executable} {FAKE} {DATA / 'handmade.records.txt'} us "$@" ;;
+  *ElapsedRaw,State*) exec {sys.executable} {FAKE} {DATA / 'handmade.attempts.txt'} pipe "$@" ;;
   *) echo "unexpected sacct call" >&2; exit 1 ;;
 esac
 """)
@@ -194,7 +197,8 @@ def test_progress_bar_on_stderr_for_many_jobs(tmp_path: Path, monkeypatch: pytes
     bin_dir.mkdir()
     script = bin_dir / "sacct"
     script.write_text(f"""#!/bin/sh
-case "$*" in *--delimiter*) cat {tmp_path / 'r.txt'} ;; *) cat {tmp_path / 'a.txt'} ;; esac
+case "$*" in *Comment*) f={tmp_path / 'r.txt'} d=us ;; *) f={tmp_path / 'a.txt'} d=pipe ;; esac
+exec {sys.executable} {FAKE} "$f" "$d" "$@"
 """)
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
