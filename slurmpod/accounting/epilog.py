@@ -486,8 +486,7 @@ def _flush_queue(spool: Spool, deliver: Deliver) -> None:
 
 def is_tracked(comment: str | None) -> bool:
     """A job slurmpod submitted (rendered Comment) or whose monitor wrote Comment v1."""
-    doc = hooks.decode_field(comment)
-    return bool(doc) and any(k in doc for k in ("slurmpod", "flops_per_iter", "mfu", "fmt"))
+    return hooks.is_slurmpod_comment(hooks.decode_field(comment))
 
 
 def default_spool(env: Mapping[str, str] | None = None) -> Path:

@@ -22,6 +22,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from slurmpod.model.comment import SUBMIT_FMT, is_slurmpod_comment, submit_comment
+
+__all__ = ["SUBMIT_FMT", "is_slurmpod_comment", "submit_comment"]  # the submit keys' home
+
 COMMENT_V = 1
 ADMIN_V = 1
 RECORD_V = 1

@@ -9,7 +9,6 @@ first, then the built-in `templates/sbatch/`). `sbatch_line` is the one place a 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod import __version__
 from slurmpod.errors import ConfigError
+from slurmpod.model.comment import submit_comment
 from slurmpod.render import launch
 from slurmpod.render.nccl_env import (
     EnvVar,
@@ -30,10 +30,9 @@ from slurmpod.render.nccl_env import (
 
 if TYPE_CHECKING:
     from slurmpod.megatron.runspec import RunSpec
-    from slurmpod.model.site import NodeType, Site
+from slurmpod.model.site import NodeType, Site
 
 DEFAULT_TEMPLATE = "sbatch/megatron.sbatch.j2"
-COMMENT_FORMAT = 1  # version of the --comment JSON the accounting hooks read
 
 # sbatch reads `#SBATCH` lines with its own tokenizer (src/sbatch/opt.c `_get_argument`, the same
 # in 22.05 and 24.11): whitespace splits, '…' and "…" group, a backslash escapes the next
@@ -188,20 +187,10 @@ def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     """The job's `--comment`: compact JSON the accounting hooks parse (sacct keeps it when
     AccountingStoreFlags=job_comment). Keys as slurmpod.accounting.hooks reads them; the live
     monitor merges its figures in and keeps these."""
-    data = {
-        "slurmpod": __version__,
-        "fmt": COMMENT_FORMAT,
-        "run": run_name,
-        "flops_per_iter": plan.flops_per_iteration,
-        "peak_tflops": plan.peak_tflops,
-        "gpus": plan.nodes * plan.gpus_per_node,
-        "formula": plan.formula,
-    }
-    if plan.tokens_per_iteration:
-        data["tokens_per_iter"] = plan.tokens_per_iteration
-    if token:
-        data["token"] = token
-    return json.dumps(data, separators=(",", ":"), sort_keys=False)
+    return submit_comment(version=__version__, run=run_name,
+                          flops_per_iter=plan.flops_per_iteration, peak_tflops=plan.peak_tflops,
+                          gpus=plan.nodes * plan.gpus_per_node, formula=plan.formula,
+                          tokens_per_iter=plan.tokens_per_iteration, token=token)
 
 
 def segment_size(nodes: int, domain_nodes: int, unit: int = 1) -> int:

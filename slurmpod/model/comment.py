@@ -1,0 +1,37 @@
+"""The submit-time keys of a slurmpod job's Slurm Comment (pure: render writes them, the
+accounting hooks read them; the live and final keys are in `slurmpod.accounting.hooks`).
+
+Render lives in the pure core and may not import the accounting package, so the keys both
+sides share live here, in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+SUBMIT_FMT = 1  # version of the submit-time keys `slurmpod render` puts in --comment
+SUBMIT_KEYS = ("slurmpod", "fmt", "run", "flops_per_iter", "peak_tflops", "gpus", "formula",
+               "tokens_per_iter", "token")
+
+
+def submit_comment(*, version: str, run: str, flops_per_iter: float, peak_tflops: float,
+                   gpus: int, formula: str, tokens_per_iter: float | None = None,
+                   token: str = "") -> str:
+    """The job's `--comment` at submission: what the planner knew (compact JSON). The monitor
+    merges its live keys in and keeps these; the epilog takes only `flops_per_iter` and
+    `formula` from them (GPUs and peak come from Slurm and the site: docs/accounting.md)."""
+    data: dict[str, Any] = {"slurmpod": version, "fmt": SUBMIT_FMT, "run": run,
+                            "flops_per_iter": flops_per_iter, "peak_tflops": peak_tflops,
+                            "gpus": gpus, "formula": formula}
+    if tokens_per_iter:
+        data["tokens_per_iter"] = tokens_per_iter
+    if token:
+        data["token"] = token
+    return json.dumps(data, separators=(",", ":"), sort_keys=False)
+
+
+def is_slurmpod_comment(doc: Mapping[str, Any] | None) -> bool:
+    """A Comment slurmpod rendered (submit keys) or its monitor wrote (Comment v1)."""
+    return bool(doc) and any(k in doc for k in ("slurmpod", "flops_per_iter", "mfu", "fmt"))
