@@ -44,6 +44,19 @@ _ARGS = ["------------------------ arguments ------------------------"] + [
 ] + ["-------------------- end of arguments ---------------------"]
 
 
+def iteration_lines(n: int, seed: int = 0) -> bytes:
+    """n iteration lines of the synthetic log's layout, nothing else (for tests)."""
+    rng = random.Random(seed)
+    t0, out = 1_712_372_532.0, []
+    for it in range(1, n + 1):
+        ms = 5361.6 + rng.random() * 400
+        t0 += ms / 1000
+        ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
+        out.append(_ITER.format(ts=ts, i=it, n=10_000_000, cs=it * 128, ms=ms,
+                                tf=243.6 * 5361.6 / ms, loss=2.0 / (1 + it / 1000)) + "\n")
+    return "".join(out).encode()
+
+
 def _noise_blocks(n_lines: int, rng: random.Random, variants: int = 32) -> list[str]:
     blocks = []
     for _ in range(variants):

@@ -45,6 +45,8 @@ class IterationRecord:
     nan_iters: int | None
     segment: int
     offset: int  # byte offset of the line in the stream
+    energy_j: float = float("nan")  # Megatron's `energy per GPU (J/iter/GPU)` (--log-energy)
+    power_w: float = float("nan")  # Megatron's `power per GPU (W/GPU)` (--log-energy)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class IterationTable:
     lm_loss: np.ndarray
     loss_scale: np.ndarray
     grad_norm: np.ndarray
+    energy_j: np.ndarray  # J per iteration per GPU as the log printed it (2025 on, --log-energy)
+    power_w: np.ndarray  # W per GPU as the log printed it
 
     def __len__(self) -> int:
         return int(self.iteration.shape[0])
@@ -82,7 +86,8 @@ class IterationTable:
             tflops_reported=float(self.tflops_reported[i]), lm_loss=float(self.lm_loss[i]),
             loss_scale=float(self.loss_scale[i]), grad_norm=float(self.grad_norm[i]),
             skipped_iters=opt(self.skipped_iters), nan_iters=opt(self.nan_iters),
-            segment=int(self.segment[i]), offset=int(self.offset[i]))
+            segment=int(self.segment[i]), offset=int(self.offset[i]),
+            energy_j=float(self.energy_j[i]), power_w=float(self.power_w[i]))
 
     def __iter__(self) -> Iterator[IterationRecord]:
         return (self.record(i) for i in range(len(self)))
@@ -180,24 +185,32 @@ _EPOCH = _dt.date(1970, 1, 1)
 _minute_cache: dict[bytes, float] = {}
 
 
-def parse_timestamp(ts: bytes) -> float | None:
-    """`2024-04-06 03:02:12[.ffffff]` -> log-clock seconds; None if not a real date/time."""
-    if _TS_SHAPE.fullmatch(ts) is None:
-        return None
-    minute = ts[:16]  # consecutive lines share it: one date computation per minute of log
+def minute_base(minute: bytes) -> float | None:
+    """`2024-04-06 03:02` (shape already checked) -> log-clock seconds of that minute; None if
+    not a real date/time. Cached: consecutive lines share the minute."""
     base = _minute_cache.get(minute)
     if base is None:
         try:
-            d = _dt.date(int(ts[0:4]), int(ts[5:7]), int(ts[8:10]))
+            d = _dt.date(int(minute[0:4]), int(minute[5:7]), int(minute[8:10]))
         except ValueError:
             return None
-        h, mi = int(ts[11:13]), int(ts[14:16])
+        h, mi = int(minute[11:13]), int(minute[14:16])
         if h > 23 or mi > 59:
             return None
         base = float((d - _EPOCH).days * 86400 + h * 3600 + mi * 60)
         if len(_minute_cache) > 4096:
             _minute_cache.clear()
         _minute_cache[minute] = base
+    return base
+
+
+def parse_timestamp(ts: bytes) -> float | None:
+    """`2024-04-06 03:02:12[.ffffff]` -> log-clock seconds; None if not a real date/time."""
+    if _TS_SHAPE.fullmatch(ts) is None:
+        return None
+    base = minute_base(ts[:16])
+    if base is None:
+        return None
     s = int(ts[17:19])
     if s > 60:  # 60: a leap second
         return None

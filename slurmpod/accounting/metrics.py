@@ -82,6 +82,7 @@ class IterationSeries:
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     tflops_reported: np.ndarray
+    power_w: np.ndarray
     steady: np.ndarray
 
     def __len__(self) -> int:
@@ -131,6 +132,8 @@ class JobMetrics:
     tflops_per_gpu: Stats | None
     mfu: Stats | None
     tflops_reported: Stats | None  # Megatron's own figure (its release's formula)
+    energy_j: Stats | None  # J per iteration per GPU as logged (Megatron --log-energy)
+    power_w: Stats | None  # W per GPU as logged
     reported_ratio: float | None  # slurmpod TFLOP/s ÷ Megatron's, medians over the same records
     time_to_first_iteration_s: float | None
     time_to_first_iteration_ref: str | None  # "job_start" | "megatron_launch" | "first_log_line"
@@ -230,7 +233,7 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
     """Metrics for one job. Times are log-clock seconds (logparse.epoch_to_log_clock)."""
     if n_gpus < 1:
         raise ValueError("n_gpus must be >= 1")
-    if not peak_tflops > 0:
+    if not peak_tflops > 0 and peak_tflops == peak_tflops:  # NaN: no peak, no MFU
         raise ValueError("peak_tflops must be > 0")
     tab = summary.iterations
     it, seg = tab.iteration, tab.segment
@@ -300,7 +303,7 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         iteration=it, segment=seg, time_s=tab.time_s, iter_time_ms=tab.elapsed_ms,
         iters_covered=cov, lost_iters=lost, global_batch_size=tab.global_batch_size,
         tokens_per_s=tokens, tflops_per_gpu=tflops, mfu=mfu,
-        tflops_reported=tab.tflops_reported, steady=steady)
+        tflops_reported=tab.tflops_reported, power_w=tab.power_w, steady=steady)
 
     st = steady
     t_stats, r_stats = Stats.of(tflops[st]), Stats.of(tab.tflops_reported[st])
@@ -346,10 +349,12 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         schema=SCHEMA, flops_formula=flops_formula, peak_tflops=float(peak_tflops),
         n_gpus=int(n_gpus), seq_length=seq_length, flops_per_iteration=fpi, n_records=n,
         first_iteration=int(it[0]) if n else None, last_iteration=int(it.max()) if n else None,
-        train_iters=int(tab.train_iters[-1]) if n else None, restarts=summary.restarts,
+        train_iters=int(tab.train_iters[-1]) if n and tab.train_iters[-1] >= 0 else None,
+        restarts=summary.restarts,
         warmup_iters=warmup_iters, steady_fallback=fallback,
         iter_time_ms=Stats.of(tab.elapsed_ms[st]), tokens_per_s=Stats.of(tokens[st]),
         tflops_per_gpu=t_stats, mfu=Stats.of(mfu[st]), tflops_reported=r_stats,
+        energy_j=Stats.of(tab.energy_j[st]), power_w=Stats.of(tab.power_w[st]),
         reported_ratio=ratio, time_to_first_iteration_s=ttfi, time_to_first_iteration_ref=ref,
         checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
         productive_s=productive_s, lost_s=lost_s, lost_iters=int(lost.sum()), wall_s=wall,

@@ -111,6 +111,7 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     from slurmpod.accounting.metrics import flops_fn_for, job_metrics
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.megatron.runspec import ModelConfig, load_run
+    from slurmpod.megatron.validate import check_dump_args
 
     summary = _read_log(log, attempt)
     if len(summary.iterations) == 0:
@@ -127,23 +128,51 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
                          hint=f"node types: {', '.join(sorted(site_obj.node_types))}")
 
     world_size: int | None = None
+    args: Any = None
+    source = None
     if run_file is not None:
         run = load_run(run_file)
-        args: Any = run.megatron
+        args = run.megatron
         source = f"run spec {run_file}"
         nt_name = node_type or (next(iter(site_obj.node_types)) if len(site_obj.node_types) == 1
                                 else None)
         if nt_name in site_obj.node_types:
             world_size = run.job.nodes * site_obj.node_types[nt_name].gpus
-    else:
+    elif summary.args is not None:
         args = summary.args
         source = "the log's arguments dump"
-        if args is None:
-            raise UsageError(f"{log}: the log has no Megatron `arguments` dump to take the model "
-                             "from", hint="pass the job's run spec with --run RUN.toml")
+        # A dump is the job's word, not checked by slurmpod: refuse nonsense before using it
+        # (a negative layer count gave a negative MFU, 1e12 layers a MemoryError).
+        problem = check_dump_args(args)
+        if problem is not None:
+            raise ConfigError(f"arguments dump: {problem}", file=str(log),
+                              hint="fix the numbers with --run RUN.toml (the job's run spec)")
         ws = args.get("world_size")
         world_size = ws if isinstance(ws, int) and ws > 0 else None
     n_gpus = gpus or world_size
+
+    if peak_tflops is not None:
+        if not math.isfinite(peak_tflops):  # click's FloatRange lets nan and inf through
+            raise UsageError(f"--peak-tflops {peak_tflops}: give the GPU's finite dense peak in "
+                             "TFLOP/s (H100 SXM: 989)")
+        peak, peak_src = float(peak_tflops), "--peak-tflops"
+    else:
+        peak, peak_src = _peak(site_obj, site_name, node_type)
+
+    if args is None:
+        # No model: what the log itself says (iteration times, Megatron's own TFLOP/s, power).
+        m = job_metrics(summary, None, peak, n_gpus or 1, seq_length=None,
+                        flops_formula="none", warmup_iters=warmup_iters)
+        if as_json:
+            from slurmpod.cli.output import emit_json
+
+            doc = _json_doc(log, attempt, None, peak_src, summary, m, series)
+            doc["n_gpus"] = n_gpus
+            emit_json(doc)
+            return
+        click.echo(_text(log, summary, m, None, peak_src, n_gpus))
+        return
+
     if n_gpus is None:
         where = ("the run spec's nodes need the node type (the site has several)" if run_file
                  else "no world_size in the log's arguments")
@@ -157,41 +186,54 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
         where = str(run_file) if run_file else f"{log} (arguments dump)"
         raise ConfigError(exc.message, file=where, hint=exc.hint) from None
 
-    if peak_tflops is not None:
-        if not math.isfinite(peak_tflops):  # click's FloatRange lets nan and inf through
-            raise UsageError(f"--peak-tflops {peak_tflops}: give the GPU's finite dense peak in "
-                             "TFLOP/s (H100 SXM: 989)")
-        peak, peak_src = float(peak_tflops), "--peak-tflops"
-    else:
-        peak, peak_src = _peak(site_obj, site_name, node_type)
-
     m = job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
                     default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
                     warmup_iters=warmup_iters)
     if as_json:
         from slurmpod.cli.output import emit_json
 
-        out = {"log": str(log), "attempt": attempt, "model_source": source,
-               "peak_source": peak_src,
-               "log_summary": {"n_bytes": summary.n_bytes, "n_rejected": summary.n_rejected,
-                               "n_duplicates": summary.n_duplicates}}
-        emit_json(out | m.to_json(series=series))
+        emit_json(_json_doc(log, attempt, source, peak_src, summary, m, series))
         return
-    click.echo(_text(log, summary, m, source, peak_src))
+    click.echo(_text(log, summary, m, source, peak_src, n_gpus))
 
 
-def _text(log: Path, summary: Any, m: JobMetrics, source: str, peak_src: str) -> str:
+def _json_doc(log: Path, attempt: int | None, source: str | None, peak_src: str, summary: Any,
+              m: JobMetrics, series: bool) -> dict[str, Any]:
+    out = {"log": str(log), "attempt": attempt, "model_source": source,
+           "peak_source": peak_src,
+           "log_summary": {"n_bytes": summary.n_bytes, "n_rejected": summary.n_rejected,
+                           "n_duplicates": summary.n_duplicates}}
+    doc = out | m.to_json(series=series)
+    if source is None:  # no FLOPs model: nothing of slurmpod's own FLOPs to show
+        doc["flops_formula"] = None
+    return doc
+
+
+def _text(log: Path, summary: Any, m: JobMetrics, source: str | None, peak_src: str,
+          n_gpus: int | None) -> str:
     from slurmpod.cli.output import table
 
+    of = f" of {m.train_iters}" if m.train_iters is not None else ""
     lines = [
         f"log            {log} ({m.n_records} iteration records, iterations "
-        f"{m.first_iteration}..{m.last_iteration} of {m.train_iters}, "
+        f"{m.first_iteration}..{m.last_iteration}{of}, "
         f"{summary.n_rejected} malformed lines skipped)",
-        f"model          from {source}",
-        f"GPUs           {m.n_gpus}; peak {m.peak_tflops:g} TFLOP/s per GPU, dense BF16 "
-        f"({peak_src})",
-        f"FLOPs model    {m.flops_formula}: {_fmt(m.flops_per_iteration, '.4g')} per iteration "
-        f"(sequence length {m.seq_length})",
+    ]
+    if source is None:
+        lines += [
+            "model          unknown: the log has no arguments dump (give --run RUN.toml for "
+            "slurmpod's FLOPs and MFU)",
+            f"GPUs           {n_gpus if n_gpus is not None else 'unknown (--gpus N)'}",
+        ]
+    else:
+        lines += [
+            f"model          from {source}",
+            f"GPUs           {m.n_gpus}; peak {m.peak_tflops:g} TFLOP/s per GPU, dense BF16 "
+            f"({peak_src})",
+            f"FLOPs model    {m.flops_formula}: {_fmt(m.flops_per_iteration, '.4g')} per "
+            f"iteration (sequence length {m.seq_length})",
+        ]
+    lines += [
         "",
         f"steady state: {m.iter_time_ms.n if m.iter_time_ms else 0} of {m.n_records} records "
         f"(warm-up: first {m.warmup_iters} iterations of each launch"
@@ -205,16 +247,23 @@ def _text(log: Path, summary: Any, m: JobMetrics, source: str, peak_src: str) ->
             spec = ".1f" if st.median >= 10 else ".3g"
         return [name, *(_fmt(v * scale, spec) for v in (st.median, st.p10, st.p90))]
 
-    rows = [row("iteration time (ms)", m.iter_time_ms, ".1f"),
-            row("tokens/s", m.tokens_per_s, ",.0f"),
-            row("model TFLOP/s per GPU", m.tflops_per_gpu, "tflops"),
-            row("MFU (%)", m.mfu, ".2f", 100.0)]
+    rows = [row("iteration time (ms)", m.iter_time_ms, ".1f")]
+    if m.tokens_per_s is not None or source is not None:
+        rows.append(row("tokens/s", m.tokens_per_s, ",.0f"))
+    if source is not None:
+        rows += [row("model TFLOP/s per GPU", m.tflops_per_gpu, "tflops"),
+                 row("MFU (%)", m.mfu, ".2f", 100.0)]
     if m.tflops_reported is not None:
-        rows.append(row("Megatron's TFLOP/s/GPU", m.tflops_reported, "tflops"))
+        rows.append(row("log's own TFLOP/s/GPU", m.tflops_reported, "tflops"))
+    if m.power_w is not None:
+        rows.append(row("power per GPU (W)", m.power_w, ".1f"))
+    if m.energy_j is not None:
+        rows.append(row("energy per GPU (J/iter)", m.energy_j, ".1f"))
     lines.append(table(["metric", "median", "p10", "p90"], rows))
     if m.reported_ratio is not None:
-        lines.append(f"slurmpod ÷ Megatron-reported TFLOP/s: {m.reported_ratio:.3f} (Megatron "
-                     "counts with its own release's formula; see docs/accounting.md)")
+        lines.append(f"slurmpod ÷ log-reported TFLOP/s: {m.reported_ratio:.3f} (slurmpod counts "
+                     f"with {m.flops_formula}, Megatron with its own release's formula; see "
+                     "docs/accounting.md, Formula versions)")
     lines.append("")
     ttfi = m.time_to_first_iteration_s
     lines.append(f"time to first iteration  {_fmt(ttfi, '.1f')} s"
@@ -224,7 +273,7 @@ def _text(log: Path, summary: Any, m: JobMetrics, source: str, peak_src: str) ->
                  f"{m.checkpoint_stall_s:.1f} s in total")
     lines.append(f"restarts                 {m.restarts}; work lost {m.lost_iters} iterations "
                  f"({m.lost_s:.1f} s)")
-    if m.goodput is not None:
+    if m.goodput is not None and source is not None:
         lines.append(f"goodput                  {m.goodput * 100:.1f} % (productive "
                      f"{m.productive_s:.1f} s of {_fmt(m.wall_s, '.1f')} s in the log, "
                      f"× {m.n_gpus} GPUs)")

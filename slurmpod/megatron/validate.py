@@ -10,7 +10,9 @@ memory, so a message can say "use TP=8, PP=2" rather than just "wrong".
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from slurmpod.megatron.memory import activation_bytes, weight_and_optimizer_bytes
 from slurmpod.megatron.runspec import ModelConfig
@@ -270,3 +272,48 @@ def specific_fix(key: str, msg: str, c: ModelConfig, world: int) -> str | None:
 
 def with_fix(message: str, fix: str | None, fallback: str) -> str:
     return f"{message}: use {fix}" if fix else f"{message}: {fallback}"
+
+
+# Bounds for the arguments dump of a log (`check_dump_args`): far above any real model (the
+# largest published dense models have ~128 layers, hidden 25,600, 128 heads; MoE up to a few
+# hundred experts), low enough that a FLOPs or memory computation from them cannot blow up.
+_DUMP_BOUNDS: dict[str, int] = {
+    "num_layers": 10_000, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16,
+    "num_query_groups": 1 << 16, "kv_channels": 1 << 16, "ffn_hidden_size": 1 << 24,
+    "moe_ffn_hidden_size": 1 << 24, "moe_shared_expert_intermediate_size": 1 << 24,
+    "num_experts": 1 << 16, "moe_router_topk": 1 << 16, "seq_length": 1 << 24,
+    "max_position_embeddings": 1 << 26, "padded_vocab_size": 1 << 24, "vocab_size": 1 << 24,
+    "global_batch_size": 1 << 26, "micro_batch_size": 1 << 20, "world_size": 1 << 24,
+    "tensor_model_parallel_size": 1 << 16, "pipeline_model_parallel_size": 1 << 16,
+    "context_parallel_size": 1 << 16, "expert_model_parallel_size": 1 << 16,
+    "virtual_pipeline_model_parallel_size": 1 << 16, "make_vocab_size_divisible_by": 1 << 20,
+    "log_interval": 1 << 40, "train_iters": 1 << 50,
+}
+# Present in every dump of a model that slurmpod can count FLOPs for.
+_DUMP_REQUIRED_POSITIVE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+
+
+def check_dump_args(args: Mapping[str, Any]) -> str | None:
+    """Sanity of a log's `arguments` dump before its numbers are used: sizes and counts must be
+    whole numbers >= 1 and below generous bounds (`None`, Megatron's "not set", is allowed for
+    the optional ones). Returns one line naming the first bad argument and why, else None."""
+    for key, bound in _DUMP_BOUNDS.items():
+        if key not in args:
+            continue
+        v = args[key]
+        if v is None and key not in _DUMP_REQUIRED_POSITIVE:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"{key} = {v!r}: not a whole number"
+        if v < 1:
+            return f"{key} = {v}: must be at least 1"
+        if v > bound:
+            return f"{key} = {v}: more than {bound:,}, which no real model or job has"
+    heads, groups = args.get("num_attention_heads"), args.get("num_query_groups")
+    if (isinstance(heads, int) and isinstance(groups, int) and not isinstance(groups, bool)
+            and args.get("group_query_attention") and groups > heads):
+        return (f"num_query_groups = {groups}: more than num_attention_heads = {heads}")
+    experts, topk = args.get("num_experts"), args.get("moe_router_topk")
+    if isinstance(experts, int) and isinstance(topk, int) and topk > experts:
+        return f"moe_router_topk = {topk}: more than num_experts = {experts}"
+    return None

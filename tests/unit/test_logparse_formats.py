@@ -159,26 +159,17 @@ def test_over_long_line_is_dropped_and_memory_stays_bounded() -> None:
     assert s.iterations.iteration.tolist() == [71, 72]
 
 
-def test_fast_and_generic_field_readers_agree() -> None:
-    """The one-regex reader of the usual layout and the any-layout reader give the same row."""
-    from slurmpod.accounting import logparse as lp
+def test_every_iteration_line_of_the_samples_teaches_a_bulk_layout() -> None:
+    """The careful reader learns each line's layout for the bulk reader (which must then read
+    the same: tests/unit/test_logparse_bulk.py)."""
+    from slurmpod.accounting.logparse import LogParser
 
-    n = 0
-    for name in ("mixtral-8x7b-h100x16.log", "megatron-2023-no-timestamp.log",
-                 "megatron-2024-restart.log", "megatron-2026-microseconds.log"):
-        for line in (DATA / name).read_bytes().splitlines():
-            m = lp._ITER_HDR.search(line)
-            if m is None or b"|" not in line[m.end():]:
-                continue
-            fast = lp._FAST.match(line, m.end())
-            assert fast is not None, line
-            g = fast.groups()
-            row = (int(g[0]), float(g[1]), float(g[2] or "nan"), int(g[3]), float(g[4] or "nan"),
-                   float(g[5]), float(g[6] or "nan"), int(g[7]), int(g[8]))
-            generic = lp._generic_fields(line[m.end():])
-            assert repr(row) == repr(generic), line
-            n += 1
-    assert n == 3 + 5 + 22 + 7
+    for name, n_layouts in (("mixtral-8x7b-h100x16.log", 1), ("megatron-2023-no-timestamp.log", 1),
+                            ("megatron-2024-restart.log", 1),
+                            ("megatron-2026-microseconds.log", 2)):  # with and without `skipped samples`
+        p = LogParser()
+        p.feed((DATA / name).read_bytes())
+        assert len(p._layouts) == n_layouts, name
 
 
 def test_a_cut_line_glued_to_a_whole_one_keeps_the_whole_one() -> None:
