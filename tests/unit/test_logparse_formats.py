@@ -166,7 +166,8 @@ def test_every_iteration_line_of_the_samples_teaches_a_bulk_layout() -> None:
 
     for name, n_layouts in (("mixtral-8x7b-h100x16.log", 1), ("megatron-2023-no-timestamp.log", 1),
                             ("megatron-2024-restart.log", 1),
-                            ("megatron-2026-microseconds.log", 2)):  # with and without `skipped samples`
+                            # lines with and without `skipped samples`
+                            ("megatron-2026-microseconds.log", 2)):
         p = LogParser()
         p.feed((DATA / name).read_bytes())
         assert len(p._layouts) == n_layouts, name
