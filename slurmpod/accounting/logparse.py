@@ -27,9 +27,15 @@ What is understood, by Megatron-LM release:
   arguments dump, or an iteration number that does not increase, opens a new `Segment`.
 - `srun --label` rank prefixes (`0: `) and other text before a line's payload.
 
-Speed: the input is scanned as bytes with `bytes.find` for a few marker words; only lines that
-contain one are split and matched. Memory: one unfinished line (capped at `MAX_LINE_BYTES`) plus
-112 bytes per logged iteration (typed arrays) and a small record per checkpoint/restart.
+Also Megatron-DeepSpeed's `elapsed time per iteration (s)`, `--log-energy` fields, NeMo 2.x /
+Megatron-Bridge `Training epoch E, iteration I/N | key: value ...` and NeMo 1.x Lightning bars
+(`key=value` postfix), launcher prefixes, ECMA-48 escapes, and `\r` as a line end.
+
+Speed: Megatron lines of a layout already seen (`_Layout`) are read in bulk, one regex
+`finditer` per chunk and numpy column conversion; everything else is found with `bytes.find`
+of a few marker words and read line by line (the careful path, which the bulk reader matches
+exactly). Memory: one unfinished line (capped at `MAX_LINE_BYTES`) plus 128 bytes per logged
+iteration (typed arrays) and a small record per checkpoint/restart.
 
 Garbage: lines that do not parse completely are counted (`n_rejected`) and dropped, never
 guessed at. An iteration line must end with `|` and every field slurmpod reads must convert;
