@@ -24,9 +24,10 @@ import pytest
 
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.hostlist import expand
+from slurmpod.workload import megatron_emu
 from tests.helpers import EMU, LOADED, TINY, segments, wait_for
 
-FLOPS, PEAK = 2.0e9, 0.05
+SLOWER = ["--hidden-size", "256", "--seq-length", "128"]
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -40,13 +41,32 @@ def need_tool(name: str) -> str:
     return path
 
 
-def comment(gpus: int) -> str:
-    return json.dumps({"slurmpod": "it", "fmt": 1, "run": "report-it", "flops_per_iter": FLOPS,
-                       "gpus": gpus, "peak_tflops": PEAK})
+def model_flops(*extra: str) -> float:
+    """Model FLOPs of one iteration of the workload with TINY (+ extra) arguments, as
+    `slurmpod submit` would put in the comment."""
+    parsed = megatron_emu.build_parser().parse_known_args([*TINY, "--train-iters", "1", *extra])
+    args = megatron_emu.finish_args(parsed[0], megatron_emu.Dist(0, 1, 0, "", "0"))
+    return megatron_emu.model_flops_per_iteration(args)
 
 
-def mfu_of(ms: float, gpus: int) -> float:
-    return FLOPS / (ms / 1000) / gpus / 1e12 / PEAK
+FLOPS = model_flops()
+
+
+def site_peak(sandbox: Any) -> float:
+    """The sandbox site's emulated GPU peak (measured at `up`): what the workload is paced to,
+    and what `slurmpod submit` would put in the comment, so MFU stays within 0-100 %."""
+    peak = megatron_emu.emulated_peak(None, sandbox.env).tflops
+    assert peak is not None, sandbox.env.get("SLURMPOD_SITE")
+    return peak
+
+
+def comment(gpus: int, peak: float, flops: float = FLOPS) -> str:
+    return json.dumps({"slurmpod": "it", "fmt": 1, "run": "report-it", "flops_per_iter": flops,
+                       "gpus": gpus, "peak_tflops": peak})
+
+
+def mfu_of(ms: float, gpus: int, peak: float) -> float:
+    return FLOPS / (ms / 1000) / gpus / 1e12 / peak
 
 
 @dataclass
@@ -57,6 +77,7 @@ class Jobs:
     nolog: str
     logs: dict[str, Path]
     work: Path
+    peak: float
 
 
 def _emu(d: Path, name: str, iters: int, extra: str = "") -> str:
@@ -70,12 +91,15 @@ def jobs(sandbox: Any) -> Jobs:
     d = sandbox.tmp_dir / "report"
     d.mkdir(exist_ok=True)
     logs: dict[str, Path] = {}
+    peak = site_peak(sandbox)
 
-    def submit(name: str, gpus_nodes: int, script: str, *extra: str) -> str:
+    def submit(name: str, gpus_nodes: int, script: str, *extra: str,
+               flops: float = FLOPS) -> str:
         out = d / f"{name}-%j.out"
         jid = sandbox.sbatch(f"-N{gpus_nodes}", "--exclusive", "--gpus-per-node=8",
                              f"--job-name=rep-{name}", f"--output={out}",
-                             f"--comment={comment(8 * gpus_nodes)}", *extra, "--wrap", script)
+                             f"--comment={comment(8 * gpus_nodes, peak, flops)}", *extra,
+                             "--wrap", script)
         logs[jid] = d / f"{name}-{jid}.out"
         return jid
 
@@ -88,7 +112,7 @@ def jobs(sandbox: Any) -> Jobs:
     # The kill reacts to the log line itself (a pipe, not polling the file): the tiny model's
     # iterations take milliseconds, and a late kill would let checkpoint 20 be saved. A wider
     # model than TINY's (same for both attempts) gives the kill three slower iterations of slack.
-    slower = "--hidden-size 256 --seq-length 128"
+    slower = " ".join(SLOWER)
     pid_file = d / "requeued-emu.pid"
     script = (
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then '
@@ -97,7 +121,8 @@ def jobs(sandbox: Any) -> Jobs:
         f"case \"$line\" in *' iteration '*' 17/'*) kill -9 \"$(cat {pid_file})\";; esac; done; "
         "scontrol requeue $SLURM_JOB_ID; sleep 60; "
         f"else {_emu(d, 'req', 30, slower)}; fi")
-    requeued = submit("requeued", 1, script, "--requeue", "--open-mode=append", "--time=5")
+    requeued = submit("requeued", 1, script, "--requeue", "--open-mode=append", "--time=5",
+                      flops=model_flops(*SLOWER))
     nolog = submit("nolog", 1, "echo no training here")
     ids = [done, failed, requeued, nolog]
     try:
@@ -116,7 +141,7 @@ def jobs(sandbox: Any) -> Jobs:
     except BaseException:
         sandbox.cancel(*ids)
         raise
-    return Jobs(done, failed, requeued, nolog, logs, d)
+    return Jobs(done, failed, requeued, nolog, logs, d, peak)
 
 
 def final_record(path: Path) -> bool:
@@ -186,8 +211,12 @@ def test_completed_job_report_matches_log_and_accounting(sandbox: Any, jobs: Job
     # MFU from the log itself: the steady state leaves out iterations 1-10.
     (seg,) = segments(jobs.logs[jobs.done].read_text())
     assert [i for i, _ in seg] == list(range(1, 26))
-    steady = [mfu_of(ms, 16) for i, ms in seg if i > 10]
+    steady = [mfu_of(ms, 16, jobs.peak) for i, ms in seg if i > 10]
     f = r["figures"]
+    # Real FLOPs against the site's measured peak, the workload paced to it: one process doing
+    # the work of 16 GPUs is at most 1/16 of the peak per GPU.
+    assert all(0 < mfu_of(ms, 16, jobs.peak) <= 1 / 16 for _, ms in seg)
+    assert 0 < f["mfu"]["median"] <= 1
     assert f["source"] == "spool" and f["iterations"] == 25
     assert f["mfu"]["median"] == pytest.approx(float(np.median(steady)), rel=2e-3)
     assert f["mfu"]["p10"] == pytest.approx(float(np.percentile(steady, 10)), rel=2e-3)
@@ -227,7 +256,8 @@ def test_failed_job_report(sandbox: Any, jobs: Jobs) -> None:
     assert any(n["code"] == "ended-badly" and "exit code 3" in n["text"] for n in r["notes"])
     (seg,) = segments(jobs.logs[jobs.failed].read_text())
     assert r["figures"]["mfu"]["median"] == pytest.approx(
-        float(np.median([mfu_of(ms, 8) for i, ms in seg if i > 10])), rel=2e-3)
+        float(np.median([mfu_of(ms, 8, jobs.peak) for i, ms in seg if i > 10])), rel=2e-3)
+    assert 0 < r["figures"]["mfu"]["median"] <= 1 / 8
 
 
 def test_requeued_job_counts_both_attempts_and_the_redone_work(sandbox: Any,
