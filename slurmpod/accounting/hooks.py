@@ -70,6 +70,7 @@ ADMIN_FIELDS: dict[str, tuple[str, int | None]] = {
 }
 # AdminComment v1 keys whose values are strings (everything else is a number).
 ADMIN_STR_KEYS = frozenset({"fv", "src", "gsrc", "implausible", "err"})
+STR_MAX = 64  # characters of a string value; `implausible` (all reasons) may use 160
 _STR_OK = re.compile(r"^[a-z0-9._:-]{0,160}$")
 
 
@@ -166,12 +167,17 @@ def build_admin_comment(summary: Mapping[str, Any], *,
         if key in ADMIN_STR_KEYS:
             s = _safe_str(val)
             if s:
-                doc[key] = s
+                doc[key] = s if key == "implausible" else s[:STR_MAX]
             continue
         num = _num(val, decimals)
         if num is not None:
             doc[key] = num
     text = dumps_compact(doc)
+    # Only a summary of absurd numbers with every reason flagged gets near the limit: keep as
+    # many whole reasons as fit (the spool record keeps them all).
+    while len(text.encode()) > max_bytes and ":" in doc.get("implausible", ""):
+        doc["implausible"] = doc["implausible"].rsplit(":", 1)[0]
+        text = dumps_compact(doc)
     if len(text.encode()) > max_bytes:  # cannot happen with the fixed key set; keep the guard
         raise ValueError(f"admin comment of {len(text)} bytes exceeds {max_bytes}")
     return text

@@ -65,9 +65,9 @@ def honest_flops(sandbox: Any, mfu: float) -> float:
 def test_forged_gpus_and_peak_are_ignored(sandbox: Any) -> None:
     d = sandbox.tmp_dir / "hostile-gpus"
     d.mkdir(exist_ok=True)
-    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8",
-                            f"--output={d}/%j.out", f"--comment={forged(honest_flops(sandbox, 0.5))}",
-                            "--wrap", log_script())
+    comment = forged(honest_flops(sandbox, 0.5))
+    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8", f"--output={d}/%j.out",
+                            f"--comment={comment}", "--wrap", log_script())
     sandbox.wait_job(job_id, timeout_s=120)
     final = wait_for(lambda: admin_doc(sandbox, job_id), 60, "AdminComment in sacct")
     assert validate_admin_comment(final) == [], final

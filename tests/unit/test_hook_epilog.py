@@ -123,7 +123,8 @@ def test_slurmdbd_down_spools_then_next_epilog_delivers(tmp_path: Path) -> None:
     write_log(tmp_path)
     spool_dir = tmp_path / "spool"
     slurm = Slurm(up=False)
-    assert run_epilog(job_env(tmp_path), spool_dir, deliver=slurm) == 0
+    assert run_epilog(job_env(tmp_path), spool_dir, deliver=slurm, peak_tflops=1000.0,
+                      show_job=scontrol_line) == 0
     pending = Spool(spool_dir).list_pending()
     assert [(d["job_id"], d["kind"]) for d in pending] == [("42", "admin_comment")]
     assert "Problem talking to the database" in pending[0]["last_error"]
@@ -131,7 +132,8 @@ def test_slurmdbd_down_spools_then_next_epilog_delivers(tmp_path: Path) -> None:
     # slurmdbd is back; the next job's epilog delivers its own summary and the queued one
     slurm.up = True
     write_log(tmp_path, "logs/train-43.out")
-    run_epilog(job_env(tmp_path, "43"), spool_dir, deliver=slurm)
+    run_epilog(job_env(tmp_path, "43"), spool_dir, deliver=slurm, peak_tflops=1000.0,
+               show_job=scontrol_line)
     assert set(slurm.admin) == {"42", "43"}
     assert decode_field(slurm.admin["42"])["mfu"] == 0.25
     assert Spool(spool_dir).list_pending() == []
@@ -282,8 +284,8 @@ def test_untracked_job_without_iterations_is_left_alone(tmp_path: Path) -> None:
     assert "mfu" not in decode_field(slurm.admin["42"])  # no FLOPs without Comment or arguments
     log.write_text("hello again\n")
     run_epilog(env, tmp_path / "spool2", deliver=slurm, track_all=True)
-    assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none", "attempt": 0,
-                                               "err": "no-iterations"}
+    assert decode_field(slurm.admin["42"]) == {"v": 1, "iters": 0, "restarts": 0, "src": "none",
+                                               "attempt": 0, "err": "no-iterations"}
 
 
 def test_scontrol_job_asks_for_one_job_with_a_timeout() -> None:
