@@ -451,7 +451,8 @@ def _may_write_admin_comment(job_id: str, mode: str,
         return True
     current = admin_now(job_id)
     if current and hooks.decode_field(current) is None:
-        owner = "jobstats" if current.startswith("JS1:") else "another tool"
+        # sacctmgr before Slurm 23.02 lower-cases what it stores: `js1:` is jobstats' too
+        owner = "jobstats" if current[:4].upper() == "JS1:" else "another tool"
         log.info("job %s: AdminComment holds %s's summary; left alone, record in the spool",
                  job_id, owner)
         return False

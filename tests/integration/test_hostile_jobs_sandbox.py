@@ -116,6 +116,14 @@ def test_fifo_log_is_refused_and_report_finishes(sandbox: Any) -> None:
     assert Path(f"{d}/fifo-{job_id}.out").is_fifo()
 
 
+def stored_admin(sandbox: Any, job_id: str) -> str:
+    """The AdminComment in slurmdbd, lower-cased: sacctmgr before Slurm 23.02 lower-cases what
+    it stores (so jobstats needs 23.02 or later to read its own back; slurmpod just must not
+    overwrite it)."""
+    job = sandbox.sacct_job(job_id) or {}
+    return str((job.get("comment") or {}).get("administrator") or "").lower()
+
+
 def test_jobstats_admin_comment_is_left_alone(sandbox: Any) -> None:
     d = sandbox.tmp_dir / "hostile-jobstats"
     d.mkdir(exist_ok=True)
@@ -128,15 +136,18 @@ def test_jobstats_admin_comment_is_left_alone(sandbox: Any) -> None:
                             f"--comment={comment}", "--wrap",
                             log_script(f"while [ ! -e {marker} ]; do sleep 0.2; done"))
     sandbox.wait_running(job_id)
-    # jobstats stores its summary while the job runs or at its end; here, while it runs
-    sandbox.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={theirs}"])
-    wait_for(lambda: ((sandbox.sacct_job(job_id) or {}).get("comment") or {}).get(
-        "administrator") == theirs, 60, "the jobstats AdminComment in slurmdbd")
+    # jobstats' store step writes slurmdbd's row with sacctmgr, as slurmpod does; a site runs
+    # it before slurmpod's epilog. Here it lands while the job still runs.
+    def stored() -> bool:
+        sandbox.run(["sacctmgr", "-i", "modify", "job", "where", f"JobID={job_id}", "set",
+                     f"AdminComment={theirs}"], check=False)
+        return stored_admin(sandbox, job_id) == theirs.lower()
+
+    wait_for(stored, 60, "the jobstats AdminComment in slurmdbd")
     marker.touch()
     sandbox.wait_job(job_id, timeout_s=120)
     rec = wait_for(lambda: record(sandbox, job_id), 60, "the epilog's spool record")
     assert rec["summary"]["mfu"] == pytest.approx(0.25, rel=1e-3)
-    job = sandbox.sacct_job(job_id) or {}
-    assert (job.get("comment") or {}).get("administrator") == theirs
+    assert stored_admin(sandbox, job_id) == theirs.lower()
     hook_log = (sandbox.sb.spool_dir / "hook.log").read_text()
     assert f"job {job_id}: AdminComment holds jobstats's summary" in hook_log
