@@ -10,6 +10,7 @@ TFLOP/s is shown next to them when the log has it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,23 @@ def _chunks(f: Any, limit: int | None, size: int = 4 * 1024 * 1024) -> Any:
         if left is not None:
             left -= len(data)
         yield data
+
+
+def _fp8_peak(site: Site, node_type: str | None) -> float | None:
+    """The site's dense FP8 peak when the job's GPUs have one (one GPU kind), else None."""
+    types = site.node_types
+    chosen = [types[node_type]] if node_type is not None else list(types.values())
+    peaks = {nt.gpu.peak_tflops_fp8 for nt in chosen}
+    peak = peaks.pop() if len(peaks) == 1 else None
+    return float(peak) if peak else None
+
+
+def _fp8_run(args: Any) -> bool:
+    from slurmpod.accounting.figures import is_fp8
+
+    if isinstance(args, Mapping):
+        return is_fp8(args)
+    return is_fp8({"fp8": getattr(args, "fp8", None)})
 
 
 def _peak(site: Site, site_name: str, node_type: str | None) -> tuple[float, str]:
@@ -189,12 +207,41 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     m = job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
                     default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
                     warmup_iters=warmup_iters)
+    # FP8 runs: MFU against the BF16 dense peak (the usual convention) and, labelled, the FP8
+    # one; the site's, so only with the site's peak.
+    peak_fp8 = (_fp8_peak(site_obj, node_type) if peak_tflops is None and _fp8_run(args)
+                else None)
+    flags = _implausible(m)
     if as_json:
         from slurmpod.cli.output import emit_json
 
-        emit_json(_json_doc(log, attempt, source, peak_src, summary, m, series))
+        doc = _json_doc(log, attempt, source, peak_src, summary, m, series)
+        if peak_fp8 and m.mfu is not None:
+            scale = peak / peak_fp8
+            doc["mfu_fp8"] = {"median": m.mfu.median * scale, "p10": m.mfu.p10 * scale,
+                              "p90": m.mfu.p90 * scale}
+            doc["peak_fp8_tflops"] = peak_fp8
+        doc["implausible"] = list(flags)
+        emit_json(doc)
         return
-    click.echo(_text(log, summary, m, source, peak_src, n_gpus))
+    text = _text(log, summary, m, source, peak_src, n_gpus)
+    if peak_fp8 and m.mfu is not None:
+        text += (f"\nFP8 run: MFU {m.mfu.median * peak / peak_fp8 * 100:.2f} % of the FP8 dense "
+                 f"peak {peak_fp8:g} TFLOP/s (the MFU above is against BF16, the usual "
+                 "convention)")
+    if flags:
+        text += (f"\nIMPLAUSIBLE: {', '.join(flags)}: the FLOPs, the GPU count or the peak "
+                 "cannot be right for this log (check --gpus, --peak-tflops, the model)")
+    click.echo(text)
+
+
+def _implausible(m: JobMetrics) -> tuple[str, ...]:
+    from slurmpod.accounting import plausible
+
+    mfu = m.mfu
+    return plausible.reasons({"mfu": mfu.median if mfu else None,
+                              "goodput": m.goodput,
+                              "iter_ms": m.iter_time_ms.median if m.iter_time_ms else None})
 
 
 def _json_doc(log: Path, attempt: int | None, source: str | None, peak_src: str, summary: Any,

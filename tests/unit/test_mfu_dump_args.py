@@ -96,3 +96,27 @@ def test_other_formats_give_iteration_statistics(capsys: pytest.CaptureFixture[s
         assert doc["tflops_reported"] is None
     else:
         assert doc["tflops_reported"]["median"] == pytest.approx(tflops)
+
+
+def test_fp8_run_shows_mfu_against_both_peaks(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    log = tmp_path / "fp8.log"
+    log.write_bytes(_dump({**GOOD, "fp8": "hybrid"}) + LINE)
+    rc, out, _ = _run(capsys, str(log), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["peak_fp8_tflops"] == 1979.0  # H100 SXM, the default site
+    assert doc["mfu_fp8"]["median"] == pytest.approx(doc["mfu"]["median"] * 989.0 / 1979.0)
+    rc, out, _ = _run(capsys, str(log))
+    assert "of the FP8 dense peak 1979 TFLOP/s" in out
+    log.write_bytes(_dump({**GOOD, "fp8": None}) + LINE)
+    assert "mfu_fp8" not in json.loads(_run(capsys, str(log), "--json")[1])
+
+
+def test_implausible_mfu_is_flagged(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(_dump(GOOD) + LINE)
+    rc, out, _ = _run(capsys, str(log), "--peak-tflops", "10")
+    assert rc == 0 and "IMPLAUSIBLE: mfu-over-100" in out
+    doc = json.loads(_run(capsys, str(log), "--peak-tflops", "10", "--json")[1])
+    assert doc["implausible"] == ["mfu-over-100"]
+    assert json.loads(_run(capsys, str(log), "--json")[1])["implausible"] == []
