@@ -53,6 +53,7 @@ import re
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import IO, Any
 
 import numpy as np
@@ -204,12 +205,20 @@ def _nemo_fields(items: list[bytes], sep: bytes) -> dict[str, Any]:
 
 # --- the bulk reader of a learnt layout ------------------------------------------------------
 # After the careful path has read one Megatron line, its key sequence (the layout, fixed for a
-# job) is compiled into one regex that matches whole lines of exactly that shape. Each chunk is
-# then read with finditer per layout and its columns converted by numpy in bulk; every line the
-# regex does not take goes through the careful path as before. The regex only takes lines the
-# careful path reads identically (tested): the last header of its line (values hold no `/`),
-# every field whole, the numbers in the shapes Python's int()/float() accept, the line ending
-# with `|`.
+# job) is compiled into one regex that matches whole lines of exactly that shape. The bulk
+# reader does not run that regex on every line (Python's `re` walks every byte of the literal
+# keys, ~1.5 µs per 410-byte line): it maps every digit of the chunk to `0` (`bytes.translate`)
+# and splits it into lines, so that lines differing only in their numbers share one *shape*.
+# The regex runs once per distinct shape (a handful per job: the numbers' widths change rarely);
+# a shape it takes fixes where each number's digits sit in the line, and numpy then reads those
+# digits of all lines of the shape at once (`_Plan`). Integers are sums of digits × powers of
+# ten; a float is its integer mantissa m (< 2**53) divided or multiplied by an exact power of
+# ten (10**k, k <= 22), which IEEE rounds once, correctly, to the same double that float()
+# gives; other floats (very long mantissas, large exponents) go through float() line by line.
+# Every line the regex does not take goes through the careful path as before. The regex only
+# takes lines the careful path reads identically (tested): the last header of its line (values
+# hold no `/`), every field whole, the numbers in the shapes Python's int()/float() accept, the
+# line ending with `|`.
 
 _WS = rb"[ \t\x0b\x0c]*"
 _FNUM = rb"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
@@ -218,29 +227,38 @@ _OTHER = rb"[^|/\n\r\x1b]*"
 _HDR_FAST = (rb"iteration[ \t\x0b\x0c]+(\d{1,12})" + _WS + rb"/" + _WS + rb"(\d{1,12})" + _WS
              + rb"\|")
 _TS_FAST = rb"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d)(\.\d{1,9})?\] "
+_SHAPE = bytes.maketrans(b"123456789", b"000000000")  # a line's shape: every digit a `0`
+# Exact: 1e22 is the largest power of ten a double holds exactly.
+_P10 = np.array([10.0 ** k for k in range(23)])
+_EXACT = 1 << 53
+MAX_PLANS = 4096
 
 
 class _Layout:
-    __slots__ = ("cols", "regex", "timestamped")
+    __slots__ = ("cols", "index", "regex", "timestamped")
 
-    def __init__(self, keys: tuple[bytes, ...], timestamped: bool) -> None:
+    def __init__(self, keys: tuple[bytes, ...], timestamped: bool, index: int) -> None:
         parts = [_TS_FAST + _HDR_FAST if timestamped
                  else _HDR_FAST.replace(b"iteration", rb"iteration(?<!\] iteration)", 1)]
         group = 5 if timestamped else 2
         cols: dict[str, tuple[int, str, float]] = {}
         for key in keys:
             spec = _FIELDS.get(key)
+            # The regex reads shapes: digits in a key are `0` there too. Only unknown keys can
+            # hold digits (no key of _FIELDS does), and the careful path ignores their names.
+            lit = re.escape(key.translate(_SHAPE))
             if spec is None:
-                parts.append(_WS + re.escape(key) + _WS + b":" + _OTHER + rb"\|")
+                parts.append(_WS + lit + _WS + b":" + _OTHER + rb"\|")
                 continue
             group += 1
             cols[spec[0]] = (group, spec[1], spec[2])
-            parts.append(_WS + re.escape(key) + _WS + b":" + _WS
+            parts.append(_WS + lit + _WS + b":" + _WS
                          + (_FNUM if spec[1] == _F else _INUM) + _WS + rb"\|")
         parts.append(rb"[ \t\r]*$")
-        self.regex = re.compile(b"".join(parts), re.MULTILINE)
+        self.regex = re.compile(b"".join(parts))
         self.cols = cols
         self.timestamped = timestamped
+        self.index = index
 
 
 def _layout_ok(keys: tuple[bytes, ...]) -> bool:
@@ -249,16 +267,98 @@ def _layout_ok(keys: tuple[bytes, ...]) -> bool:
     return len(cols) == len(set(cols)) and all(k and b"\n" not in k for k in keys)
 
 
-def _column(col: list[bytes], dtype: type) -> np.ndarray:
-    """Numbers in the shapes the layout regex allows -> array (numpy's C conversion, correctly
-    rounded like float()); ValueError if any does not convert."""
-    try:
-        out = np.fromstring(b" ".join(col), dtype=dtype, sep=" ")
-    except DeprecationWarning:  # numpy warns (or raises, under -W error) on unread input
-        raise ValueError("column does not convert") from None
-    if out.shape[0] != len(col):
-        raise ValueError("column does not convert")
-    return out
+class _Plan:
+    """Where the numbers sit in the lines of one shape, for one layout: digit positions (from
+    the line start) with their weights, summed per quantity by `np.add.reduceat`."""
+
+    __slots__ = ("fields", "hdr", "lay", "pos", "segs", "ts", "wts")
+
+    def __init__(self, lay: _Layout, shape: bytes, m: re.Match[bytes]) -> None:
+        self.lay = lay
+        pos: list[int] = []
+        wts: list[int] = []
+        segs: list[int] = []
+
+        def quantity(digits: list[int]) -> int:
+            segs.append(len(pos))
+            pos.extend(digits)
+            wts.extend(10 ** (len(digits) - 1 - j) for j in range(len(digits)))
+            return len(segs) - 1
+
+        def number(g: int, kind: str) -> tuple[Any, ...]:
+            a, b = m.span(g)
+            if kind == _I:
+                return (quantity(list(range(a, b))),)
+            text = shape[a:b]
+            neg = text[:1] == b"-"
+            e = max(text.find(b"e"), text.find(b"E"))
+            mant_end = a + e if e >= 0 else b
+            digits = [j for j in range(a, mant_end) if shape[j] == 48]
+            dot = shape.find(b".", a, mant_end)
+            frac = 0 if dot < 0 else mant_end - dot - 1
+            exp = [j for j in range(mant_end + 1, b) if shape[j] == 48] if e >= 0 else []
+            if len(digits) > 17 or len(exp) > 4:  # beyond int64 sums: float() per line
+                return (-1, -1, 0, False, False, a, b)
+            eneg = e >= 0 and shape[mant_end + 1] == 45  # `-`
+            return (quantity(digits), quantity(exp) if exp else -1, frac, neg, eneg, a, b)
+
+        if lay.timestamped:
+            a = m.start(1)  # YYYY-MM-DD HH:MM
+            self.ts: tuple[Any, ...] | None = (
+                quantity(list(range(a, a + 4))), quantity([a + 5, a + 6]),
+                quantity([a + 8, a + 9]), quantity([a + 11, a + 12]),
+                quantity([a + 14, a + 15]), quantity(list(range(*m.span(2)))),
+                number(3, _F) if m.start(3) >= 0 else None)
+            hdr = 4
+        else:
+            self.ts = None
+            hdr = 1
+        self.hdr = (quantity(list(range(*m.span(hdr)))), quantity(list(range(*m.span(hdr + 1)))))
+        self.fields = {name: (number(g, kind), kind, scale)
+                       for name, (g, kind, scale) in lay.cols.items()}
+        self.pos = np.asarray(pos, dtype=np.intp)
+        self.wts = np.asarray(wts, dtype=np.int64)
+        self.segs = np.asarray(segs, dtype=np.intp)
+
+
+def _float_col(q: np.ndarray, spec: tuple[Any, ...], data: bytes, starts: np.ndarray,
+               ) -> np.ndarray:
+    """A float column from its digit sums (see the section comment); float() where inexact."""
+    qm, qe, frac, neg, eneg, a, b = spec
+    if qm < 0:
+        return np.array([float(data[s + a:s + b]) for s in starts.tolist()], dtype=np.float64)
+    m = q[:, qm]
+    if qe >= 0:
+        p = (-q[:, qe] if eneg else q[:, qe]) - frac
+        mf = m.astype(np.float64)
+        v = np.where(p >= 0, mf * _P10[np.clip(p, 0, 22)], mf / _P10[np.clip(-p, 0, 22)])
+        bad = (m >= _EXACT) | (p > 22) | (p < -22)
+    else:
+        v = m.astype(np.float64) / _P10[min(frac, 22)]
+        bad = m >= _EXACT if frac <= 22 else np.ones(m.shape[0], dtype=bool)
+    if neg:
+        v = -v
+    if bad.any():
+        for j in np.flatnonzero(bad).tolist():
+            s = int(starts[j])
+            v[j] = float(data[s + a:s + b])
+    return v
+
+
+class _Bulk:
+    """The lines of a chunk taken in bulk, their numbers converted (arrays in line order)."""
+
+    __slots__ = ("cols", "ends", "it", "ls", "ok", "runs", "t", "ti")
+
+    def __init__(self, n: int) -> None:
+        self.it = np.empty(n, dtype=np.int64)
+        self.ti = np.empty(n, dtype=np.int64)
+        self.t = np.full(n, _NAN)
+        self.ok = np.ones(n, dtype=bool)
+        self.cols: dict[str, np.ndarray] = {}
+        self.ls: list[int] = []
+        self.ends: list[int] = []
+        self.runs: list[tuple[_Layout, int, int]] = []  # (layout, first, end) in bulk lines
 
 
 class _Seg:
@@ -333,6 +433,8 @@ class LogParser:
         self._last_time: float | None = None
         self._dump: list[str] | None = None  # lines of an arguments dump being read
         self._layouts: dict[tuple[bool, tuple[bytes, ...]], _Layout] = {}
+        self._plans: dict[bytes, _Plan | None] = {}  # line shape -> plan (None: careful path)
+        self._dense = True  # the last chunk was mostly iteration lines
         self.bulk = True  # the bulk reader of learnt layouts (off: every line the careful way)
 
     # -- input --
@@ -343,6 +445,10 @@ class LogParser:
             raise ValueError("LogParser.feed() after close()")
         if isinstance(chunk, str):
             chunk = chunk.encode("utf-8", "surrogateescape")
+        if len(chunk) > 2 * CHUNK_BYTES:  # a large backlog (the monitor's): bounded pieces
+            for k in range(0, len(chunk), CHUNK_BYTES):
+                self.feed(chunk[k:k + CHUNK_BYTES])
+            return
         if not chunk:
             return
         base = self._base - len(self._partial)
@@ -420,21 +526,29 @@ class LogParser:
             self._scan_plain(line, len(line), base + ls)
             start = nl + 1
 
-    def _scan_plain(self, data: bytes, end: int, base: int) -> None:
-        """Handle the complete lines in data[:end] (no escapes).
+    def _scan_plain(self, data: bytes, end: int, base: int, start: int = 0) -> None:
+        """Handle the complete lines in data[start:end] (no escapes).
 
         Lines of a learnt layout are read in bulk (`_bulk`); of the rest, only lines holding a
         marker word are looked at, and `bytes.find` locates them at memory speed.
         """
-        pos = 0
+        while not self._layouts and end - start > 65536:
+            # No layout learnt yet: read 64 KiB pieces carefully until one is, so that the
+            # rest of the chunk goes in bulk (same cuts with the bulk reader off).
+            cut = data.rfind(b"\n", start, start + 65536) + 1
+            if cut <= start:
+                break
+            self._scan_plain(data, cut, base, start)
+            start = cut
+        pos = start
         if self._dump is not None:
-            pos = self._dump_lines(data, 0, end, base)
+            pos = self._dump_lines(data, pos, end, base)
         if self._want_timer:
             self._timer_after(data, pos, end)
         if self._want_vocab:
             self._find_vocab(data, pos, end)
         fast = self._bulk_matches(data, pos, end) if self._layouts and self.bulk else None
-        n_fast = len(fast[0]) if fast else 0
+        n_fast = len(fast.ls) if fast else 0
         hits: list[int] = []
         for a, b in self._gaps(fast, pos, end):  # markers between the lines taken in bulk
             for marker in _MARKERS:
@@ -451,8 +565,8 @@ class LogParser:
             if h < pos:
                 continue
             if fast:
-                k = bisect_right(fast[0], h)
-                if k and h < fast[1][k - 1]:
+                k = bisect_right(fast.ls, h)
+                if k and h < fast.ends[k - 1]:
                     continue  # inside a line taken in bulk
                 if k > fi:  # bulk lines before this one first: events stay in stream order
                     self._bulk(data, fast, fi, k, base)
@@ -478,13 +592,13 @@ class LogParser:
             self._bulk(data, fast, fi, n_fast, base)
 
     @staticmethod
-    def _gaps(fast: tuple[list[int], list[int], Any] | None, pos: int, end: int,
+    def _gaps(fast: _Bulk | None, pos: int, end: int,
               ) -> list[tuple[int, int]]:
         """The stretches of data[pos:end] outside the lines taken in bulk (all of it if none);
         a line taken in bulk ends at its newline, consecutive ones leave no gap."""
         if not fast:
             return [(pos, end)]
-        ls, ends = fast[0], fast[1]
+        ls, ends = fast.ls, fast.ends
         if len(ls) > 1:
             a = np.asarray(ls[1:], dtype=np.int64)
             b = np.asarray(ends[:-1], dtype=np.int64)
@@ -497,86 +611,141 @@ class LogParser:
             gaps.append((ends[-1] + 1, end))
         return gaps
 
-    def _bulk_matches(self, data: bytes, pos: int, end: int,
-                      ) -> tuple[list[int], list[int], list[tuple[_Layout, int, list[Any]]]] | None:
-        """Lines of learnt layouts in data[pos:end]: (line starts, line ends, per layout its
-        first index and its matches' groups). None when there are none."""
-        found: list[tuple[int, int, _Layout, tuple[Any, ...]]] = []
-        per: list[tuple[_Layout, list[int], list[int], list[Any]]] = []
-        for lay in self._layouts.values():
-            ms = list(lay.regex.finditer(data, pos, end))
-            if ms:
-                per.append((lay, [m.start() for m in ms], [m.end() for m in ms],
-                            [m.groups() for m in ms]))
-        if not per:
+    def _bulk_matches(self, data: bytes, pos: int, end: int) -> _Bulk | None:
+        """Lines of learnt layouts in data[pos:end], converted; None when there are none.
+
+        Where most bytes were iteration lines (the previous chunk says), the whole stretch is
+        shaped and split at once; elsewhere only the lines holding the iteration marker."""
+        if self._dense:
+            shapes = data[pos:end].translate(_SHAPE).split(b"\n")
+            shapes.pop()  # data[end - 1] is a newline
+            lens = np.fromiter(map(len, shapes), np.int64, len(shapes))
+            starts = np.empty_like(lens)
+            starts[:1] = pos
+            np.cumsum(lens[:-1] + 1, out=starts[1:])
+            starts[1:] += pos
+        else:
+            first: list[int] = []
+            lines: list[bytes] = []
+            find, rfind = data.find, data.rfind
+            p = find(_MARK_ITER, pos, end)
+            while p >= 0:
+                a = rfind(b"\n", 0, p) + 1
+                nl = find(b"\n", p, end)
+                first.append(a)
+                lines.append(data[a:nl])
+                p = find(_MARK_ITER, nl + 1, end)
+            if not lines:
+                return None
+            shapes = b"\n".join(lines).translate(_SHAPE).split(b"\n")
+            lens = np.fromiter(map(len, shapes), np.int64, len(shapes))
+            starts = np.asarray(first, dtype=np.int64)
+        ids_of: dict[bytes, int] = dict.fromkeys(shapes, -1)
+        plans: list[_Plan] = []
+        for s in ids_of:
+            pl = self._plan(s)
+            if pl is not None:
+                ids_of[s] = len(plans)
+                plans.append(pl)
+        if not plans:
+            self._dense = False
             return None
-        if len(per) == 1:
-            lay, starts, ends, groups = per[0]
-            ls = [data.rfind(b"\n", 0, st) + 1 for st in starts]
-            return ls, ends, [(lay, 0, groups)]
-        for lay, starts, ends, groups in per:
-            found.extend((data.rfind(b"\n", 0, st) + 1, en, lay, g)
-                         for st, en, g in zip(starts, ends, groups, strict=True))
-        found.sort(key=lambda r: r[0])
-        # consecutive runs of one layout
-        runs: list[tuple[_Layout, int, list[Any]]] = []
-        for j, (_, _, lay, g) in enumerate(found):
-            if runs and runs[-1][0] is lay:
-                runs[-1][2].append(g)
-            else:
-                runs.append((lay, j, [g]))
-        return [r[0] for r in found], [r[1] for r in found], runs
+        ids = np.fromiter(map(ids_of.__getitem__, shapes), np.int32, len(shapes))
+        take = np.flatnonzero(ids >= 0)
+        lens = lens[take]
+        self._dense = int(lens.sum()) * 2 > end - pos
+        n = take.size
+        bk = _Bulk(n)
+        buf = np.frombuffer(data, dtype=np.uint8)
+        tid = ids[take]
+        starts = starts[take]
+        for k, pl in enumerate(plans):
+            rows = np.flatnonzero(tid == k) if len(plans) > 1 else np.arange(n)
+            self._convert(pl, data, buf, starts[rows], bk, rows)
+        lay_of = np.array([pl.lay.index for pl in plans], dtype=np.int32)[tid]
+        edges = [0, *(np.flatnonzero(lay_of[1:] != lay_of[:-1]) + 1).tolist(), n]
+        lays = list(self._layouts.values())
+        bk.runs = [(lays[int(lay_of[a])], a, b) for a, b in pairwise(edges)]
+        bk.ls = starts.tolist()
+        bk.ends = (starts + lens).tolist()
+        return bk
 
-    def _bulk(self, data: bytes,
-              fast: tuple[list[int], list[int], list[tuple[_Layout, int, list[Any]]]],
-              lo: int, hi: int, base: int) -> None:
-        """Records of bulk lines lo..hi-1, converted column-wise; the same checks and segment
-        rules as `_iteration`, vectorised for the usual case (iterations increasing)."""
-        ls_all = fast[0]
-        for lay, first, groups in fast[2]:
-            a, b = max(lo, first), min(hi, first + len(groups))
-            if a < b:
-                self._bulk_run(data, lay, groups[a - first:b - first], ls_all[a:b],
-                               fast[1][a:b], base)
-
-    def _bulk_run(self, data: bytes, lay: _Layout, groups: list[Any], ls: list[int],
-                  ends: list[int], base: int) -> None:
-        n = len(groups)
-        cols = list(zip(*groups, strict=True))
+    def _plan(self, shape: bytes) -> _Plan | None:
+        """The plan of a line shape: the first learnt layout whose regex takes it (cached)."""
+        if _MARK_ITER not in shape:
+            return None
         try:
-            it = _column(cols[3 if lay.timestamped else 0], np.int64)
-            ti = _column(cols[4 if lay.timestamped else 1], np.int64)
-            row: dict[str, np.ndarray] = {}
-            for name, (g, kind, scale) in lay.cols.items():
-                col = _column(cols[g - 1], np.float64 if kind == _F else np.int64)
-                row[name] = col * scale if scale != 1.0 else col
-        except ValueError:  # a number numpy will not take: the careful path decides
-            for a, b in zip(ls, ends, strict=True):
-                m = None
-                for m in _ITER_HDR.finditer(data, a, b):  # noqa: B007 - the last header wins
-                    pass
-                if m is not None:
-                    self._iteration(data, m, a, b, base)
+            return self._plans[shape]
+        except KeyError:
+            pass
+        plan = None
+        for lay in self._layouts.values():
+            m = lay.regex.search(shape)
+            if m is not None:
+                plan = _Plan(lay, shape, m)
+                break
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[shape] = plan
+        return plan
+
+    @staticmethod
+    def _convert(pl: _Plan, data: bytes, buf: np.ndarray, starts: np.ndarray, bk: _Bulk,
+                 rows: np.ndarray) -> None:
+        """The numbers of the lines of one plan (line starts `starts`) into bk at `rows`."""
+        if not rows.size:
             return
-        t = np.full(n, _NAN)
-        ok = np.ones(n, dtype=bool)
-        if lay.timestamped:
-            minutes = cols[0]
-            uniq = {x: minute_base(x) for x in set(minutes)}  # a few per chunk
-            if None in uniq.values():
-                ok &= np.array([uniq[x] is not None for x in minutes])
-                uniq = {k: _NAN if v is None else v for k, v in uniq.items()}
-            secs = _column(cols[1], np.int64)
-            ok &= secs <= 60  # 60: a leap second
-            t = np.array([uniq[x] for x in minutes], dtype=np.float64) + secs
-            if any(x is not None for x in cols[2]):
-                t = t + _column([x or b"0" for x in cols[2]], np.float64)
+        digits = buf[starts[:, None] + pl.pos] - 48
+        q = np.add.reduceat(np.multiply(digits, pl.wts, dtype=np.int64), pl.segs, axis=1)
+        bk.it[rows] = q[:, pl.hdr[0]]
+        bk.ti[rows] = q[:, pl.hdr[1]]
+        if pl.ts is not None:
+            y, mo, d, h, mi, sec, frac = pl.ts
+            # minute_base of each line, from the base of its day (a day or two per chunk)
+            day = (q[:, y] * 100 + q[:, mo]) * 100 + q[:, d]
+            if day[0] == day[-1] and (day == day[0]).all():
+                uniq, inv = day[:1], np.zeros(day.shape[0], dtype=np.intp)
+            else:
+                uniq, inv = np.unique(day, return_inverse=True)
+            bases = [minute_base(b"%04d-%02d-%02d 00:00" % (k // 10000, k // 100 % 100, k % 100))
+                     for k in uniq.tolist()]
+            hh, mm, secs = q[:, h], q[:, mi], q[:, sec]
+            base = (np.array([_NAN if x is None else x for x in bases], dtype=np.float64)[inv]
+                    + (hh * 3600 + mm * 60))  # exact: whole seconds below 2**53, as minute_base
+            bk.ok[rows] = (base == base) & (hh <= 23) & (mm <= 59) & (secs <= 60)  # 60: leap
+            t = base + secs
+            if frac is not None:
+                t = t + _float_col(q, frac, data, starts)
+            bk.t[rows] = t
+        n = bk.it.shape[0]
+        for name, (spec, kind, scale) in pl.fields.items():
+            col = bk.cols.get(name)
+            if col is None:
+                col = bk.cols[name] = (np.full(n, _NAN) if kind == _F
+                                       else np.full(n, -1, dtype=np.int64))
+            v = q[:, spec[0]] if kind == _I else _float_col(q, spec, data, starts)
+            col[rows] = v * scale if scale != 1.0 else v
+
+    def _bulk(self, data: bytes, fast: _Bulk, lo: int, hi: int, base: int) -> None:
+        """Records of bulk lines lo..hi-1, run by run of one layout."""
+        for lay, first, last in fast.runs:
+            a, b = max(lo, first), min(hi, last)
+            if a < b:
+                self._bulk_run(lay, fast, a, b, base)
+
+    def _bulk_run(self, lay: _Layout, bk: _Bulk, a: int, b: int, base: int) -> None:
+        """The same checks and segment rules as `_iteration`, vectorised for the usual case
+        (iterations increasing)."""
+        n = b - a
+        it, ti, t = bk.it[a:b], bk.ti[a:b], bk.t[a:b]
+        ok = bk.ok[a:b].copy()
+        row = {name: bk.cols[name][a:b] for name in lay.cols}
         el = row["elapsed_ms"]
         gbs = row.get("global_batch_size")
         ok &= (el > 0.0) & (el < 1e9) & (it <= ti)
         ok &= gbs >= 1 if gbs is not None else False
         vals = {k: row.get(k) for k in _ROW_KEYS}
-        offs = np.asarray(ls, dtype=np.int64) + base
+        offs = np.asarray(bk.ls[a:b], dtype=np.int64) + base
         if not ok.all():
             self._n_rejected += int(n - ok.sum())
             keep = np.flatnonzero(ok)
@@ -714,7 +883,8 @@ class LogParser:
         if self._accept(iteration, train_iters, *row, t, base + ls) and self.bulk:
             lk = (timestamped, keys)
             if lk not in self._layouts and len(self._layouts) < MAX_LAYOUTS and _layout_ok(keys):
-                self._layouts[lk] = _Layout(keys, timestamped)
+                self._layouts[lk] = _Layout(keys, timestamped, len(self._layouts))
+                self._plans.clear()  # shapes no layout took may be this one's
 
     def _accept(self, iteration: int, train_iters: int, consumed: int, elapsed: float,
                 tfl: float, gbs: int, loss: float, scale: float, gnorm: float, skipped: int,

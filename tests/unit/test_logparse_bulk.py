@@ -209,3 +209,29 @@ def test_lines_the_checks_reject_are_rejected_in_bulk_too() -> None:
     _same(a, _parse(data, bulk=False, chunks=[len(LINES[0])]))
     assert a.n_duplicates >= 1 and len(a.segments) >= 3  # type: ignore[attr-defined]
     assert a.n_rejected >= 4  # type: ignore[attr-defined]
+
+
+_NUMBER = st.from_regex(rb"\A[-+]?(?:\d{1,20}\.?\d{0,20}|\.\d{1,20})(?:[eE][-+]?\d{1,5})?\Z")
+_FLOAT_KEYS = (b"elapsed time per iteration (ms)", b"throughput per GPU (TFLOP/s/GPU)",
+               b"lm loss", b"loss scale", b"grad norm")
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(1, 39), st.sampled_from(_FLOAT_KEYS), _NUMBER),
+                min_size=1, max_size=30),
+       st.lists(st.tuples(st.integers(1, 39), st.integers(0, 9), st.integers(0, 999999999)),
+                max_size=10))
+def test_numbers_of_any_shape_convert_exactly_in_bulk(values: list, fractions: list) -> None:
+    """The bulk reader reads numbers from digit sums (mantissa / 10**k); any spelling float()
+    takes must give float()'s double, timestamps with 1-9 fraction digits too."""
+    lines = list(LINES)
+    for idx, key, num in values:
+        a = lines[idx].index(key + b": ") + len(key) + 2
+        lines[idx] = lines[idx][:a] + num + b" " + lines[idx][lines[idx].index(b"|", a):]
+    for idx, width, frac in fractions:  # `[2024-04-06 03:02:12.123456]` (2026 releases)
+        if width:
+            lines[idx] = lines[idx][:21] + b"." + b"%0*d" % (width, frac % 10 ** width) \
+                + lines[idx][21:]
+    data = b"".join(lines)
+    for chunks in ([len(LINES[0])], [len(LINES[0]) + len(LINES[1])]):
+        _same(_parse(data, bulk=True, chunks=chunks), _parse(data, bulk=False, chunks=chunks))
