@@ -28,7 +28,7 @@ import gc
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device, speed_name
@@ -40,16 +40,63 @@ if TYPE_CHECKING:
 
 
 
-@dataclass(frozen=True)
+# The stable list of finding kinds (docs/fabric-check.md, "Findings", lists the same): scripts
+# may switch on `kind`; a kind is never renamed or reused for something else, only added. Every
+# module that reports fabric findings (check, switch_links, and the RoCE/counters/NVLink checks)
+# registers its kinds here; tests/unit/test_fabric_kinds.py holds the docs to this list.
+FINDING_KINDS: dict[str, str] = {
+    "swapped-cables": "two cables sit in each other's planned ports",
+    "wrong-rail": "an HCA is on the leaf of another rail of its own SU",
+    "wrong-su": "an HCA (or all of a node's HCAs) is on a leaf of another SU",
+    "wrong-leaf": "an HCA is on a spine, an unplanned switch, or another rack's leaf",
+    "wrong-port": "right switch, wrong port",
+    "wrong-uplink": "a leaf has too few links to one spine of its group and too many to another",
+    "missing-link": "a planned cable is not there (or its port is down)",
+    "node-missing": "none of a node's compute HCAs is in the fabric",
+    "switch-missing": "a planned switch is not in the fabric",
+    "degraded-link": "width x speed below fabric.link_gbps",
+    "unknown-node": "a host not in the site file is cabled into the compute fabric",
+    "unknown-hca": "a known host has an HCA its node type does not list",
+    "renamed-hca": "an HCA in a planned port names a device the node type does not list",
+    "unknown-switch": "a switch in the compute fabric that the plan does not have",
+    "unset-description": "a CA still has the driver's default node description",
+    "unnamed-ca": "a CA whose node description names no host",
+    "unexpected-link": "a switch-to-switch cable the plan does not have",
+    "duplicate-hca": "two CAs report the same HOST DEVICE",
+    "storage-on-compute": "a storage/management HCA is plugged into a compute leaf",
+}
+
+# Keys of `Finding.location()`, always all present in --json (null where they do not apply).
+LOCATION_KEYS = ("node", "hca", "guid", "rail", "switch", "port", "cage", "cable")
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
+    """One problem and its fix. `subject` is the human-readable place; the location fields say
+    the same for scripts: `node`/`hca` (host and verbs device), `guid` (the CA's or switch's node
+    GUID, 16 hex digits), `rail`, `switch`/`port`/`cage` (the switch end: front-panel port and,
+    on twin-port OSFP switches, its cage), `cable` (both ends, `A <-> B`)."""
+
     kind: str
     severity: str  # "error" | "warning"
     subject: str
     message: str
     fix: str
+    node: str | None = None
+    hca: str | None = None
+    guid: str | None = None
+    rail: int | None = None
+    switch: str | None = None
+    port: int | None = None
+    cage: int | None = None
+    cable: str | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+    def location(self) -> dict[str, str | int | None]:
+        return {k: getattr(self, k) for k in LOCATION_KEYS}
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "severity": self.severity, "subject": self.subject,
+                "message": self.message, "fix": self.fix, "location": self.location()}
 
 
 @dataclass
@@ -117,8 +164,9 @@ class _Ctx:
         return out
 
     def add(self, kind: str, subject: str, message: str, fix: str, *,
-            severity: str = "error") -> None:
-        self.findings.append(Finding(kind, severity, subject, message, fix))
+            severity: str = "error", **where: str | int | None) -> None:
+        """`where`: the location fields of `Finding` (node, hca, guid, rail, switch, ...)."""
+        self.findings.append(Finding(kind, severity, subject, message, fix, **where))
 
     def name(self, node: FabricNode) -> str:
         return self.to_plan.get(node.node_id) or (node.name or node.node_id)

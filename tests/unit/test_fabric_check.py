@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmpod.config import builtin_site_path, load_site
-from slurmpod.fabric.check import check_fabric, compile_filters
+from slurmpod.fabric.check import LOCATION_KEYS, check_fabric, compile_filters
 from slurmpod.fabric.ibnetdiscover import parse, parse_file
 from slurmpod.fabric.synth import Fault, synthesize
 from slurmpod.topology.fabric_plan import plan_fabric
@@ -230,7 +230,9 @@ def test_variations_sample_against_the_tiny_site():
 def test_report_json_shape(sandbox):
     d = run(sandbox, [("missing", "gpu002:mlx5_3")]).to_dict()
     assert d["clean"] is False and d["counts"] == {"missing-link": 1}
-    assert set(d["findings"][0]) == {"kind", "severity", "subject", "message", "fix"}
+    assert set(d["findings"][0]) == {"kind", "severity", "subject", "message", "fix",
+                                     "location"}
+    assert list(d["findings"][0]["location"]) == list(LOCATION_KEYS)
 
 
 def _cable(text: str, ca_desc: str, switch: str, port: int) -> str:
