@@ -3,9 +3,11 @@
 The log is generated into /tmp (or --path) the way real job logs look: an arguments dump, NCCL
 INFO chatter and warnings from many ranks (srun --label prefixes) between iteration lines,
 checkpoint saves with their timer lines, and one restart (a second launch appending to the file).
-Run: `.venv/bin/python benchmarks/log_parse.py [--size-mb 1024] [--noise-lines 40] [--repeat 3]`;
-`--noise-lines 0` is the worst case (a log made only of iteration lines). Each parse runs in a
-fresh process, so its peak RSS is its own. Target: >= 200 MB/s per CPU second on one core.
+Run: `.venv/bin/python benchmarks/log_parse.py [--size-mb 1024] [--noise-lines 40] [--repeat 3]
+[--mfu]`; `--noise-lines 0` is the worst case (a log made only of iteration lines). Each parse
+runs in a fresh process, so its peak RSS is its own; `--mfu` also runs the whole `slurmpod mfu
+LOG` (parse, metrics, the printed table) in a fresh process. Target: >= 200 MB/s per CPU second
+on one core.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _ITER = (" [{ts}] iteration {i:8d}/{n:8d} | consumed samples: {cs:12d} | elapsed
 _ARGS = ["------------------------ arguments ------------------------"] + [
     f"  {k} {'.' * (48 - len(k))} {v}" for k, v in (
         ("global_batch_size", 128), ("hidden_size", 4096), ("num_layers", 32),
+        ("num_attention_heads", 32), ("ffn_hidden_size", 16384), ("padded_vocab_size", 50304),
         ("seq_length", 2048), ("world_size", 16), ("log_interval", 1))
 ] + ["-------------------- end of arguments ---------------------"]
 
@@ -134,10 +137,30 @@ def _parse_only(path: Path) -> int:
     return 0
 
 
+def _mfu_only(path: Path) -> int:
+    """Child process: `slurmpod mfu LOG` as the command line runs it; figures as JSON last."""
+    import contextlib
+    import io
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    t, cpu = time.perf_counter(), time.process_time()
+    from slurmpod.cli.mfu import mfu
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        mfu.main([str(path)], standalone_mode=False)
+    print(json.dumps({"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - t,
+                      "rss_after": _rss_mib(), "lines": out.getvalue().count("\n")}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--parse-only"]:
         return _parse_only(Path(argv[1]))
+    if argv[:1] == ["--mfu-only"]:
+        return _mfu_only(Path(argv[1]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=float, default=1024.0)
     ap.add_argument("--noise-lines", type=int, default=40,
@@ -145,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--repeat", type=int, default=1, help="parse N times, report the fastest")
+    ap.add_argument("--mfu", action="store_true",
+                    help="also time the whole `slurmpod mfu LOG` (imports, parse, metrics)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -197,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak RSS  : {rss_after:.1f} MiB (before parsing {rss_before:.1f} MiB; "
           f"+{rss_after - rss_before:.1f} MiB for {mb:.0f} MB of log = "
           f"{(rss_after - rss_before) * 2**20 / max(1, len(summary.iterations)):.0f} B/record)")
+    if args.mfu:
+        out = subprocess.run([sys.executable, __file__, "--mfu-only", str(path)], check=True,
+                             capture_output=True, text=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        print(f"mfu       : {mb / r['cpu_s']:.0f} MB/s per CPU second ({r['cpu_s']:.2f} s incl. "
+              f"imports and metrics), peak RSS {r['rss_after']:.1f} MiB")
     if len(summary.iterations) != n_iter:
         print(f"MISMATCH: generated {n_iter} iteration lines, parsed {len(summary.iterations)}")
         return 1

@@ -361,6 +361,67 @@ class _Bulk:
         self.runs: list[tuple[_Layout, int, int]] = []  # (layout, first, end) in bulk lines
 
 
+class _Column:
+    """One append-only record column, lossless. While every value so far is the same (bit for
+    bit: train_iters, the batch size, the NaN of a field the release does not print, the
+    segment of a log without restarts) it holds only that value and the count, and comes out
+    as a zero-copy broadcast view; from the first different value on, a typed array."""
+
+    __slots__ = ("_arr", "_const", "_dtype", "n")
+
+    def __init__(self, dtype: type) -> None:
+        self._dtype = np.dtype(dtype)
+        self._arr: array | None = None
+        self._const = np.zeros(1, dtype=self._dtype)
+        self.n = 0
+
+    def _materialise(self) -> array:
+        arr = array("d" if self._dtype.kind == "f" else "q")
+        arr.frombytes(np.repeat(self._const, self.n).tobytes())
+        self._arr = arr
+        return arr
+
+    def extend(self, v: np.ndarray | float) -> None:
+        """Append a 1-D array of this dtype (or, with count 1, a scalar)."""
+        v = np.asarray(v, dtype=self._dtype).reshape(-1)
+        if not v.size:
+            return
+        arr = self._arr
+        if arr is None:
+            if self.n == 0:
+                self._const = v[:1].copy()
+            if (v.view(np.int64) == self._const.view(np.int64)[0]).all():
+                self.n += v.size
+                return
+            arr = self._materialise()
+        arr.frombytes(v.tobytes())
+        self.n += v.size
+
+    def fill(self, x: float, count: int) -> None:
+        """Append `count` copies of x."""
+        if count <= 0:
+            return
+        if self._arr is None and (self.n == 0 or np.asarray(x, dtype=self._dtype).view(
+                np.int64) == self._const.view(np.int64)[0]):
+            if self.n == 0:
+                self._const = np.full(1, x, dtype=self._dtype)
+            self.n += count
+            return
+        self.extend(np.full(count, x, dtype=self._dtype))
+
+    def array(self, closed: bool) -> np.ndarray:
+        """The column, read-only: the buffer itself once parsing is over (no second copy of
+        a large log's records), a copy while it still grows."""
+        if self._arr is None:
+            out = np.broadcast_to(self._const, (self.n,))
+        elif closed:
+            out = np.frombuffer(self._arr, dtype=self._dtype)
+        else:
+            out = np.frombuffer(self._arr, dtype=self._dtype).copy()
+        out.flags.writeable = False
+        return out
+
+
 class _Seg:
     """Mutable segment state while parsing."""
 
@@ -424,8 +485,9 @@ class LogParser:
         self._n_rejected = 0
         self._n_duplicates = 0
         self._closed = False
-        self._ints = array("q")  # rows of _INT_COLS
-        self._floats = array("d")  # rows of _FLOAT_COLS
+        self._cols = {k: _Column(np.int64) for k in _INT_COLS}
+        self._cols.update({k: _Column(np.float64) for k in _FLOAT_COLS})
+        self._rows: list[tuple[Any, ...]] = []  # careful-path records not yet in _cols
         self._segs: list[_Seg] = [_Seg(0, 0, "start", False)]
         self._saves: list[_Save] = []
         self._progress: list[ProgressEntry] = []
@@ -783,16 +845,25 @@ class LogParser:
             v = vals[k]
             return (-1 if k in _ROW_INT else _NAN) if v is None else v
 
-        ints = np.empty((n, len(_INT_COLS)), dtype=np.int64)
-        for j, (_k, v) in enumerate(zip(_INT_COLS, (
+        self._flush()
+        cols = self._cols
+        for k, v in zip(_INT_COLS + _FLOAT_COLS, (
                 it, ti, col("consumed_samples"), col("global_batch_size"), col("skipped_iters"),
-                col("nan_iters"), seg.index, offs), strict=True)):
-            ints[:, j] = v
-        floats = np.empty((n, len(_FLOAT_COLS)), dtype=np.float64)
-        for j, k in enumerate(_FLOAT_COLS):
-            floats[:, j] = t if k == "time_s" else col(k)
-        self._ints.frombytes(ints.tobytes())
-        self._floats.frombytes(floats.tobytes())
+                col("nan_iters"), seg.index, offs, col("elapsed_ms"), t, col("tflops_reported"),
+                col("lm_loss"), col("loss_scale"), col("grad_norm"), col("energy_j"),
+                col("power_w")), strict=True):
+            if isinstance(v, np.ndarray):
+                cols[k].extend(v)
+            else:
+                cols[k].fill(v, n)
+
+    def _flush(self) -> None:
+        """Careful-path records into the columns (they come one by one; batched here)."""
+        if self._rows:
+            for k, vals in zip(_INT_COLS + _FLOAT_COLS, zip(*self._rows, strict=True),
+                               strict=True):
+                self._cols[k].extend(np.array(vals, dtype=self._cols[k]._dtype))
+            self._rows = []
 
     def _rare_line(self, data: bytes, ls: int, nl: int, end: int, base: int) -> int:
         """A line holding a marker word; returns where scanning continues."""
@@ -915,9 +986,10 @@ class LogParser:
         seg.last_iteration = iteration
         seg.last_key = key
         seg.n_records += 1
-        self._ints.extend((iteration, train_iters, consumed, gbs, skipped, nans, seg.index,
-                           offset))
-        self._floats.extend((elapsed, t, tfl, loss, scale, gnorm, energy, power))
+        self._rows.append((iteration, train_iters, consumed, gbs, skipped, nans, seg.index,
+                           offset, elapsed, t, tfl, loss, scale, gnorm, energy, power))
+        if len(self._rows) >= 4096:
+            self._flush()
         return True
 
     def _nemo_line(self, line: bytes, offset: int) -> None:
@@ -1115,23 +1187,10 @@ class LogParser:
 
     # -- output --
 
-    def _table(self, rows: array, dtype: type, width: int) -> np.ndarray:
-        """Rows as a read-only 2-D array: a copy while parsing goes on (the buffer still
-        grows), the buffer itself once closed (no second copy of a large log's records)."""
-        if self._closed and len(rows):
-            out = np.frombuffer(rows, dtype=dtype)
-        else:
-            out = np.array(rows, dtype=dtype)
-        out = out.reshape(-1, width)
-        out.flags.writeable = False
-        return out
-
     def summary(self) -> LogSummary:
         """A snapshot of everything parsed so far (complete lines only, unless closed)."""
-        ints = self._table(self._ints, np.int64, len(_INT_COLS))
-        floats = self._table(self._floats, np.float64, len(_FLOAT_COLS))
-        arrays = {k: ints[:, j] for j, k in enumerate(_INT_COLS)}
-        arrays.update({k: floats[:, j] for j, k in enumerate(_FLOAT_COLS)})
+        self._flush()
+        arrays = {k: c.array(self._closed) for k, c in self._cols.items()}
         return LogSummary(
             iterations=IterationTable(**arrays),
             segments=tuple(s.freeze() for s in self._segs),
