@@ -11,6 +11,8 @@ nodes.conf                 NodeName + PartitionName lines, to `Include` from slu
 rails.csv                  node, GPU, HCA, rail, leaf switch, leaf port
 cabling.csv                every expected cable (node HCA -> leaf, leaf -> spine, spine -> core)
 nccl-topo/<type>.xml       NCCL_TOPO_FILE per node type
+imex/<domain>/             nodes_config.cfg of nvidia-imex for the nodes of one NVLink domain
+                           (rack-scale NVLink sites with IMEX on: GB200/GB300 NVL72)
 =========================  =====================================================================
 
 Which of topology.conf / topology-block.conf Slurm should read follows `Site.topology_plugin`
@@ -20,7 +22,9 @@ Which of topology.conf / topology-block.conf Slurm should read follows `Site.top
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,17 +42,20 @@ IMEX_MIN = (24, 5)  # SwitchType=switch/nvidia_imex appeared in Slurm 24.05 (NEW
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """Overrides for one generation run (the sandbox uses all three).
+    """Overrides for one generation run (the sandbox uses the first three).
 
     slurm_version: target this Slurm instead of `slurm.version` (e.g. the installed "22.05").
     gres_file_prefix: replaces every node type's `gpu_device_path` in gres.conf File=.
     localhost_base_port: every NodeName line also gets NodeHostname=localhost
         NodeAddr=127.0.0.1 Port=[a-b], node i (0-based, inventory order) on port base + i.
+    imex_hosts: host name -> IP address (from a hosts(5) file, `read_hosts_file`): the IMEX
+        nodes_config.cfg files list these addresses instead of host names.
     """
 
     slurm_version: str | None = None
     gres_file_prefix: str | None = None
     localhost_base_port: int | None = None
+    imex_hosts: Mapping[str, str] | None = None
 
 
 def parse_version(text: str, what: str = "--slurm-version") -> tuple[int, int]:
@@ -116,6 +123,43 @@ def generation_warnings(site: Site, options: GenerateOptions | None = None) -> l
     used = {g.node_type for g in site.su_groups}
     for type_name in sorted(set(site.node_types) - used):
         out.append(f"node_types.{type_name} is not used by any su_groups entry; no files for it")
+    version = target_version(site, options)
+    if imex_enabled(site, version) and rack_scale_nvlink(site):
+        hosts = options.imex_hosts if options else None
+        missing = [n.name for n in site.inventory.nodes if not hosts or n.name not in hosts]
+        if missing:
+            out.append(
+                f"imex/*/nodes_config.cfg list host names for {len(missing)} node(s) without an "
+                f"address (first {missing[0]}): nvidia-imex is documented to read IP addresses "
+                "(IMEX guide, IMEX_NODE_CONFIG_FILE); pass --imex-hosts FILE (hosts(5) format)"
+            )
+    return out
+
+
+def rack_scale_nvlink(site: Site) -> bool:
+    """NVLink domains larger than a node (GB200/GB300 NVL72): the case IMEX exists for."""
+    return any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+
+
+def read_hosts_file(path: str, text: str) -> dict[str, str]:
+    """Host name (and alias) -> address from hosts(5) text: `ADDRESS NAME [ALIAS...]`, `#` comments.
+
+    The first address given for a name wins, as in glibc's files backend."""
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        fields = raw.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            ipaddress.ip_address(fields[0])
+        except ValueError:
+            raise UsageError(f"--imex-hosts {path}:{lineno}: {fields[0]!r} is not an IP address; "
+                             "expected hosts(5) lines 'ADDRESS NAME [ALIAS...]'") from None
+        if len(fields) < 2:
+            raise UsageError(f"--imex-hosts {path}:{lineno}: address {fields[0]} names no host")
+        for name in fields[1:]:
+            out.setdefault(name, fields[0])
+            out.setdefault(name.split(".", 1)[0], fields[0])  # FQDN: its short name too
     return out
 
 
@@ -156,7 +200,7 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
     try:
         plan = plan_fabric(site)
         switches = tree_switches(site, plan)
-        layout = block_layout(site) if version >= BLOCK_MIN else None
+        layout = block_layout(site, version) if version >= BLOCK_MIN else None
     except ValueError as exc:
         head, sep, rest = str(exc).partition(": ")
         raise ConfigError(rest if sep else str(exc), key=head if sep else None) from None
@@ -183,6 +227,9 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
     for type_name in (t for t in used if site.node_types[t].nccl_topo_file):
         files[f"nccl-topo/{type_name}.xml"] = node_files.nccl_topology_xml(
             env, hdr("topology/nccl-topo.xml.j2", comment=""), site, type_name)
+    if ctx.imex and rack_scale_nvlink(site):
+        # No header: the IMEX guide documents this file as addresses only, one per line.
+        files.update(node_files.imex_nodes_configs(site, options.imex_hosts))
     return files
 
 

@@ -14,12 +14,22 @@ Blocks (topology/block, Slurm >= 23.11): one block per NVLink domain on rack-sca
 (GB200 NVL72: a rack), else one per SU. Slurm builds higher-level blocks from 2^k *consecutive*
 base blocks, indexed from the first (src/plugins/topology/block/block_record.c), so when an SU holds
 a number of blocks that is not a power of two, each SU is padded with placeholder blocks up to the
-next power of two: aggregates then never straddle an SU boundary. Slurm rejects a block without
-nodes or with fewer nodes than the base size, so a placeholder block lists `State=FUTURE` nodes
-that nodes.conf declares and that never run jobs. Trailing placeholders after the last SU are left
-out. BlockSizes = base · 2^i for i = 0..floor(log2(blocks)), base = the smallest block's node count
-(the default of NVIDIA topograph, which Slurm accepts: each size is a power-of-two multiple of the
-base).
+next power of two: aggregates then never straddle an SU boundary. What a placeholder block is
+depends on the target Slurm (src/plugins/topology/block/block_record.c, block_record_validate):
+
+* 23.11 - 24.11: a block without `Nodes=` is fatal ("lacks children") and so is one with fewer
+  nodes than the first block ("children count lower than bblock_node_cnt"), so a placeholder
+  lists `State=FUTURE` nodes that nodes.conf declares and that never run jobs.
+* >= 25.05: a `BlockName=` without `Nodes=` is an empty block (SchedMD commit 700ca4f8
+  "Support for topology/block with gaps in the block definitions", made the default without an
+  option by 8f59f086 before 25.05.0; CHANGELOG 25.05.0rc1: "Allow topology/block Block
+  definitions to have fewer nodes than the minimum BlockSize"; unchanged in 25.11), so
+  placeholders are empty blocks and no FUTURE node exists.
+
+A site whose SUs hold a power-of-two number of blocks (GB200 SuperPOD: 8 racks per SU) needs no
+placeholder on any version. Trailing placeholders after the last SU are left out. BlockSizes = base
+· 2^i for i = 0..floor(log2(blocks)), base = the smallest block's node count (the default of NVIDIA
+topograph, which Slurm accepts: each size is a power-of-two multiple of the base).
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ class BlockLayout:
     blocks: tuple[Block, ...]
     block_sizes: tuple[int, ...]
     unit: str  # "nvlink-domain" | "su"
-    future_nodes: tuple[str, ...]  # State=FUTURE nodes behind placeholder blocks
+    future_nodes: tuple[str, ...]  # State=FUTURE nodes behind placeholder blocks (< 25.05)
 
     @property
     def placeholders(self) -> int:
@@ -101,8 +111,12 @@ def tree_switches(site: Site, plan: FabricPlan) -> list[TreeSwitch]:
     return out
 
 
-def block_layout(site: Site) -> BlockLayout:
-    """Blocks for topology/block (see the module docstring for the rules)."""
+# Slurm 25.05 accepts a BlockName without Nodes (an empty gap block); before, it is fatal.
+EMPTY_BLOCK_MIN = (25, 5)
+
+
+def block_layout(site: Site, version: tuple[int, int] = (24, 11)) -> BlockLayout:
+    """Blocks for topology/block on Slurm `version` (see the module docstring for the rules)."""
     inv = site.inventory
     nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
     members: dict[int, list[str]] = {}
@@ -139,13 +153,20 @@ def block_layout(site: Site) -> BlockLayout:
             break
         for _ in range(pad_to - len(per_su[su])):
             ph += 1
-            fake = tuple(f"{site.slurm.cluster_name}-ph{ph:03d}n{i + 1:03d}" for i in range(base))
+            name = f"{site.slurm.cluster_name}-ph{ph:03d}"
+            if name in taken:
+                raise ValueError(f"slurm.cluster_name: placeholder block {name!r} clashes with "
+                                 "a host or block name; choose another cluster_name")
+            if version >= EMPTY_BLOCK_MIN:
+                blocks.append(Block(name, (), placeholder=True))
+                continue
+            fake = tuple(f"{name}n{i + 1:03d}" for i in range(base))
             for f in fake:
                 if f in taken:
                     raise ValueError(f"slurm.cluster_name: placeholder node {f!r} clashes with "
                                      "a host name; choose another cluster_name")
             future.extend(fake)
-            blocks.append(Block(f"{site.slurm.cluster_name}-ph{ph:03d}", fake, placeholder=True))
+            blocks.append(Block(name, fake, placeholder=True))
     levels = len(blocks).bit_length() - 1  # floor(log2(blocks))
     sizes = tuple(base << i for i in range(levels + 1))
     return BlockLayout(tuple(blocks), sizes, unit, tuple(future))

@@ -1,4 +1,5 @@
-"""Per-node artefacts: the GPU ↔ HCA pairing, rails.csv, cabling.csv and NCCL topology XML.
+"""Per-node artefacts: the GPU ↔ HCA pairing, rails.csv, cabling.csv, NCCL topology XML and
+the IMEX node list of each NVLink domain.
 
 Pure. GPU i (in PCI bus order, i.e. /dev/nvidia<i>) is paired with the compute HCA of rail
 i·rails/gpus — one rail per GPU on DGX/HGX (GPU k shares a PCIe switch with the HCA of rail k),
@@ -9,6 +10,7 @@ NCCL_TOPO_FILE (src/graph/xml.cc; NCCL skips XML comments, which carry the heade
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,3 +130,24 @@ def nccl_topology_xml(env: Any, header: str, site: Site, type_name: str) -> str:
     safe = " ".join(header.split()).replace("--", "- -")
     return env.get_template("topology/nccl-topo.xml.j2").render(
         header=safe, **nccl_topology_context(site, type_name))
+
+
+def imex_nodes_configs(site: Site, hosts: Mapping[str, str] | None) -> dict[str, str]:
+    """`imex/<domain>/nodes_config.cfg` for every NVLink domain: the domain's nodes, one per line.
+
+    nvidia-imex reads IMEX_NODE_CONFIG_FILE (default /etc/nvidia-imex/nodes_config.cfg) at start;
+    every node of an IMEX domain must list the same nodes in the same order, since the service
+    compares its map with its peers' and fails on a mismatch (NVIDIA IMEX guide, "Deployment
+    Models": NVLink-domain-wide deployment lists every compute node of the domain). Addresses
+    come from `hosts` where known, else the host name is written (and generate warns).
+    """
+    inv = site.inventory
+    by_domain: dict[int, list[str]] = {}
+    for node in inv.nodes:
+        by_domain.setdefault(node.domain, []).append(node.name)
+    hosts = hosts or {}
+    out = {}
+    for domain, names in sorted(by_domain.items()):
+        lines = [hosts.get(name, name) for name in names]
+        out[f"imex/{inv.domain_names[domain]}/nodes_config.cfg"] = "\n".join(lines) + "\n"
+    return out

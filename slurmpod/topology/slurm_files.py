@@ -52,7 +52,9 @@ def topology_conf(env: Any, header: str, site: Site, switches: Sequence[TreeSwit
 
 
 def _block_rows(layout: BlockLayout) -> list[dict[str, str]]:
-    return [{"name": b.name, "nodes": compress(b.nodes)} for b in layout.blocks]
+    # An empty placeholder (Slurm >= 25.05) has no Nodes= at all.
+    return [{"name": b.name, "nodes": compress(b.nodes) if b.nodes else ""}
+            for b in layout.blocks]
 
 
 def topology_block_conf(env: Any, header: str, site: Site, layout: BlockLayout) -> str:
@@ -60,6 +62,7 @@ def topology_block_conf(env: Any, header: str, site: Site, layout: BlockLayout) 
         header=header, site=site.site.name,
         unit_text="NVLink domain" if layout.unit == "nvlink-domain" else "scalable unit",
         placeholders=layout.placeholders, pad=_su_pad(site, layout),
+        future=bool(layout.future_nodes),
         blocks=_block_rows(layout), block_sizes=",".join(map(str, layout.block_sizes)),
     )
 

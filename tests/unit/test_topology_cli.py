@@ -147,8 +147,8 @@ def test_show_json_numbers_by_hand(capsys):
 def test_show_text_has_per_su_table(capsys):
     rc, out, _ = run(["topo", "show", "gb200-nvl72"], capsys)
     assert rc == 0
-    assert "NVLink domains 18" in out and "topology/block" in out
-    assert out.count("gb200-tray") == 6
+    assert "NVLink domains 32" in out and "topology/block" in out
+    assert out.count("gb200-tray") == 4
 
 
 def test_check_says_unavailable_without_fabric_module(monkeypatch, capsys):

@@ -127,33 +127,76 @@ def test_conf_files_parse_and_cover_every_node(case):
                         for h in hosts}
 
 
-def test_block_topology_obeys_slurm_rules():
-    site = build(site_dict("gb200-nvl72"))
-    files = generate(site)
-    recs = parse_conf(files["topology-block.conf"])
+def _blocks_and_sizes(text: str) -> tuple[list[dict[str, str]], list[int]]:
+    recs = parse_conf(text)
     blocks = [r for r in recs if "BlockName" in r]
     sizes = [int(s) for s in next(r for r in recs if "BlockSizes" in r)["BlockSizes"].split(",")]
-    # 18 racks, one NVLink domain (18 trays) each.
-    real = [b for b in blocks if not b["BlockName"].startswith("nvl72-ph")]
-    assert len(real) == 18 and all(len(expand(b["Nodes"])) == 18 for b in real)
+    return blocks, sizes
+
+
+def _check_block_rules(site, blocks: list[dict[str, str]], sizes: list[int]) -> None:
     base = sizes[0]
-    assert base == 18
     for prev, nxt in itertools.pairwise(sizes):
         ratio = nxt // prev
         assert nxt % prev == 0 and ratio >= 2 and ratio & (ratio - 1) == 0
     assert 2 ** (len(sizes) - 1) <= len(blocks) < 2 ** len(sizes)
-    assert all(len(expand(b["Nodes"])) >= base for b in blocks)
-    # Placeholders pad each 3-rack SU to 4 blocks, so pairs and quads never straddle SUs.
+    # Pairs, quads, ... of consecutive blocks (Slurm's aggregates) never straddle an SU.
     su_of = {n.name: n.su for n in site.inventory.nodes}
-    for group in (2, 4):
+    for group in (2, 4, 8):
         for start in range(0, len(blocks), group):
-            sus = {su_of[h] for b in blocks[start:start + group] for h in expand(b["Nodes"])
-                   if h in su_of}
-            assert len(sus) <= 1
-    # The placeholder nodes exist in nodes.conf as FUTURE nodes.
+            sus = {su_of[h] for b in blocks[start:start + group]
+                   for h in expand(b.get("Nodes", "")) if h in su_of}
+            assert len(sus) <= 1 or group * base > len(site.inventory.nodes_in_su(0))
+
+
+def test_gb200_superpod_blocks_need_no_placeholder_on_any_slurm():
+    site = build(site_dict("gb200-nvl72"))
+    assert len(site.inventory.rack_names) == 32 and len(site.inventory.su_names) == 4
+    for version in ("24.11", "25.05", "25.11"):
+        files = generate(site, GenerateOptions(slurm_version=version))
+        blocks, sizes = _blocks_and_sizes(files["topology-block.conf"])
+        # 32 racks, one NVLink domain (18 trays) each; 8 per SU = a power of two.
+        assert len(blocks) == 32 and all(len(expand(b["Nodes"])) == 18 for b in blocks)
+        assert sizes == [18, 36, 72, 144, 288, 576]
+        _check_block_rules(site, blocks, sizes)
+        assert "State=FUTURE" not in files["nodes.conf"]
+
+
+# 3 racks per SU: not a power of two, so SUs are padded to 4 blocks.
+THREE_RACK_SU = {"su_groups": [{"node_type": "gb200-tray", "sus": 6, "nodes_per_su": 54,
+                                "nodes_per_rack": 18}],
+                 "fabric": {"leaf_radix": 144, "spine_radix": 144}}
+
+
+def test_placeholders_are_future_nodes_before_25_05():
+    site = build(variant("gb200-nvl72", **THREE_RACK_SU))
+    files = generate(site, GenerateOptions(slurm_version="24.11"))
+    blocks, sizes = _blocks_and_sizes(files["topology-block.conf"])
+    real = [b for b in blocks if not b["BlockName"].startswith("nvl72-ph")]
+    assert len(real) == 18 and len(blocks) == 23 and sizes[0] == 18
+    # Slurm 24.11 is fatal on a block without nodes or with fewer than the first block's.
+    assert all(len(expand(b["Nodes"])) >= sizes[0] for b in blocks)
+    _check_block_rules(site, blocks, sizes)
     future = [r for r in parse_conf(files["nodes.conf"]) if r.get("State") == "FUTURE"]
     ph_nodes = {h for b in blocks if b not in real for h in expand(b["Nodes"])}
     assert ph_nodes == set(expand(future[0]["NodeName"]))
+
+
+@pytest.mark.parametrize("version", ["25.05", "25.11"])
+def test_placeholders_are_empty_blocks_from_25_05(version):
+    yaml = pytest.importorskip("yaml")
+    site = build(variant("gb200-nvl72", **THREE_RACK_SU))
+    files = generate(site, GenerateOptions(slurm_version=version))
+    blocks, sizes = _blocks_and_sizes(files["topology-block.conf"])
+    empty = [b for b in blocks if "Nodes" not in b]
+    assert [b["BlockName"] for b in empty] == [f"nvl72-ph00{i}" for i in range(1, 6)]
+    assert len(blocks) == 23 and sizes[0] == 18
+    _check_block_rules(site, blocks, sizes)
+    assert "State=FUTURE" not in files["nodes.conf"]
+    assert "FUTURE" not in files["topology-block.conf"]
+    doc = yaml.safe_load(files["topology.yaml"])
+    ymap = {b["block"]: b.get("nodes") for b in doc[1]["block"]["blocks"]}
+    assert [n for n, nodes in ymap.items() if nodes is None] == [b["BlockName"] for b in empty]
 
 
 def test_topology_yaml_matches_the_conf_files():
@@ -287,6 +330,8 @@ def test_no_nccl_file_where_disabled_and_every_file_has_a_header():
     assert not any(k.startswith("nccl-topo/") for k in files)
     for name in EXAMPLE_SITES:
         for rel, text in generate(build(site_dict(name))).items():
+            if rel.startswith("imex/"):
+                continue  # addresses only: the IMEX guide documents no comment syntax
             first = text.splitlines()[0]
             assert f"slurmpod {__version__}" in first and f"site {name}" in first, (name, rel)
 
@@ -302,3 +347,48 @@ def test_write_artifacts_is_all_or_nothing(tmp_path):
         write_artifacts(site, out, GenerateOptions(localhost_base_port=65530))
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.glob(".out.stage.*"))
+
+
+# --- IMEX ------------------------------------------------------------------------------------
+
+def test_imex_nodes_config_per_nvlink_domain_lists_its_nodes_in_order():
+    site = build(site_dict("gb200-nvl72"))
+    files = generate(site)
+    imex = {k: v for k, v in files.items() if k.startswith("imex/")}
+    assert len(imex) == 32
+    for domain, name in enumerate(site.inventory.domain_names):
+        want = [n.name for n in site.inventory.nodes if n.domain == domain]
+        assert imex[f"imex/{name}/nodes_config.cfg"].splitlines() == want
+    assert "--imex-hosts" in " ".join(generation_warnings(site))
+    # 8-GPU nodes (NVLink ends at the node) and IMEX switched off: no IMEX files.
+    assert not any(k.startswith("imex/") for k in generate(build(site_dict("dgx-h100-superpod"))))
+    off = build(variant("gb200-nvl72", slurm={"imex": False}))
+    assert not any(k.startswith("imex/") for k in generate(off))
+
+
+def test_imex_hosts_file_gives_addresses():
+    from slurmpod.topology.generate import read_hosts_file
+
+    site = build(site_dict("gb200-nvl72"))
+    lines = ["# compute trays", "127.0.0.1 localhost"]
+    for node in site.inventory.nodes:
+        lines.append(f"10.{node.rack // 8}.{node.rack % 8}.{node.slot + 10}  "
+                     f"{node.name}.cluster.local {node.name}-bmc")
+    hosts = read_hosts_file("hosts", "\n".join(lines))
+    assert hosts["gb01n01"] == "10.0.0.10"  # short name of the FQDN
+    files = generate(site, GenerateOptions(imex_hosts=hosts))
+    assert files["imex/nvl02/nodes_config.cfg"].splitlines()[:2] == ["10.0.1.10", "10.0.1.11"]
+    assert files["imex/nvl32/nodes_config.cfg"].splitlines()[-1] == "10.3.7.27"
+    warned = generation_warnings(site, GenerateOptions(imex_hosts=hosts))
+    assert not any("imex" in w for w in warned)
+
+
+@pytest.mark.parametrize(("text", "err"), [
+    ("gb01n01 10.0.0.1", "'gb01n01' is not an IP address"),
+    ("10.0.0.1", "names no host"),
+])
+def test_bad_hosts_file_is_one_line(text, err):
+    from slurmpod.topology.generate import read_hosts_file
+
+    with pytest.raises(UsageError, match=err):
+        read_hosts_file("hosts", "# ok\n" + text)
