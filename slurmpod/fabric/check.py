@@ -13,8 +13,11 @@ in-network reduction for every job that crosses it. Findings:
 * `wrong-uplink`    a leaf/spine uplink lands on another switch or port than planned
 * `missing-link`, `node-missing`, `switch-missing`  expected cables that are not there
 * `degraded-link`   width x speed below `fabric.link_gbps` (4xNDR = 400, 4xHDR = 200, ...)
-* `unknown-node`, `unknown-hca`, `unknown-switch`, `unnamed-ca`, `unexpected-link`,
+* `unknown-node`, `unknown-hca`, `unknown-switch`, `unexpected-link`,
   `duplicate-hca` (two CAs with one `HOST DEVICE` description)
+* `unset-description`  a CA with the driver's default (or no) node description: judged by the
+  port it sits in, so its cable is still checked; the fix is the description
+* `renamed-hca`     an HCA in a planned port names a device its node type does not list
 * `storage-on-compute`  a storage/management HCA plugged into a compute leaf
 
 Storage and management HCAs (by the site's HCA `role`, or a `--hca-filter` regex over the CA's
@@ -27,7 +30,7 @@ from __future__ import annotations
 import gc
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +39,7 @@ from slurmpod.fabric.switch_links import Pos, check_switch_links, is_slow
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
-    from slurmpod.topology.fabric_plan import FabricPlan, Switch
+    from slurmpod.topology.fabric_plan import FabricPlan, NodeLink, Switch
 
 
 
@@ -60,7 +63,6 @@ FINDING_KINDS: dict[str, str] = {
     "renamed-hca": "an HCA in a planned port names a device the node type does not list",
     "unknown-switch": "a switch in the compute fabric that the plan does not have",
     "unset-description": "a CA still has the driver's default node description",
-    "unnamed-ca": "a CA whose node description names no host",
     "unexpected-link": "a switch-to-switch cable the plan does not have",
     "duplicate-hca": "two CAs report the same HOST DEVICE",
     "storage-on-compute": "a storage/management HCA is plugged into a compute leaf",
@@ -239,6 +241,8 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
     compute: dict[tuple[str, str], FabricNode] = {}
     apart_ids: set[str] = set()
     unknown_hosts: dict[str, list[FabricNode]] = defaultdict(list)
+    unset: list[FabricNode] = []
+    odd_hca: list[tuple[str, str | None, FabricNode]] = []
     by_name = inv.by_name
     for ca in fabric.cas():
         desc = ca.desc
@@ -250,22 +254,18 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
         if host is None:
             if ca.is_aggregation_node:
                 continue  # the SHARP aggregation node inside a Quantum switch, not a host
-            where = _where(ctx, ca, attach)
-            ctx.add("unnamed-ca", ca.node_id,
-                    f"CA {ca.node_id} ({desc or 'no description'}) on {where} names no host",
-                    "set its node description to 'HOST DEVICE' (rdma-core sets it at boot), or "
-                    "exclude it with --hca-filter", severity="warning")
+            unset.append(ca)  # judged by the port it sits in, once switches have names
             continue
         node = by_name.get(host)
+        if node is None and "." in host:
+            node = by_name.get(host.split(".", 1)[0])  # an FQDN: slurmd uses the short name
         if node is None:
             unknown_hosts[host].append(ca)
             continue
+        host = node.name
         role = roles.get((node.node_type, dev or ""))
         if role is None:
-            ctx.add("unknown-hca", f"{host} {dev}",
-                    f"{host} has an HCA {dev!r} that node type {node.node_type} does not list "
-                    f"(on {_where(ctx, ca, attach)})",
-                    f"add it to node_types.{node.node_type}.hcas, or exclude it with --hca-filter")
+            odd_hca.append((node.name, dev, ca))  # renamed or unlisted: judged by its port
             continue
         if role != "compute":
             apart_ids.add(ca.node_id)
@@ -277,10 +277,13 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                     f"two CAs call themselves '{host} {dev}': {first.node_id} on "
                     f"{_where(ctx, first, attach)} and {ca.node_id} on {_where(ctx, ca, attach)}",
                     "fix the node description of the wrong one (a cloned image or a swapped "
-                    "HCA); only the first is checked")
+                    "HCA); only the first is checked", node=host, hca=dev, guid=ca.guid,
+                    **_at(ctx, ca, attach))
 
     # 3. Name fabric switches as the plan does: by description first, then by what they carry.
     _match_switches(ctx, compute, attach)
+
+    _judge_by_port(ctx, compute, attach, unset, odd_hca)
 
     # Switches outside the plan that carry no compute HCA are another fabric (storage): apart.
     compute_ids = {ca.node_id for ca in compute.values()}
@@ -321,17 +324,21 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
         ctx.add("unknown-node", host,
                 f"host {host} ({_plural(len(on_compute), 'HCA')}) is not in the site file but is "
                 f"cabled into the compute fabric at {where}{more}",
-                "add it to the site file, unplug it, or exclude it with --hca-filter")
+                "add it to the site file, unplug it, or exclude it with --hca-filter",
+                node=host, guid=on_compute[0].guid, **_at(ctx, on_compute[0], attach))
 
     # Storage HCAs that landed on compute leaves.
     for ca_id in sorted(apart_ids):
         at = attach.get(ca_id)
         if at and at[0].node_id in ctx.to_plan:
             ca = nodes[ca_id]
+            h, d = host_device(ca.desc)
+            where = plan.port_label(ctx.name(at[0]), at[1].num)
             ctx.add("storage-on-compute", ca.desc or ca_id,
                     f"{ca.desc or ca_id} is kept apart from compute but is cabled into "
-                    f"{ctx.role(ctx.name(at[0]))} port {at[1].num}",
-                    f"move it to the storage fabric and free {ctx.name(at[0])} port {at[1].num}")
+                    f"{ctx.role(ctx.name(at[0]))}: {where}",
+                    f"move it to the storage fabric and free {where}", node=h, hca=d,
+                    guid=ca.guid, **_at(ctx, ca, attach))
 
     missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
     gone = {s.name for s in missing_switches}
@@ -341,13 +348,14 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
         ctx.add("switch-missing", sw.name,
                 f"{ctx.role(sw.name)} is not in the fabric: powered off, or every link of it is "
                 "down", f"power on / reach {sw.name} and rerun ibnetdiscover; its cables were not "
-                "checked")
+                "checked", switch=sw.name, rail=sw.rail)
     for sw in fabric.switches():
         if sw.node_id in ctx.to_plan or sw.node_id in apart_switches:
             continue
         ctx.add("unknown-switch", sw.name or sw.node_id,
                 f"switch {sw.name or '(no name)'} ({sw.node_id}) is in the compute fabric but not "
-                "in the plan", "remove it, or describe it in the site file (fabric radix, SUs)")
+                "in the plan", "remove it, or describe it in the site file (fabric radix, SUs)",
+                switch=sw.name or sw.node_id, guid=sw.guid)
 
     report.findings = ctx.findings
     report.stats = {
@@ -392,6 +400,109 @@ def _apart(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]
             "at": _where(ctx, ca, attach), "reason": reason}
 
 
+def _at(ctx: _Ctx, ca: FabricNode,
+        attach: dict[str, tuple[FabricNode, Port]]) -> dict[str, str | int | None]:
+    """Location fields of the switch port a CA is cabled to (empty when it has none)."""
+    at = attach.get(ca.node_id)
+    if at is None:
+        return {}
+    port = at[1].num
+    return {"switch": ctx.name(at[0]), "port": port, "cage": ctx.plan.cage(port)}
+
+
+_NDD_FIX = ("rdma-core's rdma-ndd sets it at boot and on hostname changes "
+            "(`systemctl enable --now rdma-ndd`); or write it by hand: "
+            "`echo '{host} {dev}' > /sys/class/infiniband/{dev}/node_desc`")
+
+
+def _judge_by_port(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
+                   attach: dict[str, tuple[FabricNode, Port]], unset: list[FabricNode],
+                   odd_hca: list[tuple[str, str | None, FabricNode]]) -> None:
+    """CAs whose description does not say which planned HCA they are (unset, or a device name
+    the node type lacks): the port they sit in does. One in a planned port of a node whose HCA
+    is otherwise absent stands in for it (its cable is checked, nothing is 'missing'), with a
+    finding that names what to fix: the description, not the cabling."""
+    if not unset and not odd_hca:
+        return
+    plan = ctx.plan
+    by_port = {(nl.leaf, nl.port): nl for nl in plan.node_links}
+
+    def planned_at(ca: FabricNode) -> NodeLink | None:
+        at = attach.get(ca.node_id)
+        return by_port.get((ctx.name(at[0]), at[1].num)) if at else None
+
+    per_node: dict[str, list[tuple[NodeLink, FabricNode]]] = defaultdict(list)
+    for ca in unset:
+        nl = planned_at(ca)
+        if nl is not None and (nl.node, nl.hca) not in compute:
+            compute[(nl.node, nl.hca)] = ca
+            per_node[nl.node].append((nl, ca))
+            continue
+        what = f"'{ca.desc}'" if ca.desc else "no node description"
+        where = _where(ctx, ca, attach)
+        ctx.add("unset-description", f"CA {ca.guid}",
+                f"the CA with GUID {ca.guid} on {where} has {what} (never set), so it names no "
+                "host", "set its node description to 'HOST DEVICE' on the host it belongs to: "
+                + _NDD_FIX.format(host="HOST", dev="DEVICE") + "; or exclude it with --hca-filter",
+                severity="warning", guid=ca.guid, **_at(ctx, ca, attach))
+    if len(per_node) > 10 and len(per_node) == len(ctx.site.inventory.nodes):
+        n = sum(len(v) for v in per_node.values())
+        nl0, ca0 = min(per_node.values(), key=lambda v: v[0][0].node)[0]
+        ctx.add("unset-description", "all nodes",
+                f"all {n} HCAs of all {len(per_node)} nodes have the driver's default node "
+                f"description ({ca0.desc or 'an empty description'}); they sit in their planned "
+                "ports and their cables were checked by port",
+                "set the node descriptions on every node: " + _NDD_FIX.format(
+                    host="$(hostname -s)", dev="DEVICE"), severity="warning")
+        return _odd_hcas(ctx, compute, attach, odd_hca, planned_at)
+    for node, items in sorted(per_node.items()):
+        items.sort(key=lambda t: (t[0].rail or 0, t[0].hca))
+        nl0, ca0 = items[0]
+        desc = ca0.desc or "an empty description"
+        listed = ", ".join(f"{nl.hca} = GUID {ca.guid} on {plan.port_label(nl.leaf, nl.port)}"
+                           for nl, ca in items[:8])
+        n = len(items)
+        ctx.add("unset-description", node if n > 1 else f"{node} {nl0.hca}",
+                f"{_plural(n, 'HCA')} in {node}'s planned ports "
+                f"{'have' if n > 1 else 'has'} the driver's default node description ({desc}), "
+                f"not '{node} DEVICE': {listed}{' ...' if n > 8 else ''}; "
+                "their cables were checked by port",
+                f"set the node descriptions on {node}: " + _NDD_FIX.format(host=node,
+                                                                         dev=nl0.hca),
+                severity="warning", node=node, hca=nl0.hca, guid=ca0.guid, rail=nl0.rail,
+                **_at(ctx, ca0, attach))
+    _odd_hcas(ctx, compute, attach, odd_hca, planned_at)
+
+
+def _odd_hcas(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
+              attach: dict[str, tuple[FabricNode, Port]],
+              odd_hca: list[tuple[str, str | None, FabricNode]],
+              planned_at: Callable[[FabricNode], NodeLink | None]) -> None:
+    plan = ctx.plan
+    roles = {(t, h.device) for t, nt in ctx.site.node_types.items() for h in nt.hcas}
+    for host, dev, ca in odd_hca:
+        nl = planned_at(ca)
+        node_type = ctx.site.inventory.by_name[host].node_type
+        if nl is not None and nl.node == host and (host, nl.hca) not in compute \
+                and (node_type, nl.hca) in roles:
+            compute[(host, nl.hca)] = ca
+            ctx.add("renamed-hca", f"{host} {nl.hca}",
+                    f"the HCA in {host}'s planned port for {nl.hca} "
+                    f"({plan.port_label(nl.leaf, nl.port)}) describes itself as "
+                    f"'{ca.desc}': the device is named {dev or '(nothing)'} on the host",
+                    f"if {host} renamed the device (PCI order, udev rule), restore the name "
+                    f"{nl.hca} or set its node description to '{host} {nl.hca}'; if every node "
+                    f"of type {node_type} calls it {dev}, rename it in "
+                    f"node_types.{node_type}.hcas", severity="warning", node=host, hca=nl.hca,
+                    guid=ca.guid, rail=nl.rail, **_at(ctx, ca, attach))
+            continue
+        ctx.add("unknown-hca", f"{host} {dev}",
+                f"{host} has an HCA {dev!r} that node type {node_type} does not list "
+                f"(on {_where(ctx, ca, attach)})",
+                f"add it to node_types.{node_type}.hcas, or exclude it with --hca-filter",
+                node=host, hca=dev, guid=ca.guid, **_at(ctx, ca, attach))
+
+
 def _match_switches(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
                     attach: dict[str, tuple[FabricNode, Port]]) -> None:
     planned = ctx.planned
@@ -412,15 +523,24 @@ def _match_switches(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
             votes[at[0].node_id][node_port[key].leaf] += 1
     _elect(ctx, votes)
     # Spines, then cores: the planned upper switch their ports lead to from named switches.
+    # A link in the planned port is a strong vote; any link from a lower switch a weak vote
+    # for each upper switch of its group (ports above the leaves are not binding).
     upper_of = {(sl.lower, sl.lower_port): sl.upper for sl in ctx.plan.switch_links}
+    uppers: dict[str, set[str]] = defaultdict(set)
+    for sl in ctx.plan.switch_links:
+        uppers[sl.lower].add(sl.upper)
     for _tier in range(2):
         votes = defaultdict(lambda: defaultdict(int))
         for sw, port, peer in ctx.switch_ports():
             if sw.node_id in ctx.to_plan or peer.node_id not in ctx.to_plan:
                 continue
-            up = upper_of.get((ctx.to_plan[peer.node_id], port.remote_port))
+            lower = ctx.to_plan[peer.node_id]
+            up = upper_of.get((lower, port.remote_port))
+            tally = votes[sw.node_id]
             if up is not None:
-                votes[sw.node_id][up] += 1
+                tally[up] += 1000
+            for cand in uppers.get(lower, ()):
+                tally[cand] += 1
         _elect(ctx, votes)
 
 
@@ -465,14 +585,17 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
         if len(links) == per_node[node] and len(links) > 1:
             ctx.add("node-missing", node,
                     f"none of the {len(links)} compute HCAs of {node} is in the fabric",
-                    f"check that {node} is powered on and its HCAs are up (`ibstat`), then rerun")
+                    f"check that {node} is powered on and its HCAs are up (`ibstat`), then rerun",
+                    node=node)
             continue
         for nl in links:
             rail = "" if nl.rail is None else f" (rail {nl.rail})"
+            end = plan.port_label(nl.leaf, nl.port)
             ctx.add("missing-link", f"{nl.node} {nl.hca}",
-                    f"{nl.node} {nl.hca}{rail} has no link to {nl.leaf} port {nl.port}",
-                    f"reseat or replace the cable {nl.node} {nl.hca} <-> {nl.leaf} port "
-                    f"{nl.port} (port down on either end)")
+                    f"{nl.node} {nl.hca}{rail} has no link to {end}",
+                    f"reseat or replace the cable {nl.node} {nl.hca} <-> {end} (port down on "
+                    "either end)", node=nl.node, hca=nl.hca, rail=nl.rail, switch=nl.leaf,
+                    port=nl.port, cage=plan.cage(nl.port), cable=f"{nl.node} {nl.hca} <-> {end}")
 
     mixed = {actual[0] for actual, _e, rail in misplaced.values()
              if rail is not None and (sw := ctx.planned.get(actual[0])) is not None
@@ -488,12 +611,15 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
             done.update((key, other))
             o_rail = misplaced[other][2]
             a, b = sorted([(key, actual, rail), (other, expected, o_rail)])
+            pa, pb = plan.port_label(*a[1]), plan.port_label(*b[1])
             ctx.add("swapped-cables", f"{a[0][0]} {a[0][1]} / {b[0][0]} {b[0][1]}",
                     f"{_hca(a[0], a[2])} and {_hca(b[0], b[2])} are in each other's ports: "
-                    f"{a[1][0]} port {a[1][1]} and {b[1][0]} port {b[1][1]}",
-                    f"swap the cables in {a[1][0]} port {a[1][1]} and {b[1][0]} port {b[1][1]}")
+                    f"{pa} and {pb}", f"swap the cables in {pa} and {pb}",
+                    node=a[0][0], hca=a[0][1], guid=compute[a[0]].guid, rail=a[2],
+                    switch=a[1][0], port=a[1][1], cage=plan.cage(a[1][1]),
+                    cable=f"{a[0][0]} {a[0][1]} <-> {pa}")
             continue
-        _misplaced_hca(ctx, key, actual, expected, rail)
+        _misplaced_hca(ctx, key, actual, expected, rail, compute[key].guid)
 
     if slow and len(slow) == len(plan.node_links) - sum(len(v) for v in missing.values()) > 10:
         rates = sorted({p.rate for *_x, p in slow})
@@ -504,10 +630,14 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
                 "the subnet manager's speed settings")
         return mixed
     for node, hca, actual, port in slow:
+        end = plan.port_label(*actual)
         ctx.add("degraded-link", f"{node} {hca}",
-                f"{node} {hca} on {actual[0]} port {actual[1]} runs at {port.rate} "
+                f"{node} {hca} on {end} runs at {port.rate} "
                 f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
-                f"reseat or replace the cable/transceiver at {actual[0]} port {actual[1]}")
+                f"reseat or replace the cable/transceiver {node} {hca} <-> {end}",
+                node=node, hca=hca, guid=compute[(node, hca)].guid,
+                rail=plan.node_port[(node, hca)].rail, switch=actual[0], port=actual[1],
+                cage=plan.cage(actual[1]), cable=f"{node} {hca} <-> {end}")
     return mixed
 
 
@@ -538,7 +668,9 @@ def _whole_node_moves(ctx: _Ctx, misplaced: dict[tuple[str, str], tuple[Pos, Pos
                 f"{other} (port {','.join(map(str, ports))}), so Slurm's {home} switch and the "
                 "fabric disagree",
                 f"move its {len(keys)} cables to the {home} rail leaves, port "
-                f"{','.join(map(str, want))} (same rail, same port on each leaf)")
+                f"{','.join(map(str, want))} (same rail, same port on each leaf)",
+                node=node, switch=misplaced[keys[0]][0][0], port=ports[0],
+                cage=ctx.plan.cage(ports[0]))
         done.update(keys)
 
 
@@ -547,22 +679,25 @@ def _hca(key: tuple[str, str], rail: int | None) -> str:
 
 
 def _misplaced_hca(ctx: _Ctx, key: tuple[str, str], actual: Pos, expected: Pos,
-                   rail: int | None) -> None:
-    got = ctx.planned.get(actual[0])
-    exp = ctx.planned[expected[0]]
-    fix = (f"move the cable of {key[0]} {key[1]} from {actual[0]} port {actual[1]} to "
-           f"{expected[0]} port {expected[1]}")
-    at = f"is in {ctx.role(actual[0])} port {actual[1]}; planned: {expected[0]} port {expected[1]}"
+                   rail: int | None, guid: str | None = None) -> None:
+    plan = ctx.plan
+    got = plan.by_name.get(actual[0])
+    exp = plan.by_name[expected[0]]
+    a, e = plan.port_label(*actual), plan.port_label(*expected)
+    fix = f"move the cable of {key[0]} {key[1]} from {a} to {e}"
+    at = f"is in {ctx.role(actual[0])} port {actual[1]}; planned: {e}"
     if actual[0] == expected[0]:
-        ctx.add("wrong-port", _hca(key, None), f"{_hca(key, rail)} {at}", fix,
-                severity="warning")
+        kind, sev, why = "wrong-port", "warning", ""
     elif got is None or got.tier != "leaf":
-        ctx.add("wrong-leaf", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+        kind, sev, why = "wrong-leaf", "error", ""
     elif got.su is not None and exp.su is not None and got.su == exp.su:
-        ctx.add("wrong-rail", _hca(key, None),
-                f"{_hca(key, rail)} {at} — the rail-{got.rail} leaf now sees a rail-{rail} HCA, "
-                "which breaks SHARP's one-rail-per-leaf tree", fix)
+        kind, sev = "wrong-rail", "error"
+        why = (f" — the rail-{got.rail} leaf now sees a rail-{rail} HCA, which breaks SHARP's "
+               "one-rail-per-leaf tree")
     elif got.su is not None and exp.su is not None:
-        ctx.add("wrong-su", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+        kind, sev, why = "wrong-su", "error", ""
     else:
-        ctx.add("wrong-leaf", _hca(key, None), f"{_hca(key, rail)} {at}", fix)
+        kind, sev, why = "wrong-leaf", "error", ""
+    ctx.add(kind, _hca(key, None), f"{_hca(key, rail)} {at}{why}", fix, severity=sev,
+            node=key[0], hca=key[1], guid=guid, rail=rail, switch=actual[0], port=actual[1],
+            cage=plan.cage(actual[1]), cable=f"{key[0]} {key[1]} <-> {a}")

@@ -187,21 +187,46 @@ class FabricNode:
         return host_device(self.desc)[1]
 
 
+# Node descriptions in the forms real fabrics show (rdma-core's rdma-ndd writes "%h %d",
+# host and verbs device; DGX OS images write "host HCA-N" for mlx5_(N-1); some sites write the
+# FQDN): HCA-N is read as the verbs device it stands for.
+_HCA_N = re.compile(r"^HCA-(\d+)$", re.I)
+_GUIDISH = re.compile(r"^(?:0x)?[0-9a-fA-F]{16}$|^[HS]-[0-9a-fA-F]+$")
+
+
+def is_unset_desc(desc: str) -> bool:
+    """True for a CA description nobody set: empty, a bare GUID, or the driver's default
+    (`MT4129 ConnectX7 Mellanox Technologies`). SHARP aggregation nodes are not unset."""
+    d = desc.strip()
+    if not d or _GUIDISH.match(d):
+        return True
+    return ("Aggregation" not in d and ("Mellanox" in d or "ConnectX" in d or d.startswith("MT"))
+            and _DEFAULT_DESC.search(d) is not None)
+
+
 def host_device(desc: str) -> tuple[str | None, str | None]:
-    """`"dgx0001 mlx5_3"` -> (dgx0001, mlx5_3); (None, None) for driver-default descriptions."""
+    """`"dgx0001 mlx5_3"` -> (dgx0001, mlx5_3); `"dgx0001 HCA-4"` -> (dgx0001, mlx5_3);
+    (None, None) for unset descriptions and SHARP aggregation nodes."""
     if not desc or (("Mellanox" in desc or "ConnectX" in desc or desc.startswith("MT")
                     or "Aggregation" in desc) and _DEFAULT_DESC.search(desc)):
         return None, None
     parts = desc.split()
-    if not parts:
+    if not parts or (len(parts) == 1 and _GUIDISH.match(parts[0])):
         return None, None
-    return parts[0], parts[1] if len(parts) > 1 else None
+    if len(parts) < 2:
+        return parts[0], None
+    dev = parts[1]
+    m = _HCA_N.match(dev)
+    if m and int(m.group(1)) >= 1:
+        dev = f"mlx5_{int(m.group(1)) - 1}"
+    return parts[0], dev
 
 
 @dataclass
 class Fabric:
     nodes: dict[str, FabricNode]
     source: str
+    sources: tuple[str, ...] = ()  # every file merged into this fabric (see `merge`)
 
     def switches(self) -> Iterator[FabricNode]:
         return (n for n in self.nodes.values() if n.kind == "switch")
@@ -229,6 +254,42 @@ _PORT_TAIL = re.compile(
 )
 _NODE_TAIL = re.compile(r'(?:"((?:[^"\\]|\\.)*)")?(.*)$')
 _LID = re.compile(r"\blid (\d+)")
+
+
+def merge(fabrics: list[Fabric]) -> Fabric:
+    """One fabric from several dumps: one per subnet (per-rail planes), or the same subnet seen
+    from several hosts. Nodes are keyed by GUID, so a node seen in two dumps is one node with
+    the ports of both; a GUID listed as a switch in one file and a CA in another is an error."""
+    if len(fabrics) == 1:
+        return fabrics[0]
+    nodes: dict[str, FabricNode] = {}
+    for fab in fabrics:
+        for nid, node in fab.nodes.items():
+            old = nodes.get(nid)
+            if old is None:
+                nodes[nid] = node
+                continue
+            if old.kind != node.kind:
+                raise ConfigError(f"node {nid} is a {old.type_word} in {_src(nodes, nid, fabrics)}"
+                                  f" but a {node.type_word} here", file=f"{fab.source}:{node.line}")
+            for num, port in node.ports.items():
+                old.ports.setdefault(num, port)
+            if not old.desc:
+                old.desc = node.desc
+    names = tuple(f.source for f in fabrics)
+    return Fabric(nodes, " + ".join(names), names)
+
+
+def _src(nodes: dict[str, FabricNode], nid: str, fabrics: list[Fabric]) -> str:
+    for fab in fabrics:
+        if nid in fab.nodes:
+            return f"{fab.source}:{fab.nodes[nid].line}"
+    return "another file"
+
+
+def parse_files(paths: list[Path]) -> Fabric:
+    """Read every file (each must exist and parse) and merge them."""
+    return merge([parse_file(p) for p in paths])
 
 
 def parse_file(path: Path | str) -> Fabric:
@@ -350,7 +411,7 @@ def _parse(text: str, source: str) -> Fabric:
     if not nodes:
         raise ConfigError("no Switch or Ca lines found; expected the output of `ibnetdiscover`",
                           file=source)
-    return Fabric(nodes, source)
+    return Fabric(nodes, source, (source,))
 
 
 def _node_comment(node: FabricNode, tail: str) -> None:

@@ -1,17 +1,23 @@
 """The switch-to-switch part of the fabric check: leaf->spine and spine->core cables.
 
-Driven by the plan: each planned cable is looked up at its lower end in the fabric (one dict
-lookup per cable, no index of the whole fabric), so a clean 100k-GPU fabric costs one pass.
-Only switches that show a problem, or whose count of switch-facing ports differs from the
-plan, are scanned for cables the plan does not have. Findings: `missing-link`,
-`wrong-uplink`, `swapped-cables` (two uplinks in each other's upper ports), `wrong-port` (a cable
-in the wrong lower port), `unexpected-link`, `degraded-link`.
+A link between tiers is judged by *how many* links each lower switch has to each upper switch of
+its group, whatever ports carry them: the subnet manager routes over any port, and real sites
+cable twin-port OSFP cages in pairs, singly, or in whatever order the optics allowed, so the
+plan's port numbers above the leaves are a suggestion, not a rule (the ports of node cables are
+checked exactly, in check.py). One pass over the switches' ports counts the links; findings:
+
+* `wrong-uplink`    a switch has too few links to one upper switch and too many to another
+                    (a cable landed on the wrong spine): move one cable
+* `swapped-cables`  two switches each have the other's spine: two cables crossed, one finding
+* `missing-link`    fewer links to an upper switch than planned (cable out or port down);
+                    all uplinks of a switch missing is one finding
+* `unexpected-link` more links than planned, a link inside one tier, or to an unplanned spine
+* `degraded-link`   a link slower than fabric.link_gbps
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from slurmpod.fabric.ibnetdiscover import Port, speed_name
@@ -20,159 +26,232 @@ if TYPE_CHECKING:
     from slurmpod.fabric.check import _Ctx
 
 Pos = tuple[str, int]
+_RANK = {"leaf": 0, "spine": 1, "core": 2}
 
 
 def is_slow(gbps: float | None, planned: int) -> bool:
     return gbps is not None and gbps + 0.5 < planned
 
 
+class _Link:
+    __slots__ = ("lower", "lport", "port", "uport", "upper")
+
+    def __init__(self, lower: str, lport: int, upper: str, uport: int, port: Port) -> None:
+        self.lower, self.lport, self.upper, self.uport, self.port = \
+            lower, lport, upper, uport, port
+
+
 def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
     plan = ctx.plan
     want = plan.link_gbps
     nodes = ctx.fabric.nodes
-    to_fabric = ctx.to_fabric
-    names = {sw.node_id: ctx.name(sw) for sw in ctx.fabric.switches()}
-    links = plan.switch_links
+    planned = ctx.planned
+    to_plan = ctx.to_plan
+    label = plan.port_label
 
-    misplaced: dict[Pos, tuple[Pos, Pos]] = {}
-    missing: dict[str, list[Pos]] = defaultdict(list)
-    slow: list[tuple[Pos, Pos, Port]] = []
-    # Counted in C (Counter over an iterable), not link by link in the loop below.
-    uplinks: Counter[str] = Counter(map(itemgetter(0), links))
-    planned_degree: Counter[str] = uplinks + Counter(map(itemgetter(2), links))
-    suspects: set[str] = set()  # plan/fabric names of switches to scan for unplanned cables
+    # Planned link counts per (lower, upper), and the planned lower ports (for the fixes).
+    need: dict[str, Counter[str]] = defaultdict(Counter)
+    planned_ports: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for lower, lp, upper, _up in plan.switch_links:
+        need[lower][upper] += 1
+        planned_ports[(lower, upper)].append(lp)
+
+    # Actual links, each counted once from its lower end.
+    have: dict[str, dict[str, list[_Link]]] = defaultdict(lambda: defaultdict(list))
+    odd: dict[tuple[Pos, Pos], _Link] = {}  # same-tier links and links to unplanned switches
+    slow: list[_Link] = []
     healthy = " " + speed_name(want)  # a healthy link's comment ends with its rate
-    for lower, lp, upper, upp in links:
-        if lower in gone:
-            continue
-        port = to_fabric[lower].ports.get(lp)
-        peer = nodes.get(port.remote_id) if port is not None else None
-        if port is None or peer is None or peer.kind != "switch":
-            if upper not in gone:
-                missing[lower].append((lower, lp))
-                suspects.update((lower, upper))
-            continue
-        got = names[peer.node_id]
-        tail = port.tail
-        if not (tail and tail.endswith(healthy)) and is_slow(port.gbps, want):
-            slow.append(((lower, lp), (got, port.remote_port), port))
-        if got != upper or port.remote_port != upp:
-            misplaced[(lower, lp)] = ((got, port.remote_port), (upper, upp))
-            suspects.update((lower, upper, got))
     for sw in ctx.fabric.switches():
-        if sw.node_id not in apart and ctx.degree.get(sw.node_id, 0) != planned_degree.get(
-                names[sw.node_id], 0):
-            suspects.add(names[sw.node_id])
-
-    extra = _unplanned(ctx, links, suspects, names, apart) if suspects else {}
-    expected = {(sl.lower, sl.lower_port): (sl.upper, sl.upper_port)
-                for sl in links if sl.lower in missing} if missing else {}
-    _wrong_lower_ports(ctx, missing, extra, expected)
-    for lower, ports in sorted(missing.items()):
-        if len(ports) == uplinks[lower] and len(ports) > 1:
-            ctx.add("missing-link", lower,
-                    f"none of the {len(ports)} uplinks of {ctx.role(lower)} is up",
-                    f"check {lower}'s uplink cables and the switches above it")
+        if sw.node_id in apart:
             continue
-        for lo in ports:
-            up = expected[lo]
-            ctx.add("missing-link", f"{lo[0]} port {lo[1]}",
-                    f"no link from {lo[0]} port {lo[1]} to {up[0]} port {up[1]}",
-                    f"reseat or replace the cable {lo[0]} port {lo[1]} <-> {up[0]} port {up[1]}")
-    _misplaced_uplinks(ctx, misplaced)
-    for a, (b, _port) in sorted(extra.items()):
-        ctx.add("unexpected-link", f"{a[0]} port {a[1]}",
-                f"{a[0]} port {a[1]} is cabled to {b[0]} port {b[1]}, which the plan does not "
-                "have", "unplug it, or fix the plan if the cable is intended")
-
-    if slow and len(slow) == len(links) > 10:
-        rates = sorted({p.rate for *_x, p in slow})
-        ctx.add("degraded-link", "all switch links",
-                f"all {len(slow)} switch-to-switch links run at {', '.join(rates)}, below "
-                f"fabric.link_gbps = {want}", "set fabric.link_gbps if that is the real rate")
-        return
-    for lower, actual, port in slow:
-        ctx.add("degraded-link", f"{lower[0]} port {lower[1]}",
-                f"{lower[0]} port {lower[1]} -> {actual[0]} port {actual[1]} runs at {port.rate} "
-                f"({port.gbps:g} Gb/s), planned {speed_name(want)} ({want} Gb/s)",
-                f"reseat or replace the cable/transceiver {lower[0]} port {lower[1]}")
-
-
-def _unplanned(ctx: _Ctx, links: tuple, suspects: set[str], names: dict[str, str],
-               apart: set[str]) -> dict[Pos, tuple[Pos, Port]]:
-    """Cables at the suspect switches that the plan does not have, keyed by their lower end."""
-    lowers: set[Pos] = set()  # planned lower ends: the plan-driven pass judged those cables
-    uppers: set[Pos] = set()
-    for lower, lp, upper, upp in links:
-        if lower in suspects or upper in suspects:
-            lowers.add((lower, lp))
-            uppers.add((upper, upp))
-    nodes = ctx.fabric.nodes
-    extra: dict[Pos, tuple[Pos, Port]] = {}
-    for sw in ctx.fabric.switches():
-        if names[sw.node_id] not in suspects or sw.node_id in apart:
-            continue
+        a = to_plan.get(sw.node_id)
+        if a is None:
+            continue  # an unknown switch: its own finding; its links are not judged
+        ra = _RANK[planned[a].tier]
         for port in sw.ports.values():
             peer = nodes.get(port.remote_id)
             if peer is None or peer.kind != "switch" or peer.node_id in apart:
                 continue
-            a = (names[sw.node_id], port.num)
-            b = (names[peer.node_id], port.remote_port)
-            if a in lowers or b in lowers:
+            b = to_plan.get(peer.node_id)
+            if b is None:
                 continue
-            # Every link is printed from both ends: key it by its lower end.
-            if b in uppers or (a not in uppers and a < b):
-                extra[a] = (b, port)
-            else:
-                extra[b] = (a, port)
-    return extra
-
-
-def _wrong_lower_ports(ctx: _Ctx, missing: dict[str, list[Pos]],
-                       extra: dict[Pos, tuple[Pos, Port]], expected: dict[Pos, Pos]) -> None:
-    """A cable in the wrong port of its lower switch: missing at one port, unplanned at another
-    port of the same switch, both ending at the same upper port."""
-    by_upper = {b: a for a, (b, _p) in extra.items()}
-    for lower, ports in list(missing.items()):
-        for lo in list(ports):
-            up = expected[lo]
-            moved = by_upper.get(up)
-            if moved is None or moved[0] != lo[0]:
+            rb = _RANK[planned[b].tier]
+            if rb < ra:
+                continue  # judged from the lower end
+            link = _Link(a, port.num, b, port.remote_port, port)
+            if rb == ra:
+                key = min(((a, port.num), (b, port.remote_port)),
+                          ((b, port.remote_port), (a, port.num)))
+                odd.setdefault(key, link)
                 continue
-            ports.remove(lo)
-            extra.pop(moved, None)
-            ctx.add("wrong-port", f"{lo[0]} port {lo[1]}",
-                    f"the uplink planned from {lo[0]} port {lo[1]} to {up[0]} port {up[1]} "
-                    f"is in {lo[0]} port {moved[1]}",
-                    f"move it from {lo[0]} port {moved[1]} to {lo[0]} port {lo[1]}",
-                    severity="warning")
-        if not ports:
-            del missing[lower]
+            have[a][b].append(link)
+            tail = port.tail
+            if not (tail and tail.endswith(healthy)) and is_slow(port.gbps, want):
+                slow.append(link)
+
+    # Per lower switch: deficits and surpluses by upper switch.
+    short: dict[str, dict[str, int]] = {}
+    extra: dict[str, dict[str, list[_Link]]] = {}
+    for lower in sorted(set(need) | set(have)):
+        if lower in gone:
+            continue
+        wanted = need.get(lower, Counter())
+        got = have.get(lower, {})
+        s = {u: n - len(got.get(u, ())) for u, n in wanted.items()
+             if u not in gone and n > len(got.get(u, ()))}
+        x = {u: links[wanted.get(u, 0):] for u, links in got.items()
+             if len(links) > wanted.get(u, 0)}
+        if s:
+            short[lower] = s
+        if x:
+            extra[lower] = x
+
+    _swaps(ctx, short, extra)
+    for lower in sorted(set(short) | set(extra)):
+        s = short.get(lower, {})
+        x = extra.get(lower, {})
+        # A cable on the wrong upper switch: one too few here, one too many there.
+        for up_short in sorted(s):
+            while s[up_short] and x:
+                up_extra = min(x)
+                link = x[up_extra].pop()
+                if not x[up_extra]:
+                    del x[up_extra]
+                s[up_short] -= 1
+                _wrong_uplink(ctx, link, up_short, len(have[lower].get(up_short, ())),
+                              need[lower][up_short], len(have[lower][up_extra]),
+                              need[lower].get(up_extra, 0))
+        missing = {u: n for u, n in s.items() if n}
+        total = sum(need[lower].values())
+        if missing and sum(missing.values()) == total > 1:
+            ctx.add("missing-link", lower,
+                    f"none of the {total} uplinks of {ctx.role(lower)} is up",
+                    f"check {lower}'s uplink cables and the switches above it",
+                    switch=lower, rail=planned[lower].rail)
+            missing = {}
+        for up, n in sorted(missing.items()):
+            got = len(have[lower].get(up, ()))
+            empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)])
+            hint = f" (planned in {_ports(plan, lower, empty)})" if empty else ""
+            ctx.add("missing-link", f"{lower} -> {up}",
+                    f"{lower} has {got} of the {need[lower][up]} planned links to {up}: "
+                    f"{_plural(n, 'link')} missing{hint}",
+                    f"reseat or replace {_plural(n, 'cable')} {lower} <-> {up}" + (
+                        f", e.g. {label(lower, empty[0])}" if empty else "")
+                    + " (a port down on either end looks the same)",
+                    switch=lower, port=empty[0] if empty else None,
+                    cage=plan.cage(empty[0]) if empty else None, rail=planned[lower].rail,
+                    cable=f"{lower} <-> {up}")
+        for up, links in sorted(x.items()):
+            for link in links:
+                _unexpected(ctx, link, f"{lower} already has the {need[lower].get(up, 0)} "
+                            f"planned links to {up}" if need[lower].get(up) else
+                            f"the plan has no link {lower} <-> {up}")
+    for link in odd.values():
+        _unexpected(ctx, link, f"{link.lower} and {link.upper} are both "
+                    f"{planned[link.lower].tier}s; the plan has no links within a tier")
+
+    if slow and len(slow) == len(plan.switch_links) > 10:
+        rates = sorted({lk.port.rate for lk in slow})
+        ctx.add("degraded-link", "all switch links",
+                f"all {len(slow)} switch-to-switch links run at {', '.join(rates)}, below "
+                f"fabric.link_gbps = {want}", "set fabric.link_gbps if that is the real rate")
+        return
+    for lk in slow:
+        p = lk.port
+        a, b = label(lk.lower, lk.lport), label(lk.upper, lk.uport)
+        ctx.add("degraded-link", a,
+                f"{a} -> {b} runs at {p.rate} ({p.gbps:g} Gb/s), planned {speed_name(want)} "
+                f"({want} Gb/s)", f"reseat or replace the cable/transceiver {a} <-> {b}",
+                switch=lk.lower, port=lk.lport, cage=plan.cage(lk.lport),
+                rail=planned[lk.lower].rail, cable=f"{a} <-> {b}")
 
 
-def _misplaced_uplinks(ctx: _Ctx, misplaced: dict[Pos, tuple[Pos, Pos]]) -> None:
-    occupant = {actual: lower for lower, (actual, _u) in misplaced.items()}
-    done: set[Pos] = set()
-    for lower, (actual, upper) in sorted(misplaced.items()):
-        if lower in done:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _ports(plan: object, switch: str, ports: list[int]) -> str:
+    shown = ", ".join(str(p) for p in ports[:4]) + (" ..." if len(ports) > 4 else "")
+    return f"{switch} port{'s' if len(ports) > 1 else ''} {shown}"
+
+
+def _free_planned_ports(ctx: _Ctx, lower: str, ports: list[int]) -> list[int]:
+    """Planned lower ports of these links that carry nothing now (where a cable would go)."""
+    sw = ctx.to_fabric.get(lower)
+    used = sw.ports if sw is not None else {}
+    return [p for p in ports if p not in used]
+
+
+def _wrong_uplink(ctx: _Ctx, link: _Link, up_short: str, n_short: int, need_short: int,
+                  n_extra: int, need_extra: int) -> None:
+    plan = ctx.plan
+    got_sw = ctx.planned.get(link.upper)
+    exp_sw = ctx.planned[up_short]
+    cross = (got_sw is not None and got_sw.group != exp_sw.group
+             and plan.spine_groups == "per_rail")
+    why = " — it crosses rail groups, so rail traffic leaves its rail" if cross else ""
+    a, b = plan.port_label(link.lower, link.lport), plan.port_label(link.upper, link.uport)
+    ctx.add("wrong-uplink", a,
+            f"{link.lower} has {n_short} of {need_short} planned links to {up_short} and "
+            f"{n_extra} (planned {need_extra}) to {link.upper}: the cable {a} <-> {b} belongs "
+            f"on {up_short}{why}",
+            f"move the upper end of the cable at {a} from {b} to a free port of {up_short}",
+            switch=link.lower, port=link.lport, cage=plan.cage(link.lport),
+            rail=ctx.planned[link.lower].rail, cable=f"{a} <-> {b}")
+
+
+def _unexpected(ctx: _Ctx, link: _Link, why: str) -> None:
+    plan = ctx.plan
+    a, b = plan.port_label(link.lower, link.lport), plan.port_label(link.upper, link.uport)
+    ctx.add("unexpected-link", a, f"{a} is cabled to {b}, which the plan does not have: {why}",
+            "unplug it, or fix the plan if the cable is intended",
+            switch=link.lower, port=link.lport, cage=plan.cage(link.lport),
+            rail=ctx.planned[link.lower].rail, cable=f"{a} <-> {b}")
+
+
+def _swaps(ctx: _Ctx, short: dict[str, dict[str, int]],
+           extra: dict[str, dict[str, list[_Link]]]) -> None:
+    """Two lower switches that each hold a cable the other one lacks: one crossed pair."""
+    # (wants, has) -> lower switches with a link on `has` that belongs on `wants`.
+    offers: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for lower in sorted(short):
+        for want in sorted(short[lower]):
+            for has in sorted(extra.get(lower, {})):
+                offers[(want, has)].append(lower)
+    plan = ctx.plan
+    for (want, has), lowers in sorted(offers.items()):
+        if want >= has:
             continue
-        other = occupant.get(upper)
-        if other is not None and other != lower and misplaced[other][1] == actual:
-            done.update((lower, other))
-            ctx.add("swapped-cables", f"{lower[0]} port {lower[1]} / {other[0]} port {other[1]}",
-                    f"the uplinks from {lower[0]} port {lower[1]} and {other[0]} port "
-                    f"{other[1]} are in each other's ports on {actual[0]} port {actual[1]} and "
-                    f"{upper[0]} port {upper[1]}",
-                    f"swap the cables in {actual[0]} port {actual[1]} and {upper[0]} port "
-                    f"{upper[1]}")
-            continue
-        got_sw = ctx.planned.get(actual[0])
-        exp_sw = ctx.planned[upper[0]]
-        cross = (got_sw is not None and got_sw.group != exp_sw.group
-                 and ctx.plan.spine_groups == "per_rail")
-        why = " — it crosses rail groups, so rail traffic leaves its rail" if cross else ""
-        ctx.add("wrong-uplink", f"{lower[0]} port {lower[1]}",
-                f"{lower[0]} port {lower[1]} goes to {actual[0]} port {actual[1]}; planned: "
-                f"{upper[0]} port {upper[1]}{why}",
-                f"move the cable's upper end from {actual[0]} port {actual[1]} to {upper[0]} "
-                f"port {upper[1]}")
+        partners = offers.get((has, want), [])
+        for l1 in lowers:
+            for l2 in partners:
+                if l1 == l2 or not _can(short, extra, l1, want, has) \
+                        or not _can(short, extra, l2, has, want):
+                    continue
+                k1, k2 = _take(short, extra, l1, want, has), _take(short, extra, l2, has, want)
+                a1, a2 = plan.port_label(k1.lower, k1.lport), plan.port_label(k2.lower, k2.lport)
+                b1, b2 = plan.port_label(k1.upper, k1.uport), plan.port_label(k2.upper, k2.uport)
+                ctx.add("swapped-cables", f"{a1} / {a2}",
+                        f"the uplinks {a1} <-> {b1} and {a2} <-> {b2} are crossed: {l1} "
+                        f"belongs on {want} and {l2} on {has}",
+                        f"swap the cables in {b1} and {b2}",
+                        switch=l1, port=k1.lport, cage=plan.cage(k1.lport),
+                        rail=ctx.planned[l1].rail, cable=f"{a1} <-> {b1}")
+                break
+
+
+def _can(short: dict[str, dict[str, int]], extra: dict[str, dict[str, list[_Link]]],
+         lower: str, want: str, has: str) -> bool:
+    return short.get(lower, {}).get(want, 0) > 0 and bool(extra.get(lower, {}).get(has))
+
+
+def _take(short: dict[str, dict[str, int]], extra: dict[str, dict[str, list[_Link]]],
+          lower: str, want: str, has: str) -> _Link:
+    short[lower][want] -= 1
+    if not short[lower][want]:
+        del short[lower][want]
+    link = extra[lower][has].pop()
+    if not extra[lower][has]:
+        del extra[lower][has]
+    return link

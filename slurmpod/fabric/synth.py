@@ -6,13 +6,20 @@ before the cables are in:
     python -m slurmpod.fabric.synth SITE -o fabric.txt \\
         [--swap dgx0001:mlx5_0,dgx0001:mlx5_3] [--missing dgx0002:mlx5_4] \\
         [--slow dgx0003:mlx5_5=4xHDR] [--move dgx0004=su2] [--unknown-node intruder01] [--storage]
+        [--desc mlx5|hca|fqdn|unset|empty] [--unset dgx0005] [--rename dgx0006:mlx5_3=mlx5_12]
+        [--uplinks plan|cage|shuffle] [--planes]
 
 An endpoint is `NODE:HCA` (a node's verbs device) or `SWITCH:PORT` (a planned switch port).
 Faults: `swap` exchanges the far ends of two cables (a crossed pair), `missing` removes a cable
 (a down link looks exactly like that: ibnetdiscover prints connected ports only), `slow` sets a
 link's rate, `move` re-cables every compute HCA of a node into another SU's rail leaves, and
-`unknown-node` plugs a host that is not in the site file into a free leaf port. `--storage` adds
-the storage/management HCAs on their own leaves, as a converged fabric shows them.
+`unknown-node` plugs a host that is not in the site file into a free leaf port, `unset` gives a
+node's HCAs the driver's default description, `rename` changes one HCA's device name. `--storage`
+adds the storage/management HCAs on their own leaves, as a converged fabric shows them; `--desc`
+picks the description form of every host; `--uplinks` re-cables each leaf's uplinks into other
+ports (same count to each spine); `--planes` writes one file per subnet (per-rail planes) as
+FILE.0, FILE.1, ... On SHARP sites every switch shows its aggregation node, a CA on the port
+above the radix (`Switch 65` on a 64-port QM9700), as Quantum switches do.
 """
 
 from __future__ import annotations
@@ -31,7 +38,15 @@ if TYPE_CHECKING:
     from slurmpod.model.site import Site
     from slurmpod.topology.fabric_plan import FabricPlan
 
-FaultKind = Literal["swap", "missing", "slow", "move", "unknown-node"]
+FaultKind = Literal["swap", "missing", "slow", "move", "unknown-node", "unset", "rename"]
+# How hosts describe their HCAs (see slurmpod.fabric.ibnetdiscover.host_device): rdma-ndd's
+# "host mlx5_0", DGX OS's "host HCA-1", an FQDN, the driver default nobody changed, or none.
+DescForm = Literal["mlx5", "hca", "fqdn", "unset", "empty"]
+DESC_FORMS: tuple[str, ...] = ("mlx5", "hca", "fqdn", "unset", "empty")
+UNSET_DESC = "MT4129 ConnectX7 Mellanox Technologies"  # what a ConnectX-7 reports by default
+AN_DESC = "Mellanox Technologies Aggregation Node"
+# Uplink port layouts: as planned; both ports of each cage to one spine; random ports.
+UplinkLayout = Literal["plan", "cage", "shuffle"]
 
 _SWITCH_GUID = 0xB8CEF60300000000
 _CA_GUID = 0x0C42A10300000000
@@ -53,6 +68,7 @@ class _Model:
     """
 
     def __init__(self, plan: FabricPlan, rate: str) -> None:
+        self.desc: dict[str, str] = {}  # CA -> the node description it prints, when not its name
         self.rate = rate
         self.gbps = plan.link_gbps
         self.switches: dict[str, int] = {s.name: s.radix for s in plan.switches}
@@ -88,18 +104,114 @@ class _Model:
 
 
 def synthesize(site: Site, plan: FabricPlan | None = None, faults: Sequence[Fault] = (),
-               storage: bool = False) -> str:
+               storage: bool = False, desc: DescForm = "mlx5",
+               uplinks: UplinkLayout = "plan") -> str:
     """The ibnetdiscover text of `site`'s planned fabric with `faults` applied (pure)."""
+    return synthesize_planes(site, plan, faults, storage, desc, uplinks, planes=False)[0]
+
+
+def synthesize_planes(site: Site, plan: FabricPlan | None = None, faults: Sequence[Fault] = (),
+                      storage: bool = False, desc: DescForm = "mlx5",
+                      uplinks: UplinkLayout = "plan", planes: bool = True) -> list[str]:
+    """One ibnetdiscover text per subnet (connected part of the fabric: one per rail on a
+    per_rail site), as an admin gets by running ibnetdiscover once in each; `planes=False`
+    gives the whole fabric in one text."""
     if plan is None:
         from slurmpod.topology.fabric_plan import plan_fabric
 
         plan = plan_fabric(site)
     model = _Model(plan, speed_name(plan.link_gbps))
+    if uplinks != "plan":
+        _relayout_uplinks(plan, model, uplinks)
     if storage:
         _add_storage(site, plan, model)
     for fault in faults:
         _apply(site, plan, model, fault)
-    return _render(model, site.site.name)
+    _describe(model, desc)
+    if site.fabric.sharp:
+        _add_aggregation_nodes(model)
+    if not planes:
+        return [_render(model, site.site.name)]
+    return [_render(model, site.site.name, part) for part in _components(model)]
+
+
+def _describe(model: _Model, form: str) -> None:
+    if form == "mlx5":
+        return
+    for ca in model.cas:
+        if ca in model.desc:
+            continue
+        host, _, dev = ca.partition(" ")
+        if form == "hca":
+            if not dev.startswith("mlx5_"):
+                raise ConfigError(f"--desc hca: device {dev!r} is not mlx5_N")
+            model.desc[ca] = f"{host} HCA-{int(dev[5:]) + 1}"
+        elif form == "fqdn":
+            model.desc[ca] = f"{host}.cluster.example.com {dev}"
+        elif form == "unset":
+            model.desc[ca] = UNSET_DESC
+        elif form == "empty":
+            model.desc[ca] = ""
+        else:
+            raise ConfigError(f"--desc {form!r}: use one of {', '.join(DESC_FORMS)}")
+
+
+def _add_aggregation_nodes(model: _Model) -> None:
+    """The SHARP aggregation node of each switch: a CA on the port above the radix."""
+    for sw, radix in list(model.switches.items()):
+        an = f"{sw} AN"
+        model.cas.append(an)
+        model.desc[an] = AN_DESC
+        model.switches[sw] = radix + 1
+        model.connect((an, 1), (sw, radix + 1))
+
+
+def _relayout_uplinks(plan: FabricPlan, model: _Model, layout: str) -> None:
+    """Keep how many links each lower switch has to each upper switch; change the ports."""
+    import random
+
+    rng = random.Random(7)
+    by_lower: dict[str, list[tuple[int, str, int]]] = {}
+    for sl in plan.switch_links:
+        by_lower.setdefault(sl.lower, []).append((sl.lower_port, sl.upper, sl.upper_port))
+    upper_ports: dict[str, list[int]] = {}
+    for links in by_lower.values():
+        for _lp, up, upp in links:
+            upper_ports.setdefault(up, []).append(upp)
+    for ports in upper_ports.values():
+        ports.sort()
+        if layout == "shuffle":
+            rng.shuffle(ports)
+    for lower, links in by_lower.items():
+        for lp, _up, _upp in links:
+            model.cut((lower, lp))
+        lports = sorted(lp for lp, _u, _p in links)
+        uppers = sorted(up for _lp, up, _p in links)  # cage layout: runs of one spine
+        if layout == "shuffle":
+            rng.shuffle(lports)
+        for lp, up in zip(lports, uppers, strict=True):
+            model.connect((lower, lp), (up, upper_ports[up].pop(0)))
+
+
+def _components(model: _Model) -> list[set[str]]:
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for (a, _p), (b, _q) in model.far.items():
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[rb] = ra
+    parts: dict[str, set[str]] = {}
+    for name in list(model.switches) + model.cas:
+        if name in parent:
+            parts.setdefault(find(name), set()).add(name)
+    return sorted(parts.values(), key=lambda p: min(p))
 
 
 def _endpoint(model: _Model, spec: str) -> tuple[str, int]:
@@ -146,6 +258,18 @@ def _apply(site: Site, plan: FabricPlan, model: _Model, fault: Fault) -> None:
         model.rates[frozenset((ep, model.far[ep]))] = rate
     elif fault.kind == "move":
         _move(site, plan, model, spec)
+    elif fault.kind == "unset":
+        cas = [c for c in model.cas if c.split(" ", 1)[0] == spec.strip()]
+        if not cas:
+            raise ConfigError(f"--unset {spec!r}: no node {spec!r} in the fabric")
+        for c in cas:
+            model.desc[c] = UNSET_DESC
+    elif fault.kind == "rename":
+        where, _, new = spec.partition("=")
+        ep = _endpoint(model, where)
+        if not new.strip() or ep[0] in model.switches:
+            raise ConfigError(f"--rename {spec!r}: use NODE:HCA=NEWNAME")
+        model.desc[ep[0]] = f"{ep[0].split(' ', 1)[0]} {new.strip()}"
     elif fault.kind == "unknown-node":
         leaf = plan.leaves[0].name
         port = model.free_port(leaf, plan.downlinks_per_leaf)
@@ -215,7 +339,7 @@ def _switch_model(gbps: float) -> str:
     return {400: "MQM9700", 200: "MQM8700", 100: "MSB7800", 800: "Q3400"}.get(int(gbps), "SW")
 
 
-def _render(model: _Model, site_name: str) -> str:
+def _render(model: _Model, site_name: str, only: set[str] | None = None) -> str:
     sw_names = list(model.switches)
     sw_id = {n: f"S-{_SWITCH_GUID + i:016x}" for i, n in enumerate(sw_names)}
     ca_guid = {c: _CA_GUID + 2 * i for i, c in enumerate(model.cas)}
@@ -224,6 +348,7 @@ def _render(model: _Model, site_name: str) -> str:
         lid[c] = len(sw_names) + i + 1
     hw = _switch_model(model.gbps)
     sw_desc = {n: f"MF0;{n}:{hw}/U1" for n in sw_names}
+    names = model.desc
     by_node: dict[str, list[tuple[int, str, int]]] = {}
     for (name, port), (rname, rport) in model.far.items():
         by_node.setdefault(name, []).append((port, rname, rport))
@@ -234,14 +359,19 @@ def _render(model: _Model, site_name: str) -> str:
         return sw_id[n] if n in sw_id else f"H-{ca_guid[n]:016x}"
 
     def desc(n: str) -> str:
-        return sw_desc.get(n, n)
+        return sw_desc.get(n) or names.get(n, n)
+
+    cas = model.cas
+    if only is not None:
+        sw_names = [n for n in sw_names if n in only]
+        cas = [c for c in cas if c in only]
 
     out = [
         "#",
         f"# Topology file: synthesized by slurmpod from the fabric plan of site {site_name}",
         "#",
-        f"# Initiated from node {ca_guid[model.cas[0]]:016x} port {ca_guid[model.cas[0]] + 1:016x}"
-        if model.cas else "# Initiated from node 0000000000000000 port 0000000000000000",
+        f"# Initiated from node {ca_guid[cas[0]]:016x} port {ca_guid[cas[0]] + 1:016x}"
+        if cas else "# Initiated from node 0000000000000000 port 0000000000000000",
     ]
     for n in sw_names:
         if n not in by_node:
@@ -258,14 +388,14 @@ def _render(model: _Model, site_name: str) -> str:
                            f"lid {lid[rname]} {rate}")
             else:
                 g = ca_guid[rname]
-                out.append(f'[{port}]\t"H-{g:016x}"[{rport}]({g + 1:x}) \t\t# "{rname}" '
+                out.append(f'[{port}]\t"H-{g:016x}"[{rport}]({g + 1:x}) \t\t# "{desc(rname)}" '
                            f"lid {lid[rname]} {rate}")
-    for c in model.cas:
+    for c in cas:
         if c not in by_node:
             continue  # so is an HCA whose cable is out
         g = ca_guid[c]
         out += ["", "vendid=0x2c9", "devid=0x1021", f"sysimgguid=0x{g:x}", f"caguid=0x{g:x}",
-                f'Ca\t1 "H-{g:016x}"\t\t# "{c}"']
+                f'Ca\t1 "H-{g:016x}"\t\t# "{desc(c)}"']
         for port, rname, rport in sorted(by_node.get(c, ())):
             rate = rates.get(frozenset(((c, port), (rname, rport))), default) if rates else default
             out.append(f'[{port}]({g + 1:x}) \t"{ident(rname)}"[{rport}]\t\t# lid {lid[c]} lmc 0 '
@@ -281,22 +411,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("site", help="site file or built-in site name")
     ap.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
     for kind, meta in (("swap", "A,B"), ("missing", "EP"), ("slow", "EP[=RATE]"),
-                       ("move", "NODE=SU"), ("unknown-node", "HOST")):
+                       ("move", "NODE=SU"), ("unknown-node", "HOST"), ("unset", "NODE"),
+                       ("rename", "NODE:HCA=NAME")):
         ap.add_argument(f"--{kind}", action="append", default=[], metavar=meta)
     ap.add_argument("--storage", action="store_true", help="add storage/management HCAs")
+    ap.add_argument("--desc", choices=DESC_FORMS, default="mlx5",
+                    help="node description form of every host's HCAs")
+    ap.add_argument("--uplinks", choices=("plan", "cage", "shuffle"), default="plan",
+                    help="uplink ports: as planned, a cage per spine, or random")
+    ap.add_argument("--planes", action="store_true",
+                    help="one file per subnet: OUTPUT.0, OUTPUT.1, ...")
     args = ap.parse_args(argv)
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.fsutil import write_atomic
 
     try:
         site = load_site(resolve_site_path(args.site))
-        faults = [Fault(kind, spec) for kind in ("swap", "missing", "slow", "move", "unknown-node")
+        faults = [Fault(kind, spec) for kind in ("swap", "missing", "slow", "move", "unknown-node",
+                                                 "unset", "rename")
                   for spec in getattr(args, kind.replace("-", "_"))]
-        text = synthesize(site, faults=faults, storage=args.storage)
+        texts = synthesize_planes(site, faults=faults, storage=args.storage, desc=args.desc,
+                                  uplinks=args.uplinks, planes=args.planes)
         if args.output == "-":
-            sys.stdout.write(text)
+            sys.stdout.write("".join(texts))
+        elif not args.planes:
+            write_atomic(Path(args.output), texts[0])
         else:
-            write_atomic(Path(args.output), text)
+            for i, text in enumerate(texts):
+                write_atomic(Path(f"{args.output}.{i}"), text)
     except SlurmpodError as exc:
         print(f"slurmpod: error: {exc.message}", file=sys.stderr)
         if exc.hint:

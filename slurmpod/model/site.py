@@ -32,15 +32,42 @@ PciBusId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA
 class Gpu(Strict, kw_only=True):
     model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200")]
     name: Annotated[str, Meta(description="marketing name, e.g. 'H100 SXM5 80GB'")] = ""
-    peak_tflops_bf16: Annotated[PosFloat, Meta(description="dense BF16 peak per GPU, TFLOP/s")]
+    # A model in the GPU catalog (slurmpod.model.gpus: a100, h100, h200, b200, gb200, emu) fills
+    # in every figure left out here; a key set here overrides the catalog. 0 = not given.
+    peak_tflops_bf16: Annotated[PosFloat, Meta(description="dense BF16 peak per GPU, TFLOP/s")] \
+        = 0.0
     # FP8 runs report MFU against the BF16 peak (Megatron-Bridge's and most papers' convention)
     # and, labelled, against this one.
     peak_tflops_fp8: Annotated[PosFloat, Meta(description="dense FP8 peak per GPU, TFLOP/s")] \
         | None = None
-    hbm_gib: Annotated[PosFloat, Meta(description="HBM per GPU, GiB")]
+    hbm_gib: Annotated[PosFloat, Meta(description="HBM per GPU, GiB")] = 0.0
+    hbm_tb_per_s: Annotated[PosFloat, Meta(description="HBM bandwidth, TB/s")] | None = None
+    nvlink_gb_per_s: Annotated[PosFloat, Meta(description="NVLink per GPU, one direction, GB/s")] \
+        | None = None
     # A sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this CPU's measured matmul
     # rate, so sandbox MFU figures mean something.
     emulated: bool = False
+
+    def __post_init__(self) -> None:
+        from msgspec.structs import force_setattr
+
+        from slurmpod.model.gpus import CATALOG, lookup
+
+        spec = lookup(self.model)
+        for key in ("peak_tflops_bf16", "hbm_gib"):
+            if getattr(self, key):
+                continue
+            if spec is None:
+                raise ValueError(f"{key}: required for GPU model {self.model!r}, which is not in "
+                                 f"the catalog ({', '.join(CATALOG)}); set it or use a catalog "
+                                 "model")
+            force_setattr(self, key, getattr(spec, key))
+        if spec is not None:
+            for key in ("peak_tflops_fp8", "hbm_tb_per_s", "nvlink_gb_per_s"):
+                if getattr(self, key) is None:
+                    force_setattr(self, key, getattr(spec, key))
+            if not self.name:
+                force_setattr(self, "name", spec.name)
 
 
 class PciDevice(Strict, kw_only=True):
@@ -138,6 +165,13 @@ class NodeType(Strict, kw_only=True):
             raise ValueError("hcas: device names must be unique")
 
 
+# IB ports per front-panel cage by switch model: Quantum-2 QM9700/QM9790 have 32 OSFP cages of
+# two NDR ports (64 ports); Quantum-X800 Q3400 has 72 cages of two XDR ports (144 ports);
+# Quantum QM8700/QM8790 (HDR) have one port per QSFP56 cage.
+SWITCH_CAGE_PORTS = {"QM9700": 2, "QM9790": 2, "Q3400": 2, "Q3400-RA": 2, "QM8700": 1,
+                     "QM8790": 1}
+
+
 class Fabric(Strict, kw_only=True):
     kind: Literal["infiniband", "roce"] = "infiniband"
     rails: Annotated[int, Meta(ge=1, le=16)] = 8
@@ -148,11 +182,42 @@ class Fabric(Strict, kw_only=True):
     spine_radix: Annotated[int, Meta(ge=4)] = 64
     oversubscription: Annotated[float, Meta(ge=1.0, description="leaf downlinks per uplink")] \
         = 1.0
-    # per_rail: rail-k leaves meet on rail-k spines (SuperPOD style).
+    # shared: the rails' leaves meet on one spine layer, one subnet (NVIDIA's DGX SuperPOD H100
+    # reference architecture); per_rail: rail-k leaves meet on rail-k spines only, each rail a
+    # plane of its own (often its own subnet, one ibnetdiscover dump per rail).
     spine_groups: Literal["per_rail", "shared"] = "per_rail"
     switch_prefix: str = ""  # prefix for generated switch names
+    # Cabling conventions. QM9700/QM9790 (NDR) and Q3400 (XDR) switches carry two IB ports per
+    # OSFP cage; findings then name the cage as well as the port. `ports_per_cage` = 0 takes the
+    # switch model's default (1 when the model is unknown); 4 for NDR ports split in two.
+    switch_model: str = ""  # e.g. "QM9700": sets ports_per_cage by default
+    ports_per_cage: Annotated[int, Meta(ge=0, le=8)] = 0
+    # How the plan cables a leaf's uplinks: "spread" round-robins single links over the spines;
+    # "cage" keeps both ports of a cage on one spine (one twin-port transceiver per spine). The
+    # check judges leaf<->spine links by how many a leaf has to each spine, whatever ports.
+    uplink_cabling: Literal["spread", "cage"] = "spread"
+    # Saved ibnetdiscover outputs `topo check` reads when no --ibnetdiscover is given: one per
+    # subnet (per_rail planes are often separate subnets), paths relative to the site file.
+    ibnetdiscover: list[str] = field(default_factory=list)
+
+    @property
+    def cage_ports(self) -> int:
+        """IB ports per switch cage (1: no cages)."""
+        if self.ports_per_cage:
+            return self.ports_per_cage
+        return SWITCH_CAGE_PORTS.get(self.switch_model.upper(), 1)
 
     def __post_init__(self) -> None:
+        if self.uplink_cabling == "cage" and self.cage_ports < 2:
+            raise ValueError(
+                "uplink_cabling: 'cage' needs twin-port cages; set switch_model (e.g. 'QM9700') "
+                "or ports_per_cage = 2"
+            )
+        if self.leaf_radix % self.cage_ports or self.spine_radix % self.cage_ports:
+            raise ValueError(
+                f"ports_per_cage: {self.cage_ports} does not divide leaf_radix = "
+                f"{self.leaf_radix} and spine_radix = {self.spine_radix}"
+            )
         # SHARP aggregation runs in Quantum InfiniBand switches under the SHARP aggregation
         # manager (an IB subnet service); an Ethernet fabric has none, and NCCL's CollNet init
         # would fail on every job.
@@ -168,6 +233,10 @@ class SuGroup(Strict, kw_only=True):
     sus: Annotated[PosInt, Meta(description="scalable units of this shape")]
     nodes_per_su: PosInt
     nodes_per_rack: PosInt
+    # Host names as a Slurm hostlist, SU by SU, each SU in leaf-port order: for sites whose
+    # names follow no one pattern (`topo discover` writes the names it saw). Overrides
+    # naming.hostname for this group.
+    hosts: str = ""
 
     @property
     def racks_per_su(self) -> int:
@@ -432,9 +501,11 @@ def build_inventory(site: Site) -> Inventory:
     width = int(width_m.group(1)) if width_m else None
     n = site.naming.first_node
     su = rack = domain_base = 0
-    for grp in site.su_groups:
+    for g_idx, grp in enumerate(site.su_groups):
         nt = site.node_types[grp.node_type]
         nodes_per_domain = max(1, nt.domain_gpus // nt.gpus)
+        listed = _listed_hosts(grp, g_idx)
+        g_pos = 0
         for _ in range(grp.sus):
             su_names.append(site.naming.su.format(su=su + 1))
             su_types.append(grp.node_type)
@@ -443,8 +514,13 @@ def build_inventory(site: Site) -> Inventory:
                 if slot == 0:
                     rack_names.append(site.naming.rack.format(rack=len(rack_names) + 1, su=su + 1))
                     rack = len(rack_names) - 1
-                name = site.naming.hostname.format(n=n, rack=rack + 1, slot=slot + 1, su=su + 1)
-                if width is not None and len(str(n)) > width:
+                if listed is not None:
+                    name = listed[g_pos]
+                    g_pos += 1
+                else:
+                    name = site.naming.hostname.format(n=n, rack=rack + 1, slot=slot + 1,
+                                                       su=su + 1)
+                if listed is None and width is not None and len(str(n)) > width:
                     raise ValueError(
                         f"naming.hostname: node number {n} overflows {site.naming.hostname!r}; "
                         f"widen the number field (e.g. {{n:0{len(str(n))}d}})"
@@ -477,6 +553,25 @@ def build_inventory(site: Site) -> Inventory:
     return Inventory(tuple(nodes), tuple(su_names), tuple(rack_names), tuple(su_types),
                      tuple(domain_names),
                      {name: nt.gpu.peak_tflops_bf16 for name, nt in site.node_types.items()})
+
+
+def _listed_hosts(grp: SuGroup, index: int) -> list[str] | None:
+    """The group's `hosts` hostlist expanded, checked against its size; None when not set."""
+    if not grp.hosts:
+        return None
+    from slurmpod.model.hostlist import HostlistError, expand
+
+    try:
+        names = expand(grp.hosts)
+    except HostlistError as exc:
+        raise ValueError(f"su_groups[{index}].hosts: {exc}") from None
+    want = grp.sus * grp.nodes_per_su
+    if len(names) != want:
+        raise ValueError(
+            f"su_groups[{index}].hosts: lists {len(names)} hosts but sus x nodes_per_su = "
+            f"{want}; list every node of the group once"
+        )
+    return names
 
 
 def _check_unique(key: str, pattern: str, names: list[str], hosts: dict[str, int]) -> None:

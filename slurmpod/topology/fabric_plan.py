@@ -22,8 +22,8 @@ Rules (documented in docs/admin-guide.md, "Fabric plan"):
 * Two tiers while a group has L ≤ spine_radix leaves. Spines per group: the smallest divisor S of
   U with S ≥ ceil(L·U / spine_radix), so every leaf has exactly U/S links to every spine and no
   spine runs out of ports (S = U always qualifies when L ≤ spine_radix). DGX H100 SuperPOD,
-  4 SU × 32 nodes, radix 64: U = 32, L = 4 per rail -> S = 2 per rail, 16 spines in all, as in
-  NVIDIA's reference design.
+  4 SU × 32 nodes, radix 64, shared spines: U = 32, L = 32 -> S = 16 (1, 2, 3 SUs: 4, 8, 16),
+  the spine counts of NVIDIA's reference architecture (DGX SuperPOD H100 RA, Table 4).
 * Three tiers when L > spine_radix: leaves form spine blocks of B = spine_radix/2 leaves (a
   multiple of the rail count for shared groups), because a spine that also has a core above it
   keeps half its ports for uplinks (non-blocking). Each block gets S_b spines by the same divisor
@@ -33,7 +33,12 @@ Rules (documented in docs/admin-guide.md, "Fabric plan"):
   P ≤ spine_radix; a bigger site is rejected by the site validator (four tiers are out of scope).
 * Link spreading: link i (counting leaf by leaf, then uplink by uplink) of a group goes to
   spine i mod S at spine port i div S + 1, which fills every spine port densely and spreads each
-  leaf evenly. Spine-to-core links use the same rule within a plane.
+  leaf evenly. Spine-to-core links use the same rule within a plane. With
+  `uplink_cabling = "cage"` the unit is a cage (two ports of a twin-port OSFP cage go to one
+  spine, into one spine cage) when the cages divide evenly over the spines.
+* What the check holds a fabric to between switch tiers is the *count* of links each lower
+  switch has to each upper switch, not the ports (fabric/switch_links.py): the subnet manager
+  routes over any port, and sites cable cages in pairs or singly as their optics dictate.
 
 A site with a single leaf in all has no spines (tiers = 1).
 """
@@ -107,6 +112,16 @@ class FabricPlan:
     node_links: tuple[NodeLink, ...]  # in node-index order, then rail order
     leaf_uplinks: tuple[SwitchLink, ...]
     spine_core_links: tuple[SwitchLink, ...]
+    cage_ports: int = 1  # IB ports per switch cage (2 on twin-port OSFP switches)
+
+    def cage(self, port: int) -> int | None:
+        """The front-panel cage of a switch port (1-based); None on switches without cages."""
+        return (port - 1) // self.cage_ports + 1 if self.cage_ports > 1 else None
+
+    def port_label(self, switch: str, port: int) -> str:
+        """`leaf-su1-rail0 port 33 (cage 17)`: how findings and cabling name a switch port."""
+        c = self.cage(port)
+        return f"{switch} port {port}" + (f" (cage {c})" if c is not None else "")
 
     @property
     def switches(self) -> tuple[Switch, ...]:
@@ -194,6 +209,7 @@ def plan_fabric(site: Site) -> FabricPlan:
     prefix = fab.switch_prefix
     d_ports = site.leaf_downlinks
     r_leaf, r_spine = fab.leaf_radix, fab.spine_radix
+    bundle = fab.cage_ports if fab.uplink_cabling == "cage" else 1
 
     leaves: list[Switch] = []
     node_links: list[NodeLink] = []
@@ -239,7 +255,7 @@ def plan_fabric(site: Site) -> FabricPlan:
     if len(leaves) <= 1:
         return FabricPlan(site.site.name, fab.kind, fab.link_gbps, fab.rail_optimised,
                           spine_groups, 1, d_ports, 0, 0, tuple(leaves), (), (),
-                          tuple(node_links), (), ())
+                          tuple(node_links), (), (), fab.cage_ports)
     # Uplinks the busiest leaf needs at the declared oversubscription (1e-9: 32/1.0 is 32).
     u = max(1, min(r_leaf - d_ports, math.ceil(busiest / fab.oversubscription - 1e-9)))
 
@@ -258,7 +274,7 @@ def plan_fabric(site: Site) -> FabricPlan:
             n_sp = smallest_divisor_at_least(u, _ceil_div(len(group_leaves) * u, r_spine))
             sp_names = [f"{prefix}spine-{tag}{j + 1}" for j in range(n_sp)]
             spines.extend(Switch(n, "spine", r_spine, g, rail=rail) for n in sp_names)
-            _spread(group_leaves, d_ports + 1, u, sp_names, leaf_up)
+            _spread(group_leaves, d_ports + 1, u, sp_names, leaf_up, bundle)
             continue
         block = spine_block_leaves(r_spine, unit)
         if block < 1:
@@ -277,7 +293,7 @@ def plan_fabric(site: Site) -> FabricPlan:
             sp_names = [f"{prefix}spine-{tag}b{b + 1}-{j + 1}" for j in range(n_sb)]
             spines.extend(Switch(n, "spine", r_spine, g, rail=rail, block=b, plane=j)
                           for j, n in enumerate(sp_names))
-            _spread(blk, d_ports + 1, u, sp_names, leaf_up)
+            _spread(blk, d_ports + 1, u, sp_names, leaf_up, bundle)
             for j, n in enumerate(sp_names):
                 planes[j].append(n)
         for j, plane in enumerate(planes):
@@ -294,17 +310,21 @@ def plan_fabric(site: Site) -> FabricPlan:
         downlinks_per_leaf=d_ports, uplinks_per_leaf=u, spine_uplinks=s_up,
         leaves=tuple(leaves), spines=tuple(spines), cores=tuple(cores),
         node_links=tuple(node_links), leaf_uplinks=tuple(leaf_up),
-        spine_core_links=tuple(core_links),
+        spine_core_links=tuple(core_links), cage_ports=fab.cage_ports,
     )
 
 
 def _spread(lower: list[str], first_port: int, per_lower: int, upper: list[str],
-            out: list[SwitchLink]) -> None:
-    """Cable `per_lower` uplinks of each lower switch round-robin over `upper` (see module doc)."""
+            out: list[SwitchLink], bundle: int = 1) -> None:
+    """Cable `per_lower` uplinks of each lower switch round-robin over `upper` (see module doc),
+    `bundle` consecutive ports at a time (both ports of a twin-port cage to one upper switch)."""
     n_up = len(upper)
+    if bundle > 1 and (per_lower % (bundle * n_up) or (first_port - 1) % bundle):
+        bundle = 1  # cages cannot split evenly over the spines: single links
     pairs = ((name, k) for name in lower for k in range(per_lower))
     out.extend(
-        _new(SwitchLink, (name, first_port + k, upper[i % n_up], i // n_up + 1))
+        _new(SwitchLink, (name, first_port + k, upper[(i // bundle) % n_up],
+                          (i // bundle) // n_up * bundle + i % bundle + 1))
         for i, (name, k) in enumerate(pairs)
     )
 

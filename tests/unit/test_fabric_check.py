@@ -134,7 +134,9 @@ def test_every_link_slow_collapses_into_one_finding(sandbox):
 def test_uplink_faults(sandbox):
     report = run(sandbox, [("missing", "leaf-su1-rail0:9")])
     assert kinds(report) == ["missing-link"]
-    assert "leaf-su1-rail0 port 9 to spine-rail0-1" in report.findings[0].message
+    f = report.findings[0]
+    assert "leaf-su1-rail0 has 3 of the 4 planned links to spine-rail0-1" in f.message
+    assert (f.switch, f.port, f.rail) == ("leaf-su1-rail0", 9, 0)
     report = run(sandbox, [("swap", "leaf-su1-rail0:9,leaf-su1-rail1:9")])
     assert kinds(report) == ["swapped-cables"]
     report = run(sandbox, [("missing", f"leaf-su3-rail2:{p}") for p in range(9, 13)])
@@ -142,15 +144,16 @@ def test_uplink_faults(sandbox):
     assert "none of the 4 uplinks" in report.findings[0].message
 
 
-def test_uplink_in_the_wrong_lower_port(sandbox):
+def test_uplink_in_another_port_of_the_same_spine_is_fine(sandbox):
+    # Leaf<->spine links count per spine, whatever ports carry them (cages cabled in pairs,
+    # a spare port used): moving an uplink to another free port of the same two switches is
+    # not a finding.
     site, plan = sandbox
     text = synthesize(site, plan, [Fault("missing", "leaf-su1-rail0:9")])
     sl = next(s for s in plan.leaf_uplinks if (s.lower, s.lower_port) == ("leaf-su1-rail0", 9))
-    # Plug that cable into leaf port 13 (a free uplink port) instead.
-    moved = _switch_cable(text, "leaf-su1-rail0", 13, sl.upper, sl.upper_port)
+    moved = _switch_cable(text, "leaf-su1-rail0", 13, sl.upper, 40)
     report = check_fabric(site, plan, parse(moved))
-    assert kinds(report) == ["wrong-port"]
-    assert report.findings[0].fix == "move it from leaf-su1-rail0 port 13 to leaf-su1-rail0 port 9"
+    assert report.clean, report.findings
 
 
 def test_uplink_to_another_rails_spine(sandbox):
@@ -222,8 +225,14 @@ def test_hand_written_sample_against_its_site():
 def test_variations_sample_against_the_tiny_site():
     site = load_site(DATA / "tiny-site.toml")
     report = check_fabric(site, plan_fabric(site), parse_file(DATA / "variations.txt"))
-    assert kinds(report) == ["missing-link", "switch-missing", "switch-missing", "unknown-node",
-                             "unnamed-ca", "unnamed-ca"]
+    # dgx0002 mlx5_0 has no description but sits in dgx0002's planned port: it is taken as that
+    # HCA (its slow link is found), with a finding about the description, never "missing".
+    assert kinds(report) == ["degraded-link", "switch-missing", "switch-missing", "unknown-node",
+                             "unset-description", "unset-description"]
+    unset = [f for f in report.findings if f.kind == "unset-description"]
+    assert {(f.node, f.hca, f.switch, f.port) for f in unset} == {
+        ("dgx0002", "mlx5_0", "leaf-su1-rail0", 2), (None, None, "leaf-su1-rail0", 3)}
+    assert all(f.guid and "rdma-ndd" in f.fix for f in unset)
     assert any("router" in n for n in report.notes)
 
 
