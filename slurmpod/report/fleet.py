@@ -7,11 +7,20 @@ is not final).
 - Lost GPU-h by cause: the per-job split of `slurmpod.report.model` summed.
 - Typical MFU per model-size class: the GPU-hour-weighted median MFU of the class (fed back into
   the per-job "MFU far below typical" rule).
+
+A job whose figures are implausible (`JobReport.implausible`: an MFU over 100 %, a negative
+time, ...) stays in the rows (CSV, `--jobs`) with its reasons but enters no aggregate: not the
+sums, medians, groups, distribution, top list or typical MFU.
+
+Built for 100,000 jobs in well under a second (benchmarks/report_scale.py): rows are plain
+slotted objects, each row is added to its user's and account's group in one pass (the total is
+the sum of the users'), time buckets are labelled once per hour or day, not per job.
 """
 
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +35,16 @@ TOP_N = 10
 CSV_COLUMNS = ("job_id", "name", "user", "account", "partition", "state", "exit_code", "n_nodes",
                "n_gpus", "start", "end", "elapsed_s", "restarts", "gpu_hours", "mfu", "mfu_p10",
                "mfu_p90", "tflops_per_gpu", "tokens_per_s", "goodput", "productive_gpu_hours",
-               *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "source")
+               *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "source",
+               "implausible")
+IMPLAUSIBLE_SEP = ";"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobRow:
-    """One finished job's figures, flat (CSV row, table row, aggregation input)."""
+    """One finished job's figures, flat (CSV row, table row, aggregation input). Slotted and
+    not frozen: a fleet report makes 100,000 of them, and a frozen dataclass's __init__ sets
+    every field through object.__setattr__ (twice the time)."""
 
     job_id: str
     name: str
@@ -56,6 +69,7 @@ class JobRow:
     lost: dict[str, float] = field(default_factory=dict)  # cause -> GPU-h
     source: str = "none"
     size_class: str | None = None
+    implausible: tuple[str, ...] = ()  # reasons; empty when the figures can be right
 
     @property
     def goodput(self) -> float | None:
@@ -70,23 +84,27 @@ class JobRow:
     @classmethod
     def of(cls, r: JobReport) -> JobRow:
         j, f, loss = r.job, r.figures, r.loss
+        mfu, tflops, prod = f.mfu, f.tflops, loss.productive_gpu_s
+        start, end = j.start_time, j.end_time
+        # Positional, in field order: 25 keyword arguments cost more than the rest of the row
+        # (a fleet report makes 100,000 rows).
         return cls(
-            job_id=j.job_id, name=j.name, user=j.user, account=j.account,
-            partition=j.partition, state=str(j.state), exit_code=j.exit_code,
-            n_nodes=j.n_nodes, n_gpus=r.gpus,
-            start_s=j.start_time.timestamp() if j.start_time else None,
-            end_s=j.end_time.timestamp() if j.end_time else None, elapsed_s=j.elapsed_s,
-            restarts=max(j.restarts, len(r.attempts) - 1), gpu_hours=loss.allocated_gpu_s / 3600,
-            mfu=f.mfu.median if f.mfu else None, mfu_p10=f.mfu.p10 if f.mfu else None,
-            mfu_p90=f.mfu.p90 if f.mfu else None,
-            tflops=f.tflops.median if f.tflops else None, tokens_per_s=f.tokens_per_s,
-            productive_gpu_hours=(None if loss.productive_gpu_s is None
-                                  else loss.productive_gpu_s / 3600),
-            lost={k: v / 3600 for k, v in loss.by_cause_gpu_s.items()}, source=f.source,
-            size_class=size_class(r.params_b))
+            j.job_id, j.name, j.user, j.account, j.partition, str(j.state), j.exit_code,
+            j.n_nodes, r.gpus, start.timestamp() if start else None,
+            end.timestamp() if end else None, j.elapsed_s,
+            max(j.restarts, len(r.attempts) - 1), loss.allocated_gpu_s / 3600,
+            mfu.median if mfu else None, mfu.p10 if mfu else None, mfu.p90 if mfu else None,
+            tflops.median if tflops else None, f.tokens_per_s,
+            None if prod is None else prod / 3600,
+            {k: v / 3600 for k, v in loss.by_cause_gpu_s.items()}, f.source,
+            None if r.params_b is None else size_class(r.params_b),
+            # getattr: reports built before JobReport carried the field read as plausible.
+            tuple(getattr(r, "implausible", None) or ()))
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in zip(CSV_COLUMNS, self.csv_values(), strict=True)}
+        out = {k: v for k, v in zip(CSV_COLUMNS, self.csv_values(), strict=True)}
+        out["implausible"] = list(self.implausible)
+        return out
 
     def csv_values(self) -> list[Any]:
         iso = (lambda t: datetime.fromtimestamp(t, UTC).isoformat() if t else None)  # noqa: E731
@@ -95,7 +113,8 @@ class JobRow:
                 self.elapsed_s, self.restarts, self.gpu_hours, self.mfu, self.mfu_p10,
                 self.mfu_p90, self.tflops, self.tokens_per_s, self.goodput,
                 self.productive_gpu_hours, *(self.lost.get(c) for c in LOSS_CAUSES),
-                self.lost_gpu_hours, self.source]
+                self.lost_gpu_hours, self.source,
+                IMPLAUSIBLE_SEP.join(self.implausible) or None]
 
 
 @dataclass
@@ -113,14 +132,28 @@ class Group:
 
     def add(self, row: JobRow) -> None:
         self.jobs += 1
-        self.gpu_hours += row.gpu_hours
+        h = row.gpu_hours
+        self.gpu_hours += h
         if row.mfu is not None:
-            self.mfu_gpu_hours += row.gpu_hours
-            self.mfu_weighted_sum += row.mfu * row.gpu_hours
+            self.mfu_gpu_hours += h
+            self.mfu_weighted_sum += row.mfu * h
         if row.productive_gpu_hours is not None:
-            self.alloc_known_gpu_hours += row.gpu_hours
+            self.alloc_known_gpu_hours += h
             self.productive_gpu_hours += row.productive_gpu_hours
-        for cause, v in row.lost.items():
+        if row.lost:
+            lost = self.lost
+            for cause, v in row.lost.items():
+                lost[cause] = lost.get(cause, 0.0) + v
+
+    def merge(self, other: Group) -> None:
+        """Add another group's sums (the fleet's total is the sum of its users')."""
+        self.jobs += other.jobs
+        self.gpu_hours += other.gpu_hours
+        self.mfu_gpu_hours += other.mfu_gpu_hours
+        self.mfu_weighted_sum += other.mfu_weighted_sum
+        self.alloc_known_gpu_hours += other.alloc_known_gpu_hours
+        self.productive_gpu_hours += other.productive_gpu_hours
+        for cause, v in other.lost.items():
             self.lost[cause] = self.lost.get(cause, 0.0) + v
 
     @property
@@ -159,12 +192,20 @@ class FleetReport:
     lost_over_time: list[tuple[str, dict[str, float]]]  # (bucket label, cause -> GPU-h)
     bucket: str  # "day" | "hour"
     typical_mfu: dict[str, float]
+    implausible: list[JobRow] = field(default_factory=list)  # in `rows`, in no aggregate
+
+    @property
+    def jobs_with_mfu(self) -> int:
+        return sum(1 for r in self.rows if r.mfu is not None and not r.implausible)
 
     def to_json(self, jobs: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "schema": "slurmpod.report.fleet/1", "window": self.window, "filters": self.filters,
             "jobs": self.total.jobs, "running_jobs": self.n_running,
-            "jobs_with_mfu": sum(1 for r in self.rows if r.mfu is not None),
+            "jobs_with_mfu": self.jobs_with_mfu,
+            "implausible_jobs": [{"job_id": r.job_id, "user": r.user, "name": r.name,
+                                  "state": r.state, "gpu_hours": r.gpu_hours, "mfu": r.mfu,
+                                  "reasons": list(r.implausible)} for r in self.implausible],
             "total": self.total.to_json(),
             "by_user": [g.to_json() for g in self.by_user],
             "by_account": [g.to_json() for g in self.by_account],
@@ -222,7 +263,7 @@ def weighted_median(pairs: Sequence[tuple[float, float]]) -> float | None:
 def typical_mfu(rows: Iterable[JobRow]) -> dict[str, float]:
     by: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        if r.mfu is not None and r.size_class:
+        if r.mfu is not None and r.size_class and not r.implausible:
             by.setdefault(r.size_class, []).append((r.mfu, r.gpu_hours))
     out = {}
     for cls, pairs in by.items():
@@ -232,8 +273,14 @@ def typical_mfu(rows: Iterable[JobRow]) -> dict[str, float]:
     return out
 
 
-def build_fleet(reports: Iterable[JobReport], *, window: str,
-                filters: Mapping[str, str | None] | None = None) -> FleetReport:
+def _bucket_label(end_s: float, hourly: bool) -> str:
+    return datetime.fromtimestamp(end_s, UTC).strftime("%Y-%m-%dT%H:00Z" if hourly
+                                                       else "%Y-%m-%d")
+
+
+def rows_of(reports: Iterable[JobReport]) -> tuple[list[JobRow], int]:
+    """The finished jobs' rows and the number of running (or pending) jobs. `reports` may be a
+    generator: a fleet of 100,000 jobs need not hold 100,000 reports at once."""
     rows: list[JobRow] = []
     running = 0
     for r in reports:
@@ -241,37 +288,62 @@ def build_fleet(reports: Iterable[JobReport], *, window: str,
             running += 1
             continue
         rows.append(JobRow.of(r))
+    return rows, running
+
+
+def build_fleet(reports: Iterable[JobReport], *, window: str,
+                filters: Mapping[str, str | None] | None = None) -> FleetReport:
+    rows, running = rows_of(reports)
+    return fleet_from_rows(rows, running, window=window, filters=filters)
+
+
+def fleet_from_rows(rows: list[JobRow], running: int, *, window: str,
+                    filters: Mapping[str, str | None] | None = None) -> FleetReport:
+    ok = [r for r in rows if not r.implausible]
     total = Group("all")
     users: dict[str, Group] = {}
     accounts: dict[str, Group] = {}
     hist: dict[int, list[float]] = {}
-    for row in rows:
-        total.add(row)
-        users.setdefault(row.user, Group(row.user)).add(row)
-        accounts.setdefault(row.account, Group(row.account)).add(row)
+    top_bin = int(1 / MFU_BIN)
+    for row in ok:
+        g = users.get(row.user)
+        if g is None:
+            g = users[row.user] = Group(row.user)
+        g.add(row)
+        g = accounts.get(row.account)
+        if g is None:
+            g = accounts[row.account] = Group(row.account)
+        g.add(row)
         if row.mfu is not None:
-            b = hist.setdefault(min(int(row.mfu / MFU_BIN + 1e-9), int(1 / MFU_BIN)), [0, 0.0])
+            b = hist.get(k := min(int(row.mfu / MFU_BIN + 1e-9), top_bin))
+            if b is None:
+                b = hist[k] = [0, 0.0]
             b[0] += 1
             b[1] += row.gpu_hours
-    n_bins = max([int(1 / MFU_BIN), *(k + 1 for k in hist)])
+    for g in users.values():
+        total.merge(g)
+    n_bins = max([top_bin, *(k + 1 for k in hist)])
     mfu_hist = [(round(k * MFU_BIN, 4), int(hist.get(k, [0, 0.0])[0]),
                  float(hist.get(k, [0, 0.0])[1])) for k in range(n_bins)]
-    ends = [r.end_s for r in rows if r.end_s]
-    bucket = "hour" if ends and max(ends) - min(ends) <= 2 * 86400 else "day"
-    fmt = "%Y-%m-%dT%H:00Z" if bucket == "hour" else "%Y-%m-%d"
-    over: dict[str, dict[str, float]] = {}
-    for row in rows:
+    ends = [r.end_s for r in ok if r.end_s]
+    hourly = bool(ends) and max(ends) - min(ends) <= 2 * 86400
+    step = 3600 if hourly else 86400
+    over_by: dict[int, dict[str, float]] = {}  # UTC hour or day number -> cause -> GPU-h
+    for row in ok:
         if not row.end_s or not row.lost:
             continue
-        key = datetime.fromtimestamp(row.end_s, UTC).strftime(fmt)
-        slot = over.setdefault(key, dict.fromkeys(LOSS_CAUSES, 0.0))
+        slot = over_by.get(n := int(row.end_s // step))
+        if slot is None:
+            slot = over_by[n] = dict.fromkeys(LOSS_CAUSES, 0.0)
         for cause, v in row.lost.items():
             slot[cause] = slot.get(cause, 0.0) + v
-    top = sorted((r for r in rows if r.lost_gpu_hours), key=lambda r: -(r.lost_gpu_hours or 0))
+    over = sorted((_bucket_label(n * step, hourly), c) for n, c in over_by.items())
+    top = heapq.nlargest(TOP_N, (r for r in ok if r.lost_gpu_hours),
+                         key=lambda r: r.lost_gpu_hours or 0.0)
     by_hours = (lambda g: (-g.gpu_hours, g.key))  # noqa: E731
     return FleetReport(
         window=window, filters=dict(filters or {}), total=total, rows=rows, n_running=running,
         by_user=sorted(users.values(), key=by_hours),
-        by_account=sorted(accounts.values(), key=by_hours), top_lost=top[:TOP_N],
-        mfu_hist=mfu_hist, lost_over_time=sorted(over.items()), bucket=bucket,
-        typical_mfu=typical_mfu(rows))
+        by_account=sorted(accounts.values(), key=by_hours), top_lost=top,
+        mfu_hist=mfu_hist, lost_over_time=over, bucket="hour" if hourly else "day",
+        typical_mfu=typical_mfu(ok), implausible=[r for r in rows if r.implausible])

@@ -110,8 +110,10 @@ def fleet_text(fl: FleetReport) -> str:
     t = fl.total
     filt = ", ".join(f"{k} {v}" for k, v in fl.filters.items() if v) or "all jobs"
     out = [f"Fleet report, since {fl.window} ({filt})",
-           f"  finished jobs {t.jobs} ({sum(1 for r in fl.rows if r.mfu is not None)} with MFU), "
-           f"running or pending {fl.n_running}",
+           f"  finished jobs {t.jobs} ({fl.jobs_with_mfu} with MFU), "
+           f"running or pending {fl.n_running}"
+           + (f", implausible {len(fl.implausible)} (in no figure below)" if fl.implausible
+              else ""),
            f"  GPU-hours {gpuh(t.gpu_hours)}, GPU-hour-weighted MFU {pct(t.mfu)} "
            f"(over {gpuh(t.mfu_gpu_hours)} GPU-h), goodput {pct(t.goodput)}",
            "  lost GPU-h: " + ", ".join(f"{c} {gpuh(t.lost.get(c, 0.0))}" for c in LOSS_CAUSES),
@@ -123,6 +125,11 @@ def fleet_text(fl: FleetReport) -> str:
         out += ["Top jobs by lost GPU-hours",
                 table(["job", "user", "name", "state", "GPU-h", "MFU", "lost GPU-h"],
                       _top_rows(fl.top_lost)), ""]
+    if fl.implausible:
+        out += ["Implausible jobs (left out of every figure above)",
+                table(["job", "user", "name", "state", "GPU-h", "reasons"],
+                      [[r.job_id, r.user, r.name, r.state, gpuh(r.gpu_hours),
+                        ", ".join(r.implausible)] for r in fl.implausible]), ""]
     hist = [(lo, n) for lo, n, _ in fl.mfu_hist if n]
     if hist:
         width = max(n for _, n in hist)
