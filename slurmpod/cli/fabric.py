@@ -24,17 +24,23 @@ _FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs
 
 @click.command()
 @click.argument("site")
-@click.option("--ibnetdiscover", "fabric_file", required=True,
+@click.option("--ibnetdiscover", "fabric_files", multiple=True,
               type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
               help="Saved output of `ibnetdiscover` (run on any host of the fabric); - reads "
-              "standard input.")
+              "standard input. Repeat it for each subnet (per-rail planes): the dumps are "
+              "merged. Default: the site's fabric.ibnetdiscover files.")
 @click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
+@click.option("--nvlink", "nvlink_path", type=click.Path(path_type=Path), default=None,
+              help="`nvidia-smi -q` captured per node (a directory of <host>.txt files, or one "
+              "pdsh/clush 'host: line' file): check NVLink domains and cliques against the "
+              "site's racks (GB200/GB300 NVL72). Alone, or with the IB check.")
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="Print at most this many findings (0: all); --json always has all.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, ...],
-          limit: int, as_json: bool) -> None:
+def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
+          filters: tuple[str, ...], nvlink_path: Path | None, limit: int,
+          as_json: bool) -> None:
     """Check the real fabric (ibnetdiscover output) against SITE's cabling plan.
 
     One finding per problem, each with its fix: HCAs on the wrong rail leaf or another SU's
@@ -53,8 +59,21 @@ def check(ctx: click.Context, site: str, fabric_file: Path, filters: tuple[str, 
         plan = plan_fabric(site_obj)
     except ValueError as exc:
         raise ConfigError(str(exc), file=str(path)) from None
-    fabric = _read_fabric(fabric_file)
+    if nvlink_path is not None and not fabric_files and not site_obj.fabric.ibnetdiscover:
+        from slurmpod.fabric.nvlink import nvlink_cli
+
+        ctx.exit(nvlink_cli(site_obj, nvlink_path, None, limit, as_json))
+    if not fabric_files:
+        fabric_files = tuple(path.parent / f for f in site_obj.fabric.ibnetdiscover)
+        if not fabric_files:
+            raise UsageError("no fabric to check: give --ibnetdiscover FILE (one per subnet), "
+                             "or list the files in the site's fabric.ibnetdiscover")
+    fabric = _read_fabrics(fabric_files)
     report = check_fabric(site_obj, plan, fabric, rules)
+    if nvlink_path is not None:
+        from slurmpod.fabric.nvlink import nvlink_cli
+
+        ctx.exit(nvlink_cli(site_obj, nvlink_path, report, limit, as_json))
     if as_json:
         from slurmpod.cli.output import emit_json
 
@@ -90,17 +109,18 @@ def _print_report(report: CheckReport, limit: int) -> None:
 
 
 @click.command()
-@click.option("--ibnetdiscover", "fabric_file", required=True,
+@click.option("--ibnetdiscover", "fabric_files", required=True, multiple=True,
               type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
-              help="Saved output of `ibnetdiscover`; - reads standard input.")
+              help="Saved output of `ibnetdiscover`; - reads standard input. Repeat it for "
+              "each subnet: the dumps are merged.")
 @click.option("--hca-filter", "filters", multiple=True, metavar="REGEX", help=_FILTER_HELP)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Directory for the draft site file and the generated artefacts.")
 @click.option("--name", "site_name", default=None, help="Site name for the draft (default: "
               "the output directory's name).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_name: str | None,
-             as_json: bool) -> None:
+def discover(fabric_files: tuple[Path, ...], filters: tuple[str, ...], out_dir: Path,
+             site_name: str | None, as_json: bool) -> None:
     """Derive the node -> leaf -> spine tree from ibnetdiscover output (rail leaves that see the
     same nodes merge into one SU) and write a draft site.toml plus the `topo generate`
     artefacts into OUT."""
@@ -110,10 +130,10 @@ def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_na
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     rules = compile_filters(filters)
-    fabric = _read_fabric(fabric_file)
+    fabric = _read_fabrics(fabric_files)
     name = site_name or _site_name(out_dir)
     found = discover_site(fabric, rules)
-    text = draft_site_toml(found, name, source=str(fabric_file))
+    text = draft_site_toml(found, name, source=", ".join(map(str, fabric_files)))
     files, site_obj = _validated_artifacts(text, out_dir / "site.toml")
     from slurmpod.fsutil import write_tree_atomic
 
@@ -138,8 +158,25 @@ def discover(fabric_file: Path, filters: tuple[str, ...], out_dir: Path, site_na
         click.echo(f"slurmpod: warning: {w}", err=True)
     for p in written:
         click.echo(f"wrote {p}")
+    inputs = " ".join(f"--ibnetdiscover {f}" for f in fabric_files)
     click.echo(f"review {out_dir / 'site.toml'} (hardware fields are placeholders), then run "
-               f"`slurmpod topo check {out_dir / 'site.toml'} --ibnetdiscover {fabric_file}`")
+               f"`slurmpod topo check {out_dir / 'site.toml'} {inputs}`")
+
+
+def _read_fabrics(paths: tuple[Path, ...]) -> Fabric:
+    """Every file read (a missing one is an error, never skipped), merged into one fabric."""
+    from slurmpod.fabric.ibnetdiscover import merge
+
+    if sum(str(p) == "-" for p in paths) > 1:
+        raise UsageError("--ibnetdiscover -: standard input can be read once")
+    seen: set[str] = set()
+    unique = []
+    for p in paths:
+        key = str(p) if str(p) == "-" else str(p.resolve())
+        if key not in seen:  # the same file twice adds nothing
+            seen.add(key)
+            unique.append(p)
+    return merge([_read_fabric(p) for p in unique])
 
 
 def _read_fabric(path: Path) -> Fabric:

@@ -34,9 +34,9 @@ def natural_key(text: str) -> tuple[object, ...]:
 
 @dataclass
 class Discovered:
-    sus: list[list[str]]  # hosts of each SU, in SU order, hosts in natural order
+    sus: list[list[str]]  # hosts of each SU, in SU order, each SU in leaf-port order
     su_leaves: list[dict[int, list[str]]]  # per SU: rail -> leaf switch names
-    rails: list[str]  # HCA device per rail
+    rails: list[str]  # HCA device per rail (of the most common node type)
     storage_hcas: list[str]  # devices kept apart that sit on compute hosts
     spines: list[str]
     cores: list[str]
@@ -50,6 +50,12 @@ class Discovered:
     sharp: bool
     kept_apart: int
     warnings: list[str] = field(default_factory=list)
+    # Node types: their rail devices in rail order, and which type each SU has.
+    type_rails: list[list[str]] = field(default_factory=list)
+    su_type: list[int] = field(default_factory=list)
+    switch_model: str = ""  # from the switches' device id, when known
+    uplink_cabling: str = "spread"
+    unnamed: int = 0  # CAs with unset descriptions, left out
 
     def summary(self) -> dict[str, object]:
         return {
@@ -90,14 +96,24 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     apart: list[tuple[str, str]] = []
     sharp = False
     warnings: list[str] = []
+    an_switches: set[str] = set()
+    unnamed = 0
+    short = _short_names(fabric)
     for ca in fabric.cas():
         if ca.is_aggregation_node:
             sharp = True
+            at = attach.get(ca.node_id)
+            if at is not None:
+                an_switches.add(at[0].node_id)
             continue
         host, dev = ca.host, ca.device
+        if host is not None:
+            host = short.get(host, host)
         if any(f.search(ca.desc) for f in hca_filters) or host is None:
             if host is not None and dev is not None:
                 apart.append((host, dev))
+            elif host is None:
+                unnamed += 1
             continue
         at = attach.get(ca.node_id)
         if at is None or dev is None:
@@ -107,20 +123,40 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     if not compute:
         raise ConfigError("no compute HCAs found (no CA describes itself as 'HOST DEVICE')",
                           file=fabric.source,
-                          hint="set node descriptions on the hosts, or loosen --hca-filter")
+                          hint="set node descriptions on the hosts (rdma-core's rdma-ndd), or "
+                          "loosen --hca-filter")
+    if unnamed:
+        warnings.append(f"{unnamed} CAs have the driver's default node description and name no "
+                        "host; they are left out of the draft (set their descriptions with "
+                        "rdma-ndd and rerun)")
 
-    hosts_of_dev: dict[str, set[str]] = defaultdict(set)
-    all_hosts: set[str] = set()
+    # Node types by the devices their hosts show; a host missing a device (a link down) joins
+    # the type whose devices include its own.
+    devs_of: dict[str, set[str]] = defaultdict(set)
     for host, dev, _sw, _p in compute:
-        hosts_of_dev[dev].add(host)
-        all_hosts.add(host)
-    rails = sorted((d for d, hs in hosts_of_dev.items() if 2 * len(hs) >= len(all_hosts)),
-                   key=natural_key)
-    rail_of = {d: r for r, d in enumerate(rails)}
-    odd = sorted(set(hosts_of_dev) - set(rail_of), key=natural_key)
-    if odd:
-        warnings.append(f"HCAs {', '.join(odd)} are on few hosts; left out of the rails (filter "
-                        "them with --hca-filter if they are storage)")
+        devs_of[host].add(dev)
+    tuples = Counter(tuple(sorted(d, key=natural_key)) for d in devs_of.values())
+    majors = sorted(tuples, key=lambda t: (-tuples[t], -len(t), t))
+    kept: list[tuple[str, ...]] = []
+    for t in majors:
+        if not any(set(t) < set(k) for k in kept):
+            kept.append(t)
+    width = Counter(len(t) for t in kept for _ in range(tuples[t])).most_common(1)[0][0]
+    types = [t for t in kept if len(t) == width]
+    for t in kept:
+        if len(t) != width:
+            warnings.append(f"hosts with HCAs {', '.join(t)} have {len(t)} compute HCAs, "
+                            f"not {width}; they are left out (one rail count per site)")
+    host_type: dict[str, int] = {}
+    for host, devs in devs_of.items():
+        for i, t in enumerate(types):
+            if devs <= set(t):
+                host_type[host] = i
+                break
+    rails = list(types[0])
+    rail_of_type = [{d: r for r, d in enumerate(t)} for t in types]
+    compute = [c for c in compute if c[0] in host_type]
+    all_hosts = set(host_type)
 
     # Leaves and what they carry.
     leaf_hosts: dict[str, set[str]] = defaultdict(set)
@@ -128,10 +164,12 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     per_host_leaf: dict[str, Counter[str]] = defaultdict(Counter)
     gbps: Counter[int] = Counter()
     multi = 0
+    host_ports: dict[str, dict[int, int]] = defaultdict(dict)  # host -> rail -> leaf port
     for host, dev, sw, port in compute:
-        r = rail_of.get(dev)
+        r = rail_of_type[host_type[host]].get(dev)
         if r is None:
             continue
+        host_ports[host][r] = port.num
         leaf = sw.node_id
         if host in leaf_hosts[leaf]:
             multi += 1
@@ -164,7 +202,25 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         best = min(votes.items(), key=lambda kv: (-kv[1], natural_key(kv[0])))[0]
         group_hosts[best].append(host)
     groups = sorted(group_hosts, key=lambda g: natural_key(min(group_hosts[g], key=natural_key)))
-    sus = [sorted(group_hosts[g], key=natural_key) for g in groups]
+
+    def port_order(h: str) -> tuple[object, ...]:
+        ports = host_ports[h]
+        return (ports[min(ports)] if ports else 0, natural_key(h))
+
+    # Each SU in leaf-port order: the plan puts the s-th node of an SU in port s+1.
+    sus = [sorted(group_hosts[g], key=port_order) for g in groups]
+    for su in sus:
+        seen_ports = [port_order(h)[0] for h in su]
+        if rail_optimised and seen_ports != list(range(1, len(su) + 1)):
+            warnings.append(f"the SU of {su[0]} uses leaf ports {_ranges(seen_ports)}, not "
+                            f"1-{len(su)}; `topo check` of the draft reports wrong ports")
+            break
+    su_type: list[int] = []
+    for su in sus:
+        votes_t = Counter(host_type[h] for h in su)
+        su_type.append(votes_t.most_common(1)[0][0])
+        if len(votes_t) > 1:
+            warnings.append(f"the SU of {su[0]} mixes node types; the draft gives it one type")
     su_leaves: list[dict[int, list[str]]] = []
     for g in groups:
         by_rail: dict[int, list[str]] = defaultdict(list)
@@ -205,7 +261,8 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     up = max(uplinks.values(), default=0)
     over = max(1.0, busiest / up) if up else 1.0
     down_ports = min(first_up.values(), default=busiest + 1) - 1
-    real_leaf = max((nodes[leaf].nports for leaf in leaf_ids), default=0)
+    # A Quantum switch counts its SHARP aggregation node's port (65 on a 64-port QM9700).
+    real_leaf = max((_radix(nodes[leaf], an_switches) for leaf in leaf_ids), default=0)
     leaf_radix = _leaf_radix(real_leaf, down_ports, up, over)
     if leaf_radix is None:
         leaf_radix = max(real_leaf, busiest + up, 4)
@@ -217,7 +274,8 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     per_rail = rail_optimised and bool(spine_ids) and all(
         len(v) == 1 for v in spine_leaf_rails.values())
     groups_n = len({next(iter(v)) for v in spine_leaf_rails.values() if v}) if per_rail else 1
-    real_spine = max((nodes[x].nports for x in spine_ids | core_ids), default=leaf_radix)
+    real_spine = max((_radix(nodes[x], an_switches) for x in spine_ids | core_ids),
+                     default=leaf_radix)
     spine_radix = real_spine
     if spine_ids and not core_ids and up:
         found = _spine_radix(real_spine, -(-len(leaf_ids) // groups_n), up,
@@ -227,7 +285,11 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
                             "rule; review fabric.spine_radix")
         spine_radix = found or real_spine
     link = gbps.most_common(1)[0][0] if gbps else 400
+    model = _model(nodes[next(iter(leaf_ids))]) if leaf_ids else ""
+    cage = model and _cage_pairs(nodes, leaf_ids, down_ports)
     return Discovered(
+        type_rails=[list(t) for t in types], su_type=su_type, switch_model=model,
+        uplink_cabling="cage" if cage else "spread", unnamed=unnamed,
         sus=sus, su_leaves=su_leaves, rails=rails,
         storage_hcas=sorted({d for h, d in apart if h in all_hosts}, key=natural_key),
         spines=sorted((nodes[s].name or s for s in spine_ids), key=natural_key),
@@ -261,39 +323,60 @@ def _spine_radix(real: int, leaves: int, up: int, spines: int) -> int | None:
     return None
 
 
+# Switch ASIC device ids (the `devid=` line) of NVIDIA Quantum switches, and the model a site
+# file names: Quantum-2 (MT54002) is the QM9700/QM9790 with twin-port OSFP cages.
+_SWITCH_DEVID = {"0xd2f2": "QM9700", "0xcf08": "QM8700"}
+
+
+def _model(sw: FabricNode) -> str:
+    return _SWITCH_DEVID.get(sw.ids.get("devid", "").lower(), "")
+
+
+def _radix(sw: FabricNode, an_switches: set[str]) -> int:
+    return sw.nports - 1 if sw.node_id in an_switches else sw.nports
+
+
+def _cage_pairs(nodes: dict[str, FabricNode], leaf_ids: set[str], down: int) -> bool:
+    """True when every leaf's uplink cages (port pairs 2c-1, 2c) each go to one switch."""
+    seen = False
+    for leaf in leaf_ids:
+        ports = nodes[leaf].ports
+        for num, port in ports.items():
+            peer = nodes.get(port.remote_id)
+            if num <= down or num % 2 == 0 or peer is None or peer.kind != "switch":
+                continue
+            twin = ports.get(num + 1)
+            if twin is None or twin.remote_id != port.remote_id:
+                return False
+            seen = True
+    return seen
+
+
+def _short_names(fabric: Fabric) -> dict[str, str]:
+    """FQDN -> short host name (slurmd registers under its short name), when that is unique."""
+    fqdns = {ca.host for ca in fabric.cas() if ca.host and "." in ca.host}
+    if not fqdns:
+        return {}
+    by_short: dict[str, set[str]] = defaultdict(set)
+    for f in fqdns:
+        by_short[f.split(".", 1)[0]].add(f)
+    return {f: sh for sh, fs in by_short.items() if len(fs) == 1 for f in fs}
+
+
+def _ranges(nums: list[int]) -> str:
+    from slurmpod.model.hostlist import compress
+
+    return compress(f"p{n}" for n in nums).removeprefix("p").strip("[]")
+
+
 def _overlap(a: set[str], b: set[str]) -> float:
     return len(a & b) / max(1, min(len(a), len(b)))
 
 
-_NUM = re.compile(r"^(.*?)(\d+)([^\d]*)$")
 _GPU_BY_GBPS = {  # a guess from the link rate; the draft marks it TODO
     400: ("h100", "H100 SXM5 80GB", 989, 80), 200: ("a100", "A100 SXM4 80GB", 312, 80),
     800: ("b200", "B200", 2250, 180),
 }
-
-
-def _naming(sus: list[list[str]], warnings: list[str]) -> tuple[str, int]:
-    """A `naming.hostname` pattern with {n} and the first number, from the host names."""
-    ordered = [h for su in sus for h in su]
-    parts = [_NUM.match(h) for h in ordered]
-    if all(parts):
-        pre = {m.group(1) for m in parts if m}
-        post = {m.group(3) for m in parts if m}
-        digits = [m.group(2) for m in parts if m]
-        if len(pre) == 1 and len(post) == 1:
-            widths = {len(d) for d in digits}
-            nums = [int(d) for d in digits]
-            width = widths.pop() if len(widths) == 1 and digits[0].startswith("0") else 0
-            fmt = f"{{n:0{width}d}}" if width else "{n}"
-            pattern = f"{_braces(pre.pop())}{fmt}{_braces(post.pop())}"
-            if nums != list(range(nums[0], nums[0] + len(nums))):
-                warnings.append("host numbers are not consecutive in SU order; the draft numbers "
-                                "them consecutively from the first: review naming and su_groups")
-            return pattern, nums[0]
-    warnings.append("host names do not share one PREFIX<number>SUFFIX pattern; the draft uses "
-                    "the first host's pattern: review naming")
-    m = _NUM.match(ordered[0])
-    return (f"{m.group(1)}{{n}}" if m else "node{n:04d}"), int(m.group(2)) if m else 1
 
 
 def _radix_note(radix: int, seen: int) -> str:
@@ -303,20 +386,21 @@ def _radix_note(radix: int, seen: int) -> str:
             "plan's port layout")
 
 
-def _braces(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> str:
-    """A site file `config.load_site` accepts; hardware fields it cannot see are TODO."""
-    pattern, first = _naming(d.sus, d.warnings)
+    """A site file `config.load_site` accepts; hardware fields it cannot see are TODO.
+
+    Host names are the ones the fabric showed, written as a Slurm hostlist per SU group
+    (`su_groups.hosts`, each SU in leaf-port order): never a name derived from a pattern."""
+    from slurmpod.model.hostlist import compress
+
     model, gpu_name, peak, hbm = _GPU_BY_GBPS.get(d.link_gbps, ("gpu", "unknown GPU", 989, 80))
     n_rails = max(1, len(d.rails))
     gpus = 8
     lines = [
         f"# Draft site discovered by `slurmpod topo discover` from {source}.",
-        "# The fabric (SUs, rails, switches, link rate) comes from the fabric; everything marked",
-        "# TODO is a placeholder ibnetdiscover cannot see: fill it in before generating for real.",
+        "# The fabric (SUs, rails, switches, link rate, host names) comes from the fabric;",
+        "# everything marked TODO is a placeholder ibnetdiscover cannot see: fill it in before",
+        "# generating for real.",
         "",
         "[site]",
         f'name = "{name}"',
@@ -326,27 +410,33 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
         f'cluster_name = "{name}"',
         'topology = "tree"',
         "",
-        "[node_types.discovered]",
-        f"gpus = {gpus}  # TODO: GPUs per node",
-        f'gpu = {{ model = "{model}", name = "{gpu_name}", peak_tflops_bf16 = {peak}, '
-        f"hbm_gib = {hbm} }}  # TODO: guessed from the {d.link_gbps} Gb/s links",
-        "sockets = 2  # TODO",
-        "cores_per_socket = 56  # TODO",
-        "threads_per_core = 2  # TODO",
-        "memory_mib = 2000000  # TODO: RealMemory",
-        "# TODO: real PCI bus ids and NUMA nodes (nvidia-smi topo -m; lspci -D | grep -i mellanox)",
-        "gpu_pci = [",
     ]
-    lines += [f'  {{ bus_id = "0000:{0x10 + i:02x}:00.0", numa = {i * 2 // gpus} }},'
-              for i in range(gpus)]
-    lines += ["]", "hcas = ["]
-    for r, dev in enumerate(d.rails):
-        lines.append(f'  {{ device = "{dev}", rail = {r}, bus_id = "0000:{0x80 + r:02x}:00.0", '
-                     f"numa = {r * 2 // n_rails} }},")
-    for i, dev in enumerate(d.storage_hcas):
-        lines.append(f'  {{ device = "{dev}", role = "storage", bus_id = "0000:{0xc0 + i:02x}:00.0"'
-                     f", numa = 1 }},")
-    lines += ["]", ""]
+    type_rails = d.type_rails or [d.rails]
+    type_names = ["discovered"] + [f"discovered-{i + 1}" for i in range(1, len(type_rails))]
+    for t_name, rails in zip(type_names, type_rails, strict=True):
+        lines += [
+            f"[node_types.{t_name}]",
+            f"gpus = {gpus}  # TODO: GPUs per node",
+            f'gpu = {{ model = "{model}", name = "{gpu_name}", peak_tflops_bf16 = {peak}, '
+            f"hbm_gib = {hbm} }}  # TODO: guessed from the {d.link_gbps} Gb/s links",
+            "sockets = 2  # TODO",
+            "cores_per_socket = 56  # TODO",
+            "threads_per_core = 2  # TODO",
+            "memory_mib = 2000000  # TODO: RealMemory",
+            "# TODO: real PCI bus ids and NUMA nodes (nvidia-smi topo -m; lspci -D | grep -i "
+            "mellanox)",
+            "gpu_pci = [",
+        ]
+        lines += [f'  {{ bus_id = "0000:{0x10 + i:02x}:00.0", numa = {i * 2 // gpus} }},'
+                  for i in range(gpus)]
+        lines += ["]", "hcas = ["]
+        for r, dev in enumerate(rails):
+            lines.append(f'  {{ device = "{dev}", rail = {r}, bus_id = "0000:{0x80 + r:02x}:00.0"'
+                         f", numa = {r * 2 // n_rails} }},")
+        for i, dev in enumerate(x for x in d.storage_hcas if x not in rails):
+            lines.append(f'  {{ device = "{dev}", role = "storage", bus_id = '
+                         f'"0000:{0xc0 + i:02x}:00.0", numa = 1 }},')
+        lines += ["]", ""]
     lines += [
         "[fabric]",
         'kind = "infiniband"',
@@ -358,18 +448,24 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
         f"spine_radix = {d.spine_radix}" + _radix_note(d.spine_radix, d.ports_seen[1]),
         f"oversubscription = {d.oversubscription!r}",
         f'spine_groups = "{d.spine_groups}"',
-        "",
     ]
-    # Consecutive SUs of one size form one group.
-    runs: list[list[int]] = []
-    for su in d.sus:
-        if runs and runs[-1][1] == len(su):
-            runs[-1][0] += 1
+    if d.switch_model:
+        lines.append(f'switch_model = "{d.switch_model}"  # from the switches\' device id')
+    if d.uplink_cabling != "spread":
+        lines.append(f'uplink_cabling = "{d.uplink_cabling}"')
+    lines.append("")
+    # Consecutive SUs of one size and node type form one group; hosts as seen, SU by SU.
+    su_type = d.su_type or [0] * len(d.sus)
+    runs: list[list[int]] = []  # [first SU, count, size, type]
+    for i, su in enumerate(d.sus):
+        if runs and runs[-1][2] == len(su) and runs[-1][3] == su_type[i]:
+            runs[-1][1] += 1
         else:
-            runs.append([1, len(su)])
-    for count, size in runs:
-        lines += ["[[su_groups]]", 'node_type = "discovered"', f"sus = {count}",
+            runs.append([i, 1, len(su), su_type[i]])
+    for first, count, size, t in runs:
+        hosts = [h for su in d.sus[first:first + count] for h in su]
+        lines += ["[[su_groups]]", f'node_type = "{type_names[t]}"', f"sus = {count}",
                   f"nodes_per_su = {size}",
-                  f"nodes_per_rack = {size}  # TODO: racks are invisible to ibnetdiscover", ""]
-    lines += ["[naming]", f'hostname = "{pattern}"', f"first_node = {first}", ""]
+                  f"nodes_per_rack = {size}  # TODO: racks are invisible to ibnetdiscover",
+                  f'hosts = "{compress(hosts)}"', ""]
     return "\n".join(lines)

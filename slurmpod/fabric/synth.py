@@ -347,6 +347,8 @@ def _render(model: _Model, site_name: str, only: set[str] | None = None) -> str:
     for i, c in enumerate(model.cas):
         lid[c] = len(sw_names) + i + 1
     hw = _switch_model(model.gbps)
+    # The ASIC's PCI device id: Quantum-2 (MT54002) in QM9700s, Quantum (MT53000) in QM8700s.
+    devid = {"MQM9700": "0xd2f2", "MQM8700": "0xcf08"}.get(hw, "0xb924")
     sw_desc = {n: f"MF0;{n}:{hw}/U1" for n in sw_names}
     names = model.desc
     by_node: dict[str, list[tuple[int, str, int]]] = {}
@@ -377,7 +379,7 @@ def _render(model: _Model, site_name: str, only: set[str] | None = None) -> str:
         if n not in by_node:
             continue  # a switch without a single link is invisible to ibnetdiscover
         guid = sw_id[n][2:]
-        out += ["", "vendid=0x2c9", "devid=0xd2f2", f"sysimgguid=0x{guid}",
+        out += ["", "vendid=0x2c9", f"devid={devid}", f"sysimgguid=0x{guid}",
                 f"switchguid=0x{guid}({guid.lstrip('0')})",
                 f'Switch\t{model.switches[n]} "{sw_id[n]}"\t\t# "{sw_desc[n]}" enhanced port 0 '
                 f"lid {lid[n]} lmc 0"]

@@ -117,12 +117,12 @@ def test_no_compute_hcas_is_a_clear_error():
         discover_site(parse(text, "empty.txt"))
 
 
-def test_naming_pattern_and_first_number(tmp_path):
+def test_draft_lists_the_hosts_it_saw(tmp_path):
     site = load_site(builtin_site_path("sandbox"))
     found = discover_site(parse(synthesize(site)))
     text = draft_site_toml(found, "x")
-    assert re.search(r'^hostname = "gpu\{n:03d\}"$', text, re.M)
-    assert "first_node = 1" in text
+    assert re.search(r'^hosts = "gpu\[001-016\]"$', text, re.M)
+    assert "hostname =" not in text  # no pattern: a pattern can name hosts that do not exist
 
 
 def test_natural_key_orders_devices_like_nccl_ib_hca():
