@@ -143,40 +143,102 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 @click.option("--write-spec", type=click.Path(dir_okay=False), default=None,
               help="Also write the run spec (as planned) to this TOML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--search", "do_search", is_flag=True,
+              help="Also rank every layout of the model on these nodes by predicted step time; "
+                   "--write-spec then writes the fastest.")
+@click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True,
+              help="Candidates --search shows.")
 @click.pass_context
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
-         as_json: bool) -> None:
+         as_json: bool, do_search: bool, top: int) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.megatron.plan import make_plan
 
-    site = load_site(resolve_site_path(site_name, default="dgx-h100-superpod"))
+    site_path = resolve_site_path(site_name, default="dgx-h100-superpod")
+    site = load_site(site_path)
     spec, source = load_run_input(run, preset, megatron_args, nodes, site)
     from slurmpod.megatron.argnames import unknown_key_warnings
 
     for line in unknown_key_warnings(spec.megatron.explicit(), site.software.megatron, source):
         click.echo(f"slurmpod: warning: {line}", err=True)
     result = make_plan(spec, site, nodes=nodes)
+    from slurmpod.perf.planning import predict_run, search_run, summary_line
+
+    site_file = Path(site_path)
+    prediction = predict_run(spec, site, result.nodes, site_file)
+    candidates: list[Any] = []
+    evaluated = 0
+    if do_search:
+        candidates, evaluated = search_run(spec, site, result.nodes,
+                                           result.usable_bytes_per_gpu, site_file, top)
+        if not candidates or not candidates[0].fits:
+            raise ConfigError(f"no layout of {spec.job.name} fits on {result.nodes} nodes of "
+                              f"{result.site} ({evaluated} evaluated)",
+                              hint="use more nodes or a smaller model")
     if write_spec:
-        _write_spec(spec, result.nodes, Path(write_spec))
+        extra = candidates[0].megatron_keys() if do_search else None
+        _write_spec(spec, result.nodes, Path(write_spec), extra)
     if as_json:
         from slurmpod.cli.output import emit_json
 
-        emit_json({"source": source, **result.to_json()})
+        data: dict[str, Any] = {"source": source, **result.to_json(),
+                                "prediction": prediction.to_json() if prediction else None}
+        if do_search:
+            data["search"] = {"evaluated": evaluated, "world_size": result.world_size}
+            data["candidates"] = [cand.to_json() for cand in candidates]
+        emit_json(data)
     else:
-        click.echo(render_summary(result, source))
-    if not result.ok:
+        text = render_summary(result, source)
+        if prediction is not None:
+            head, _, tail = text.rpartition("\nplan: ")
+            text = f"{head}\n  predicted  {summary_line(prediction)}\nplan: {tail}"
+        click.echo(text)
+        if do_search:
+            click.echo(_render_candidates(candidates, evaluated))
+    if not result.ok and not (do_search and candidates):
         ctx.exit(3)
 
 
-def _write_spec(spec: RunSpec, nodes: int, path: Path) -> None:
+def _render_candidates(candidates: list[Any], evaluated: int) -> str:
+    from slurmpod.cli.output import table
+
+    rows = []
+    for i, cand in enumerate(candidates, 1):
+        lay, p = cand.layout(), cand.prediction
+        rows.append([i, lay["tensor_model_parallel_size"], lay["context_parallel_size"],
+                     lay["pipeline_model_parallel_size"],
+                     lay["virtual_pipeline_model_parallel_size"] or "-",
+                     lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
+                     cand.config.micro_batch_size, cand.config.recompute_granularity,
+                     _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{p.mfu:.1%}"])
+    out = [f"search: {evaluated} layouts evaluated; fastest predicted first"]
+    out.extend("  " + line for line in table(
+        ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
+         "step s", "MFU"], rows).splitlines())
+    return "\n".join(out)
+
+
+def _write_spec(spec: RunSpec, nodes: int, path: Path,
+                layout: dict[str, Any] | None = None) -> None:
     from slurmpod.fsutil import output_error, write_atomic
     from slurmpod.megatron.runspec import to_toml
 
+    megatron = spec.megatron.explicit()
+    if layout is not None:  # a --search candidate replaces the layout keys
+        for key in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                    "recompute_method", "recompute_num_layers"):
+            megatron.pop(key, None)
+        if layout.get("pipeline_model_parallel_size") != spec.megatron.pipeline_model_parallel_size:
+            megatron.pop("decoder_first_pipeline_num_layers", None)
+            megatron.pop("decoder_last_pipeline_num_layers", None)
+        megatron.update(layout)
+        if "virtual_pipeline_model_parallel_size" not in layout:
+            megatron.pop("virtual_pipeline_model_parallel_size", None)
     data: dict[str, dict[str, Any]] = {
         "job": spec.job.explicit() | {"nodes": nodes},
-        "megatron": spec.megatron.explicit(),
+        "megatron": megatron,
     }
     try:
         write_atomic(path, to_toml(data))

@@ -1,0 +1,62 @@
+"""The GPU catalog: the figures a site file may leave out when it names a known GPU.
+
+One entry per `gpu.model` (the gres Type). Peaks are *dense* tensor-core figures per GPU: NVIDIA's
+data sheets print the 2:4-sparsity figure first (marked "with sparsity"); dense is half of it.
+HBM capacity is what the driver reports as usable (GiB, the figure plan's memory check divides),
+bandwidth is the data sheet's. NVLink bandwidth is per GPU and per direction (the data sheets
+give the bidirectional total: 600 GB/s on A100, 900 GB/s on H100/H200, 1.8 TB/s on Blackwell).
+
+A site's `gpu = { model = "h100" }` takes every figure from here; keys it sets override
+(`slurmpod.model.site.Gpu`). Pure data, no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    model: str
+    name: str
+    peak_tflops_bf16: float  # dense BF16/FP16 tensor core, TFLOP/s
+    peak_tflops_fp8: float | None  # dense FP8 tensor core; None: no FP8 tensor cores
+    hbm_gib: float  # usable HBM per GPU
+    hbm_tb_per_s: float  # HBM bandwidth
+    nvlink_gb_per_s: float  # NVLink per GPU, one direction
+    nvlink_domain_gpus: int  # GPUs one NVLink switch domain joins in the reference system
+    generation: str  # for calibration: one set of fitted factors per generation
+    source: str
+
+
+CATALOG: dict[str, GpuSpec] = {
+    g.model: g for g in (
+        GpuSpec("a100", "A100 SXM4 80GB", 312.0, None, 80.0, 2.039, 300.0, 8, "ampere",
+                "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (BF16 312 TFLOPS dense, "
+                "80GB HBM2e 2,039 GB/s, NVLink 600 GB/s)"),
+        GpuSpec("h100", "H100 SXM5 80GB", 989.0, 1979.0, 80.0, 3.35, 450.0, 8, "hopper",
+                "https://www.nvidia.com/en-us/data-center/h100/ (BF16 1,979 / FP8 3,958 TFLOPS "
+                "with sparsity; 80GB 3.35 TB/s; NVLink 900 GB/s)"),
+        GpuSpec("h200", "H200 SXM 141GB", 989.0, 1979.0, 140.0, 4.8, 450.0, 8, "hopper",
+                "https://www.nvidia.com/en-us/data-center/h200/ (H100 compute; 141GB HBM3e "
+                "4.8 TB/s; NVLink 900 GB/s)"),
+        GpuSpec("b200", "B200 180GB (HGX/DGX B200)", 2250.0, 4500.0, 180.0, 8.0, 900.0, 8,
+                "blackwell",
+                "https://www.nvidia.com/en-us/data-center/dgx-b200/ (72 PFLOPS FP8 training per "
+                "8 GPUs with sparsity; 1,440 GB HBM3e, 64 TB/s per 8 GPUs; NVLink 5 1.8 TB/s)"),
+        GpuSpec("gb200", "B200 in GB200 NVL72", 2500.0, 5000.0, 186.0, 8.0, 900.0, 72,
+                "blackwell",
+                "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (per 72 GPUs: BF16 360 / "
+                "FP8 720 PFLOPS with sparsity, 13.4 TB HBM3e at 576 TB/s, NVLink 130 TB/s)"),
+        # The sandbox's CPU stand-in: `slurmpod sandbox up` measures its peak and writes it into
+        # the site; these are placeholders for a site that names it without measuring.
+        GpuSpec("emu", "emulated GPU (CPU matmul)", 0.05, None, 80.0, 0.02, 1.0, 8, "emulated",
+                "slurmpod sandbox: measured at `sandbox up` (docs/sandbox.md)"),
+    )
+}
+
+
+def lookup(model: str) -> GpuSpec | None:
+    """The catalog entry of a gres Type (case-insensitive), or None."""
+    return CATALOG.get(model.lower())

@@ -1,0 +1,248 @@
+"""Calibration and validation of the performance model against measured iteration times.
+
+Two sources of measurements:
+- published points (tests/data/perf/published.toml: NVIDIA's NeMo / Megatron-Bridge tables and
+  Megatron-LM papers): `fit_generation` fits `Efficiency` of one GPU generation on at most two
+  `calibration` rows; `evaluate` predicts every row and reports the error;
+- a site's own finished jobs (`slurmpod calibrate`): `fit_site` scales the generation's factors
+  so that the median job's prediction matches what it achieved; `save`/`load_site_efficiency`
+  keep the result in the site's directory (`<site>.perf.toml`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.perf.model import FITTED, Efficiency, Hardware, RunOptions, predict
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    role: str  # calibration | validation | excluded
+    source: str
+    system: str
+    precision: str
+    gpus: int
+    config: ModelConfig | None
+    opts: RunOptions
+    hardware: Hardware | None
+    published_s: float | None
+    raw: Mapping[str, Any]
+
+    @property
+    def generation(self) -> str:
+        return self.hardware.generation if self.hardware else ""
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.config and self.config.is_moe)
+
+
+def _hardware(system: Mapping[str, Any]) -> Hardware:
+    from slurmpod.model.gpus import CATALOG
+
+    g = CATALOG[system["gpu"]]
+    return Hardware(gpu_model=g.model, generation=g.generation, peak_bf16=g.peak_tflops_bf16,
+                    peak_fp8=g.peak_tflops_fp8, hbm_tb_s=g.hbm_tb_per_s,
+                    nvlink_gb_s=g.nvlink_gb_per_s, domain_gpus=g.nvlink_domain_gpus,
+                    gpus_per_node=int(system["gpus_per_node"]),
+                    nic_gb_s=float(system["nic_gb_s"]))
+
+
+def _model_args(table: Mapping[str, Any], name: str) -> dict[str, Any]:
+    from slurmpod.config import read_toml
+    from slurmpod.megatron.runspec import preset_path
+
+    m = dict(table["models"][name])
+    preset = m.pop("preset", None)
+    if preset is None:
+        return m
+    base = dict(read_toml(preset_path(preset))["megatron"])
+    return base | m
+
+
+def load_published(path: Path | str) -> list[Point]:
+    """Every point of the published table, with its config resolved."""
+    from slurmpod.config import read_toml
+
+    table = read_toml(Path(path))
+    out: list[Point] = []
+    for raw in table["points"]:
+        hw = _hardware(table["systems"][raw["system"]])
+        if raw["role"] == "excluded":
+            out.append(Point(raw["id"], "excluded", raw["source"], raw["system"],
+                             raw["precision"], raw["gpus"], None, RunOptions(), hw, None, raw))
+            continue
+        args = _model_args(table, raw["model"]) | dict(raw.get("model_args", {}))
+        args |= dict(table["defaults"][raw["defaults"]])
+        args |= {"tensor_model_parallel_size": raw.get("tp", 1),
+                 "pipeline_model_parallel_size": raw.get("pp", 1),
+                 "context_parallel_size": raw.get("cp", 1),
+                 "expert_model_parallel_size": raw.get("ep", 1),
+                 "expert_tensor_parallel_size": 1 if raw.get("ep", 1) > 1 else raw.get("tp", 1),
+                 "virtual_pipeline_model_parallel_size": raw.get("vpp"),
+                 "global_batch_size": raw["global_batch_size"],
+                 "micro_batch_size": raw["micro_batch_size"]}
+        for key in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+            args.pop(key, None)  # the recipe's own split is not published with the row
+        if "seq_length" in raw:
+            args["seq_length"] = raw["seq_length"]
+        for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap"):
+            if key in raw:
+                args[key] = raw[key]
+        if raw["precision"] == "fp8":
+            args["fp8"] = "hybrid"
+        c = ModelConfig.from_args(args)
+        out.append(Point(raw["id"], raw["role"], raw["source"], raw["system"], raw["precision"],
+                         raw["gpus"], c, RunOptions.from_args(args), hw,
+                         published_seconds(raw, c), raw))
+    return out
+
+
+def published_seconds(raw: Mapping[str, Any], c: ModelConfig) -> float:
+    """The measured iteration time a row stands for."""
+    gbs, n = raw["global_batch_size"], raw["gpus"]
+    if "published_tokens_per_s_per_gpu" in raw:
+        return gbs * c.seq_length / (raw["published_tokens_per_s_per_gpu"] * n)
+    # Narayanan et al. 2021, eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh), recompute included.
+    s, l_, h, v = c.seq_length, c.num_layers, c.hidden_size, c.padded_vocab_size
+    flops = 96 * gbs * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+    return flops / (raw["published_tflops_per_gpu"] * 1e12 * n)
+
+
+@dataclass(frozen=True)
+class Result:
+    point: Point
+    predicted_s: float
+    error: float  # predicted / published - 1
+
+
+def evaluate(points: Iterable[Point], fitted: Mapping[str, Efficiency] | None = None
+             ) -> list[Result]:
+    fitted = fitted or FITTED
+    out: list[Result] = []
+    for p in points:
+        if p.config is None or p.published_s is None or p.hardware is None:
+            continue
+        pred = predict(p.config, p.gpus, p.hardware, fitted[p.generation], p.opts)
+        assert pred is not None, p.id
+        out.append(Result(p, pred.step_time_s, pred.step_time_s / p.published_s - 1))
+    return out
+
+
+def _solve(f: Callable[[float], float], lo: float = 0.05, hi: float = 1.5) -> float:
+    """The x in [lo, hi] where the decreasing f crosses 0 (bisection on a log scale)."""
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if f(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return round(math.sqrt(lo * hi), 4)
+
+
+def fit_generation(points: Sequence[Point], generation: str) -> Efficiency:
+    """Fit `gemm` on the generation's BF16 calibration row and `fp8` on its FP8 row (at most
+    two rows; FP8 takes the BF16 figure when there is no FP8 row)."""
+    cal = [p for p in points if p.role == "calibration" and p.generation == generation]
+    if len(cal) > 2:
+        raise ValueError(f"{generation}: {len(cal)} calibration points; at most two")
+    bf16 = [p for p in cal if p.precision != "fp8"]
+    fp8 = [p for p in cal if p.precision == "fp8"]
+    names = ", ".join(p.id for p in cal)
+
+    def err(p: Point, eff: Efficiency) -> float:
+        assert p.config is not None and p.hardware is not None and p.published_s is not None
+        pred = predict(p.config, p.gpus, p.hardware, eff, p.opts)
+        assert pred is not None
+        return math.log(pred.step_time_s / p.published_s)
+
+    gemm = FITTED[generation].gemm
+    if bf16:
+        gemm = _solve(lambda x: err(bf16[0], Efficiency(x, x)))
+    f8 = gemm
+    if fp8:
+        f8 = _solve(lambda x: err(fp8[0], Efficiency(gemm, x)))
+    return Efficiency(gemm, f8, names)
+
+
+# --- a site's own jobs ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Achieved:
+    """One finished job: what ran and its steady-state iteration time."""
+
+    job_id: str
+    config: ModelConfig
+    world: int
+    opts: RunOptions
+    step_time_s: float
+
+
+def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = None
+             ) -> tuple[Efficiency, list[tuple[str, float]]]:
+    """Scale the generation's factors by one number so that the median job's prediction equals
+    its achieved time; returns the factors and each job's achieved / predicted after the fit."""
+    base = base or FITTED.get(hw.generation, FITTED["hopper"])
+    usable = [j for j in jobs if predict(j.config, j.world, hw, base, j.opts) is not None]
+    if not usable:
+        raise ValueError("no job with a model and a steady iteration time to calibrate on")
+
+    def median_log(scale: float) -> float:
+        eff = Efficiency(base.gemm * scale, base.fp8 * scale)
+        logs = []
+        for j in usable:
+            pred = predict(j.config, j.world, hw, eff, j.opts)
+            assert pred is not None
+            logs.append(math.log(pred.step_time_s / j.step_time_s))
+        return statistics.median(logs)
+
+    scale = _solve(median_log, 0.05, 1.0 / max(base.gemm, base.fp8))
+    eff = Efficiency(round(base.gemm * scale, 4), round(base.fp8 * scale, 4),
+                     f"{len(usable)} jobs of this site (slurmpod calibrate)")
+    ratios: list[tuple[str, float]] = []
+    for j in usable:
+        pred = predict(j.config, j.world, hw, eff, j.opts)
+        assert pred is not None
+        ratios.append((j.job_id, pred.step_time_s / j.step_time_s))
+    return eff, ratios
+
+
+def store_path(site_path: Path) -> Path:
+    """Where a site's calibration lives: beside its site file."""
+    return site_path.with_name(site_path.stem + ".perf.toml")
+
+
+def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
+    from slurmpod.fsutil import write_atomic
+
+    write_atomic(path, "# slurmpod calibrate: efficiency factors fitted on this site's jobs\n"
+                       f'generation = "{generation}"\ngemm = {eff.gemm}\nfp8 = {eff.fp8}\n'
+                       f"jobs = {n_jobs}\n")
+
+
+def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency | None:
+    """The site's calibrated factors, when `slurmpod calibrate` stored some for `generation`."""
+    if site_path is None:
+        return None
+    path = store_path(site_path)
+    if not path.is_file():
+        return None
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if data.get("generation") != generation:
+            return None
+        return replace(FITTED.get(generation, FITTED["hopper"]), gemm=float(data["gemm"]),
+                       fp8=float(data["fp8"]),
+                       fitted_on=f"{path.name}: {int(data.get('jobs', 0))} jobs of this site")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

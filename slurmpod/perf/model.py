@@ -1,0 +1,441 @@
+"""Analytical step-time model of a Megatron-LM training iteration (pure; docs/perf-model.md).
+
+One iteration = the slowest pipeline stage running `m` microbatches (1F1B, or interleaved with
+VPP chunks), plus the pipeline bubble, exposed p2p, the data-parallel gradient reduce-scatter
+and parameter all-gather the distributed optimizer needs (what Megatron's overlap flags do not
+hide), and the optimizer step. Per microbatch and layer it counts, on one GPU:
+
+- GEMMs (projections, MLP, routed and shared experts, logits) at a size-dependent share of the
+  dense tensor-core peak (BF16, or FP8 for the GEMMs Transformer Engine runs in FP8);
+- core attention (flash/fused: forward 2, backward 5 matmuls; causal half; GQA/MLA widths);
+- memory-bound element-wise work (norms, activations, residuals, MoE permutation, FP8 casts)
+  at HBM bandwidth;
+- TP all-gather/reduce-scatter (sequence parallel) on NVLink, CP ring K/V exchange (overlapped
+  with attention), EP all-to-all on NVLink inside the domain and on the rails outside it;
+- recompute: full recompute repeats the forward (GEMMs, element-wise work, TP and EP traffic);
+  selective recompute costs nothing extra with flash attention (it already recomputes scores).
+
+Every coefficient is named below. `FITTED` holds the only fitted ones (two per GPU generation
+at most, each with the published point it was fitted on, `slurmpod.perf.calibrate`); all other
+constants are chosen from hardware behaviour and are not tuned to the validation table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
+from slurmpod.megatron.memory import weight_and_optimizer_bytes
+from slurmpod.megatron.runspec import ModelConfig
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+
+# --- chosen constants (not fitted) ---------------------------------------------------------------
+# A GEMM whose smallest per-GPU dimension is d runs at d / (d + GEMM_HALF_DIM) of the large-GEMM
+# efficiency: at 128 (one 128x128 tensor-core tile) tile quantisation and the epilogue cost
+# about as much as the math.
+GEMM_HALF_DIM = 128.0
+# Grouped expert GEMMs (TE/cutlass grouped GEMM) against one GEMM of the same total size.
+GROUPED_GEMM_FACTOR = 0.85
+# Flash/fused attention against a plain GEMM of the same FLOPs (softmax, masking, causal tiles).
+ATTENTION_FACTOR = 0.7
+# Share of HBM bandwidth element-wise kernels reach.
+HBM_EFFICIENCY = 0.7
+# Bytes moved per element by element-wise work of one layer, forward + backward (bf16): hidden-
+# sized tensors (2 norms, 2 bias-dropout-add, RoPE on q/k) and FFN-sized ones (activation).
+ELEMENTWISE_BYTES_HIDDEN = 56.0
+ELEMENTWISE_BYTES_FFN = 16.0
+# MoE token permutation and un-permutation with the router probabilities (gather, scatter-add,
+# forward + backward), bytes per routed token x hidden.
+MOE_PERMUTE_BYTES = 32.0
+# FP8: cast of each GEMM input (forward) and gradient (backward), 3 bytes each (read bf16,
+# write fp8) plus amax; per element of the GEMM inputs.
+FP8_CAST_BYTES = 6.0
+# Achieved share of NVLink / NIC bandwidth by NCCL collectives (nccl-tests bus bandwidth is
+# ~360 of 450 GB/s on H100 NVLink and ~45 of 50 GB/s per 400G NIC).
+NVLINK_EFFICIENCY = 0.8
+NIC_EFFICIENCY = 0.85
+# All-to-all reaches less than a ring collective (many small messages, incast).
+ALLTOALL_EFFICIENCY = 0.6
+# SHARP in-network reduction: all-reduce bus bandwidth gain (NCCL CollNet/NVLS, ~1.7x).
+SHARP_ALLREDUCE_GAIN = 1.7
+# Share of TP communication Transformer Engine's userbuffer overlap (tp_comm_overlap) hides.
+TP_OVERLAP_HIDDEN = 0.8
+# Share of EP all-to-all hidden by overlap_moe_expert_parallel_comm (Megatron main, 2025).
+EP_OVERLAP_HIDDEN = 0.7
+# Share of the DP communication left exposed even with overlap (the last bucket).
+DP_EXPOSED_TAIL = 0.1
+# Adam step with fp32 master weights: read param, grad, m, v; write param, m, v; bf16 copy.
+OPTIMIZER_BYTES_PER_PARAM = 32.0
+# MoE load imbalance: busiest expert's tokens / mean. 1.0 = force-balanced routing (how NVIDIA's
+# published MoE benchmarks run); real aux-loss-balanced runs sit above it.
+MOE_IMBALANCE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Fitted per GPU generation: share of the dense peak large GEMMs reach."""
+
+    gemm: float  # BF16/FP16 GEMMs, share of the BF16 peak
+    fp8: float  # FP8 GEMMs (Transformer Engine), share of the FP8 peak
+    fitted_on: str = ""
+
+
+# Fitted by `slurmpod.perf.calibrate.fit_generation` on the rows marked `calibration` in
+# tests/data/perf/published.toml (at most two per generation); tests/unit/test_perf_validation
+# refits them and checks these values.
+FITTED: dict[str, Efficiency] = {
+    "ampere": Efficiency(0.6777, 0.6777, "narayanan2021-t1-145_6b"),
+    "hopper": Efficiency(0.5516, 0.6317, "bridge2511-h100-llama3-70b-fp8, "
+                                        "bridge2511-h100-gptoss120b-bf16"),
+    "blackwell": Efficiency(0.724, 0.4668, "bridge2511-gb200-llama3-8b-fp8, "
+                                            "bridge2511-gb200-qwen3-235b-bf16"),
+    "emulated": Efficiency(1.0, 1.0, "the sandbox measures its own peak"),
+}
+DEFAULT_EFFICIENCY = FITTED["hopper"]
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the model reads from the site: one GPU kind and the fabric."""
+
+    gpu_model: str
+    generation: str
+    peak_bf16: float  # TFLOP/s, dense
+    peak_fp8: float | None
+    hbm_tb_s: float
+    nvlink_gb_s: float  # per GPU, one direction
+    domain_gpus: int
+    gpus_per_node: int
+    nic_gb_s: float  # per GPU, one direction (rails x link / GPUs per node)
+    sharp: bool = False
+    oversubscription: float = 1.0
+    nodes_per_su: int = 1_000_000
+
+
+def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
+    """The Hardware of `node_type` (default: the first SU group's) on `site`."""
+    from slurmpod.model.gpus import lookup
+
+    name = node_type or site.su_groups[0].node_type
+    nt = site.node_types[name]
+    g = nt.gpu
+    spec = lookup(g.model)
+    # An uncatalogued GPU: bandwidths in H100 proportion to its peak.
+    hbm = g.hbm_tb_per_s or (spec.hbm_tb_per_s if spec else g.peak_tflops_bf16 * 3.35 / 989)
+    nvl = g.nvlink_gb_per_s or (spec.nvlink_gb_per_s if spec else g.peak_tflops_bf16 * 450 / 989)
+    fab = site.fabric
+    n_hca = len(nt.compute_hcas) or fab.rails
+    nic = fab.link_gbps / 8 * n_hca / nt.gpus
+    grp = next(gr for gr in site.su_groups if gr.node_type == name)
+    return Hardware(
+        gpu_model=g.model, generation=spec.generation if spec else "hopper",
+        peak_bf16=g.peak_tflops_bf16, peak_fp8=g.peak_tflops_fp8, hbm_tb_s=hbm, nvlink_gb_s=nvl,
+        domain_gpus=nt.domain_gpus, gpus_per_node=nt.gpus, nic_gb_s=nic, sharp=fab.sharp,
+        oversubscription=fab.oversubscription, nodes_per_su=grp.nodes_per_su,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Megatron switches that change speed but not FLOPs or layout (read from `[megatron]`)."""
+
+    fp8: bool = False
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    ep_overlap: bool = False
+    grad_reduce_bytes: int = 4  # fp32 main grads (Megatron's default with bf16)
+    moe_imbalance: float = MOE_IMBALANCE
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
+        fp8 = args.get("fp8")
+        bf16_grads = bool(args.get("grad_reduce_in_bf16")) or (
+            args.get("accumulate_allreduce_grads_in_fp32") is False)
+        return cls(
+            fp8=bool(fp8) and str(fp8).lower() not in ("false", "none", "0"),
+            tp_comm_overlap=bool(args.get("tp_comm_overlap")),
+            overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
+            overlap_param_gather=bool(args.get("overlap_param_gather")),
+            ep_overlap=bool(args.get("overlap_moe_expert_parallel_comm")),
+            grad_reduce_bytes=2 if bf16_grads else 4,
+            moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
+        )
+
+
+BREAKDOWN_KEYS = ("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
+                  "exposed_communication")
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    breakdown_s: dict[str, float]
+    generation: str = ""
+    efficiency_source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
+                "breakdown_s": dict(self.breakdown_s),
+                "efficiency": {"generation": self.generation, "fitted_on": self.efficiency_source}}
+
+
+@dataclass(frozen=True, slots=True)
+class _Costs:
+    """Per-token multiply-adds of one layer of each kind, independent of the layout."""
+
+    attn_linear: float
+    attn_core: float
+    q_width: int
+    kv_width: int  # K+V width one token sends in the CP ring
+    mlp_dense: float
+    moe_routed: float  # top-k experts
+    moe_shared: float
+    router: float
+    logits: float
+    flops_per_token: float
+    n_dense: int
+    n_moe: int
+
+
+_COSTS: dict[ModelConfig, _Costs] = {}
+_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "etp": 1,
+                    "sequence_parallel": False, "use_distributed_optimizer": False,
+                    "recompute_granularity": None, "recompute_method": None,
+                    "recompute_num_layers": None, "global_batch_size": None,
+                    "micro_batch_size": 1, "first_stage_layers": None,
+                    "last_stage_layers": None}
+
+
+def _costs(c: ModelConfig) -> _Costs:
+    key = dataclasses.replace(c, **_LAYOUT_DEFAULTS)
+    hit = _COSTS.get(key)
+    if hit is not None:
+        return hit
+    h, a, s = c.hidden_size, c.num_attention_heads, c.seq_length
+    attn_total = attention_fmas_per_token(c)
+    if c.multi_latent_attention:
+        qk = c.qk_head_dim + c.qk_pos_emb_head_dim
+        core = s * a * qk / 2 + s * a * c.v_head_dim / 2
+        q_width = a * c.v_head_dim
+        kv_width = a * (qk + c.v_head_dim)
+    else:
+        core = c.kv_channels * a * s  # QK^T and PV, causal half each
+        q_width = c.kv_channels * a
+        kv_width = 2 * c.kv_channels * c.num_query_groups
+    n_moe = c.num_moe_layers
+    moe_routed = moe_shared = router = 0.0
+    if c.is_moe:
+        f = 3 if c.swiglu else 2
+        moe_shared = h * c.moe_shared_expert_intermediate_size * f
+        moe_routed = mlp_fmas_per_token(c, True) - moe_shared
+        router = h * (c.num_experts or 0)
+    out = _Costs(
+        attn_linear=attn_total - core, attn_core=core, q_width=q_width, kv_width=kv_width,
+        mlp_dense=mlp_fmas_per_token(c, False), moe_routed=moe_routed, moe_shared=moe_shared,
+        router=router, logits=h * c.padded_vocab_size, flops_per_token=flops_per_token(c),
+        n_dense=c.num_layers - n_moe, n_moe=n_moe,
+    )
+    if len(_COSTS) > 512:
+        _COSTS.clear()
+    _COSTS[key] = out
+    return out
+
+
+def _eff(d: float) -> float:
+    return d / (d + GEMM_HALF_DIM)
+
+
+def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = None,
+            opts: RunOptions | None = None) -> Prediction | None:
+    """Predicted iteration of `c` (its layout included) on `world` GPUs; None without a global
+    batch size or when the layout does not divide the world."""
+    eff = eff or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+    opts = opts or RunOptions()
+    gbs = c.global_batch_size
+    tp, cp, pp, ep, etp = c.tp, c.cp, c.pp, c.ep, c.etp
+    mp = tp * cp * pp
+    if not gbs or world % mp:
+        return None
+    dp = world // mp
+    mbs = c.micro_batch_size
+    m = max(1, gbs // (mbs * dp))
+    vpp = c.vpp or 1
+    k = _costs(c)
+    h = c.hidden_size
+    s = c.seq_length
+    sp = c.sequence_parallel and tp > 1
+    tok = mbs * s / cp  # tokens of one microbatch on one CP rank
+
+    peak16 = hw.peak_bf16 * 1e12 * eff.gemm
+    fp8 = opts.fp8 and hw.peak_fp8 is not None
+    peak_mm = (hw.peak_fp8 or 0.0) * 1e12 * eff.fp8 if fp8 else peak16
+    hbm = hw.hbm_tb_s * 1e12 * HBM_EFFICIENCY
+    nvl = hw.nvlink_gb_s * 1e9 * NVLINK_EFFICIENCY
+    nic = hw.nic_gb_s * 1e9 * NIC_EFFICIENCY
+    nodes = world / hw.gpus_per_node
+    if nodes > hw.nodes_per_su:
+        nic /= hw.oversubscription
+
+    # Recompute: the share of layers whose forward runs twice.
+    rec = 0.0
+    if c.recompute_granularity == "full":
+        stage_layers = c.stage_layers()[1]
+        n = c.recompute_num_layers or stage_layers
+        rec = min(1.0, n * vpp / stage_layers) if c.recompute_method == "block" else 1.0
+    gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
+    mem_passes = 1.0 + rec / 3
+
+    # --- one dense-attention half of a layer (shared by dense and MoE layers) ---
+    t_attn = gemm_passes * tok * k.attn_linear / tp / (peak_mm * _eff(min(h, k.q_width / tp)))
+    t_core = 7.0 * tok * k.attn_core / tp / (peak16 * ATTENTION_FACTOR)
+    hid = tok * h / (tp if sp else 1)
+    mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
+    cast_common = FP8_CAST_BYTES * (2 * tok * h + tok * k.q_width / tp) if fp8 else 0.0
+    # TP: 4 all-gathers/reduce-scatters forward, 4 backward (+4 recomputed), each of the full
+    # activation; a ring moves (tp-1)/tp of it per GPU.
+    t_tp = 0.0
+    if tp > 1:
+        bw = nvl if tp <= hw.domain_gpus else nic
+        t_tp = (8 + 4 * rec) * tok * h * 2 * (tp - 1) / tp / bw
+        if opts.tp_comm_overlap:
+            t_tp *= 1 - TP_OVERLAP_HIDDEN
+    # CP: ring exchange of K/V forward, K/V and dK/dV backward, hidden behind core attention.
+    t_cp = 0.0
+    if cp > 1:
+        bw = nvl if tp * cp <= hw.domain_gpus else nic
+        t_cp = max(0.0, 3 * (cp - 1) * tok * k.kv_width / tp * 2 / bw - t_core)
+
+    # --- MLPs ---
+    ffn = c.ffn_hidden_size
+    t_dense_mlp = gemm_passes * tok * k.mlp_dense / tp / (peak_mm * _eff(min(h, ffn / tp)))
+    mem_dense = ELEMENTWISE_BYTES_FFN * tok * ffn / tp
+    cast_dense = FP8_CAST_BYTES * tok * ffn / tp if fp8 else 0.0
+    t_moe_mlp = mem_moe = cast_moe = t_ep = 0.0
+    if k.n_moe:
+        imb = opts.moe_imbalance
+        n_exp = c.num_experts or 1
+        topk = c.moe_router_topk
+        per_expert = tok * topk * ep * etp / (tp * n_exp)  # tokens per local expert GEMM
+        d_exp = min(h, c.moe_ffn_hidden_size / etp, per_expert)
+        t_moe_mlp = gemm_passes * tok * k.moe_routed * imb / tp / (
+            peak_mm * _eff(d_exp) * GROUPED_GEMM_FACTOR)
+        if k.moe_shared:
+            t_moe_mlp += gemm_passes * tok * k.moe_shared / tp / (
+                peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
+        t_moe_mlp += 6.0 * tok * k.router / tp / peak16
+        routed = tok * topk * imb / tp
+        mem_moe = (ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp
+                   + ELEMENTWISE_BYTES_FFN * tok * c.moe_shared_expert_intermediate_size / tp
+                   + MOE_PERMUTE_BYTES * routed * h)
+        cast_moe = FP8_CAST_BYTES * routed * c.moe_ffn_hidden_size / etp if fp8 else 0.0
+        if ep > 1:
+            # 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed).
+            vol = (4 + 2 * rec) * routed * h * 2 * (ep - 1) / ep
+            span = ep * etp
+            outside = 0.0 if span <= hw.domain_gpus else 1 - hw.domain_gpus / span
+            t_ep = vol * max((1 - outside) / nvl, outside / nic) / ALLTOALL_EFFICIENCY
+            if opts.ep_overlap:
+                t_ep *= 1 - EP_OVERLAP_HIDDEN
+
+    common = t_attn + t_core + (mem_common + cast_common) * mem_passes / hbm
+    dense_compute = common + t_dense_mlp + (mem_dense + cast_dense) * mem_passes / hbm
+    moe_compute = common + t_moe_mlp + (mem_moe + cast_moe) * mem_passes / hbm
+    comm_layer = t_tp + t_cp  # per layer, both kinds
+    n_layers = c.num_layers
+    moe_share = k.n_moe / n_layers
+    layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
+    layer_comm = comm_layer + moe_share * t_ep
+
+    # Logits on the last stage: BF16 output layer (Megatron's, not TE's) and fp32 cross-entropy.
+    v_local = c.padded_vocab_size / tp
+    heads = 1 + c.mtp_num_layers
+    t_logits = heads * (6.0 * tok * k.logits / tp / (peak16 * _eff(min(h, v_local)))
+                        + 4 * 4 * tok * v_local / hbm)
+    mtp_layers = c.mtp_num_layers
+
+    first, most = c.stage_layers()
+    if pp == 1:
+        stage_layers_list = [(float(n_layers + mtp_layers), t_logits)]
+    else:
+        last = c.last_stage_layers
+        if last is None:
+            fixed = [x for x in (c.first_stage_layers,) if x is not None]
+            last = (n_layers - sum(fixed)) / max(1, pp - len(fixed))
+        stage_layers_list = [(float(first), 0.0), (float(most), 0.0),
+                             (float(last) + mtp_layers, t_logits)]
+    t_stage_compute, t_stage_comm, layers_stage = max(
+        ((n * layer_compute + extra, n * layer_comm, n) for n, extra in stage_layers_list),
+        key=lambda x: x[0] + x[1])
+    t_stage_tp = layers_stage * t_tp
+    t_stage_cp = layers_stage * t_cp
+    t_stage_ep = layers_stage * moe_share * t_ep
+    t_mb = t_stage_compute + t_stage_comm
+
+    bubble = (pp - 1) / vpp * t_mb if pp > 1 else 0.0
+    p2p = 0.0
+    if pp > 1:
+        msg = tok * h * 2 / (tp if sp else 1)
+        bw = nic if world // pp >= hw.gpus_per_node else nvl
+        # 1F1B steady state blocks on its sends; the interleaved schedule overlaps them
+        # (overlap_p2p_comm) except in warm-up and cool-down.
+        n_p2p = (pp - 1) * 2 * vpp if c.vpp else 2 * m
+        p2p = n_p2p * msg / bw
+
+    # --- data parallel: gradient reduce-scatter + parameter all-gather (distributed optimizer)
+    w = weight_and_optimizer_bytes(c, world)
+    d_ne = dp * cp
+    d_e = max(1, world // (etp * ep * pp))
+    gb = opts.grad_reduce_bytes
+
+    def dp_bw(block: int, size: int) -> float:
+        if size <= 1:
+            return float("inf")
+        return nvl if block * size <= hw.gpus_per_node else nic
+
+    t_rs = t_ag = 0.0
+    for params, d, block in ((w.nonexpert_params_per_gpu, d_ne, tp),
+                             (w.expert_params_per_gpu, d_e, etp * ep)):
+        if d <= 1 or params <= 0:
+            continue
+        bw = dp_bw(block, d)
+        ring = (d - 1) / d
+        if c.use_distributed_optimizer:
+            t_rs += params * gb * ring / bw
+            t_ag += params * 2 * ring / bw
+        else:
+            gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == nic else 1.0
+            t_rs += 2 * params * gb * ring / (bw * gain)
+    if opts.overlap_grad_reduce:
+        t_rs = max(DP_EXPOSED_TAIL * t_rs, t_rs - 2 / 3 * t_mb)
+    if opts.overlap_param_gather:
+        t_ag = max(DP_EXPOSED_TAIL * t_ag, t_ag - 1 / 3 * t_mb)
+    t_dp = t_rs + t_ag
+
+    p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu
+    shard = (w.nonexpert_params_per_gpu / d_ne + w.expert_params_per_gpu / d_e
+             if c.use_distributed_optimizer else p_gpu)
+    t_opt = (p_gpu * 4 + shard * OPTIMIZER_BYTES_PER_PARAM) / hbm
+
+    step = m * t_mb + bubble + p2p + t_dp + t_opt
+    comm = m * t_stage_comm + p2p + t_dp
+    breakdown = {
+        "compute": m * t_stage_compute, "tp": m * t_stage_tp, "cp": m * t_stage_cp,
+        "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * t_stage_ep,
+        "optimizer": t_opt, "exposed_communication": comm,
+    }
+    tokens = gbs * s
+    model_flops = k.flops_per_token * tokens
+    tflops = model_flops / (step * world) / 1e12
+    return Prediction(step, tokens / (step * world), tflops, tflops / hw.peak_bf16, breakdown,
+                      hw.generation, eff.fitted_on)

@@ -1,0 +1,60 @@
+"""The performance model as `slurmpod plan` uses it: a run spec + site -> prediction or search.
+
+The efficiency factors are the site's own when `slurmpod calibrate` stored some beside the site
+file, else the published fit of the GPU's generation (slurmpod.perf.model.FITTED).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from slurmpod.megatron.runspec import ModelConfig, RunSpec
+from slurmpod.perf.calibrate import load_site_efficiency
+from slurmpod.perf.model import (
+    DEFAULT_EFFICIENCY,
+    FITTED,
+    Efficiency,
+    Hardware,
+    Prediction,
+    RunOptions,
+    hardware_from_site,
+    predict,
+)
+from slurmpod.perf.search import Candidate, search
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+
+
+def site_efficiency(hw: Hardware, site_path: Path | None) -> Efficiency:
+    own = load_site_efficiency(site_path, hw.generation)
+    return own or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+
+
+def predict_run(spec: RunSpec, site: Site, nodes: int, site_path: Path | None = None
+                ) -> Prediction | None:
+    """The predicted iteration of `spec` on `nodes` nodes of `site` (None without a batch)."""
+    hw = hardware_from_site(site)
+    c = ModelConfig.from_args(spec.megatron)
+    return predict(c, nodes * hw.gpus_per_node, hw, site_efficiency(hw, site_path),
+                   RunOptions.from_args(spec.megatron.values()))
+
+
+def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
+               site_path: Path | None = None, top: int | None = 10
+               ) -> tuple[list[Candidate], int]:
+    hw = hardware_from_site(site)
+    c = ModelConfig.from_args(spec.megatron)
+    return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
+                  RunOptions.from_args(spec.megatron.values()), top)
+
+
+def summary_line(p: Prediction) -> str:
+    b = p.breakdown_s
+    comm = ", ".join(f"{k} {b[k]:.3g}" for k in ("tp", "cp", "ep", "dp", "pp_p2p") if b[k] > 0)
+    return (f"{p.step_time_s:.3g} s/iteration, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+            f"{p.model_tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.0%} (compute "
+            f"{b['compute']:.3g} s, bubble {b['pp_bubble']:.3g} s, exposed communication "
+            f"{b['exposed_communication']:.3g} s" + (f": {comm}" if comm else "")
+            + f", optimizer {b['optimizer']:.2g} s)")
