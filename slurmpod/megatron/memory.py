@@ -27,7 +27,7 @@ GIB = 1024**3
 @dataclass(frozen=True, slots=True)
 class ParamCounts:
     dense_layer: float  # one transformer layer with a dense MLP
-    moe_layer_nonexpert: float  # attention + norms + shared expert of one MoE layer
+    moe_layer_nonexpert: float  # attention + norms + shared expert + router of one MoE layer
     moe_layer_expert: float  # the routed experts of one MoE layer (all of them)
     moe_layer_active_expert: float  # the top-k routed experts one token uses
     embedding: float  # one embedding matrix (h x padded vocab)
@@ -38,6 +38,11 @@ class ParamCounts:
     block_expert: float
     mtp_nonexpert: float
     mtp_expert: float
+    # Held whole on every rank of a stage (Megatron main): norms, and per MoE layer the router,
+    # the latent projections and the shared-expert gate.
+    dense_layer_replicated: float = 0.0
+    moe_layer_replicated: float = 0.0
+    router: float = 0.0  # one MoE layer's router (h x E, + E with add_bias_linear)
 
 
 def _attention_params(c: ModelConfig, norm: int) -> float:
@@ -53,6 +58,9 @@ def _attention_params(c: ModelConfig, norm: int) -> float:
 
 
 def param_counts(c: ModelConfig) -> ParamCounts:
+    """Megatron-LM main's parameter count (theoretical_memory_usage.py, identical in
+    core_v0.18.0 - core_v0.19.0): routers, latent projections and shared-expert gates counted;
+    `active` holds the top-k routed experts of the block and the whole MTP block."""
     h = c.hidden_size
     norm = 1 if c.normalization == "RMSNorm" else 2
     glu = 1.5 if c.swiglu else 1.0  # per h x ffn pair: (2 or 3) matrices / 2
@@ -60,9 +68,15 @@ def param_counts(c: ModelConfig) -> ParamCounts:
     norms = 2 * h * norm
     dense_layer = 2 * h * c.ffn_hidden_size * glu + norms + attn
     n_exp = c.num_experts or 0
-    expert = 2 * h * c.moe_ffn_hidden_size * glu  # one routed expert
+    # Latent MoE: routed experts run at the latent width, between a down and an up projection.
+    routed_h = c.moe_latent_size if c.moe_latent_size is not None else h
+    expert = 2 * routed_h * c.moe_ffn_hidden_size * glu  # one routed expert
     shared = 2 * h * c.moe_shared_expert_intermediate_size * glu
-    moe_nonexpert = attn + norms + shared
+    latent = 2 * h * c.moe_latent_size if (n_exp and c.moe_latent_size is not None) else 0
+    router = h * n_exp + (n_exp if c.add_bias_linear else 0) if n_exp else 0
+    gate = h if (c.moe_shared_expert_intermediate_size and c.moe_shared_expert_gate) else 0
+    moe_replicated = norms + router + latent + gate
+    moe_nonexpert = attn + shared + moe_replicated
     moe_expert = n_exp * expert
     moe_active = min(c.moe_router_topk, n_exp) * expert
     n_moe = c.num_moe_layers
@@ -77,15 +91,27 @@ def param_counts(c: ModelConfig) -> ParamCounts:
     mtp_ne = mtp_dense * dense_layer + mtp_moe * moe_nonexpert
     mtp_e = mtp_moe * moe_expert
     total = block_ne + block_e + mtp_ne + mtp_e + emb_total
-    active = block_ne + n_moe * moe_active + mtp_ne + mtp_moe * moe_active + emb_total
+    # Megatron main counts the MTP block whole in the active parameters (all its experts).
+    active = block_ne + n_moe * moe_active + mtp_ne + mtp_e + emb_total
     return ParamCounts(dense_layer, moe_nonexpert, moe_expert, moe_active, embedding, final_norm,
-                       total, active, block_ne, block_e, mtp_ne, mtp_e)
+                       total, active, block_ne, block_e, mtp_ne, mtp_e,
+                       dense_layer_replicated=norms, moe_layer_replicated=moe_replicated,
+                       router=router)
 
 
 def bytes_per_param(distributed_optimizer: bool, shards: int) -> float:
     """bf16 weight (2) + fp32 grad (4) + fp32 master, Adam m and v (12); the distributed
     optimizer spreads the 12 bytes of optimizer state over `shards` ranks."""
     return 6 + 12 / shards if distributed_optimizer else 18
+
+
+def _linear_weight_bytes(c: ModelConfig) -> float:
+    """Bytes a GEMM weight occupies: bf16 (2); under FP8 Transformer Engine also keeps the
+    quantized weight and its transpose for the next GEMMs (+2), unless the parameters
+    themselves are FP8 (`fp8_param_gather`: 1 + 1 transpose, no bf16 copy)."""
+    if c.fp8 is None:
+        return 2.0
+    return 2.0 if c.fp8_param_gather else 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,32 +121,116 @@ class WeightMemory:
     bytes_per_gpu: float
 
 
-def weight_and_optimizer_bytes(c: ModelConfig, world_size: int) -> WeightMemory:
-    """Weights + grads + optimizer state on the most loaded GPU (slurmpod's MoE-aware form)."""
-    p = param_counts(c)
-    dp = max(1, world_size // (c.tp * c.pp * c.cp))
-    edp = max(1, world_size // (c.etp * c.ep * c.pp))
-    # Share of the block on the most loaded stage: 1/PP, or the largest uneven stage.
-    share = c.stage_layers()[1] / c.num_layers
-    nonexpert = (p.block_nonexpert * share + p.mtp_nonexpert + p.embedding) / c.tp
-    if c.untie_embeddings_and_output_weights and c.pp == 1:
-        nonexpert += p.embedding / c.tp  # first stage is also the last: holds the output layer
-    expert = (p.block_expert * share + p.mtp_expert) / (c.etp * c.ep)
-    total = (nonexpert * bytes_per_param(c.use_distributed_optimizer, dp * c.cp)
-             + expert * bytes_per_param(c.use_distributed_optimizer, edp))
+@dataclass(frozen=True, slots=True)
+class _RankParams:
+    linear: float  # TP-sharded GEMM weights (attention, dense MLP, shared experts)
+    replicated: float  # norms, routers, latent projections, gates
+    embedding: float  # embedding and output-layer matrices (h x V each, whole)
+    expert: float  # routed experts, whole (divide by ETP x EP)
+    largest_layer: float  # the largest layer's parameters, whole (Megatron-FSDP's gather)
+
+
+def _rank_params(c: ModelConfig, p: ParamCounts, rank: int) -> _RankParams:
+    sp = c.pipeline_split()
+    chunks = sp.chunks[rank]
+    n_dense = n_moe = 0
+    for ch in chunks:
+        ids = range(ch.first_layer, ch.first_layer + ch.decoder)
+        moe = sum(c.moe_pattern[i] for i in ids if i < len(c.moe_pattern)) if c.is_moe else 0
+        n_moe += moe
+        n_dense += ch.decoder - moe
+    mtp = sum(ch.mtp for ch in chunks)
+    mtp_moe = mtp * (c.moe_pattern[-1] if c.is_moe else 0)
+    n_dense += mtp - mtp_moe
+    n_moe += mtp_moe
+    has_e = any(ch.embedding for ch in chunks)
+    has_l = any(ch.loss for ch in chunks)
+    dense_lin = p.dense_layer - p.dense_layer_replicated
+    moe_lin = p.moe_layer_nonexpert - p.moe_layer_replicated
+    # The embedding is built on the first stage and on the stage holding MTP (core's
+    # GPTModel: pre_process or mtp_process); the output layer on the loss stage (a copy of
+    # the tied embedding when that is another stage).
+    mats = int(has_e or mtp > 0)
+    if has_l and (c.untie_embeddings_and_output_weights or not mats):
+        mats += 1
+    return _RankParams(
+        linear=n_dense * dense_lin + n_moe * moe_lin,
+        replicated=(n_dense * p.dense_layer_replicated + n_moe * p.moe_layer_replicated
+                    + (p.final_norm if has_l else 0.0)),
+        embedding=mats * p.embedding, expert=n_moe * p.moe_layer_expert,
+        largest_layer=max(p.dense_layer if n_dense or not n_moe else 0.0,
+                          p.moe_layer_nonexpert + p.moe_layer_expert if n_moe else 0.0))
+
+
+def _rank_weight_bytes(c: ModelConfig, p: ParamCounts, rank: int,
+                       world: int) -> WeightMemory:
+    rp = _rank_params(c, p, rank)
+    dp = max(1, world // (c.tp * c.pp * c.cp))
+    edp = max(1, world // (c.etp * c.ep * c.pp))
+    nonexpert = (rp.linear + rp.embedding) / c.tp + rp.replicated
+    expert = rp.expert / (c.etp * c.ep)
+    w_lin = _linear_weight_bytes(c)
+    opt = 12.0 * (1.0 - c.optimizer_offload_fraction)  # fp32 master, Adam m and v
+    # Sharding of (weights, grads, optimizer) over the data-parallel ranks: the distributed
+    # optimizer shards the optimizer over DP x CP (megatron-core's data-parallel group with
+    # context parallel); Megatron-FSDP also shards grads and/or weights.
+    strategy = c.fsdp_sharding if c.megatron_fsdp else (
+        "optim" if c.use_distributed_optimizer else "no_shard")
+    w_div, g_div, o_div = {"no_shard": (1, 1, 1), "optim": (1, 1, None),
+                           "optim_grads": (1, None, None),
+                           "optim_grads_params": (None, None, None)}[strategy]
+
+    def per_param(weight_bytes: float, shards: int) -> float:
+        return (weight_bytes / (w_div or shards) + c.grad_bytes / (g_div or shards)
+                + opt / (o_div or shards))
+
+    lin_ne = rp.linear / c.tp
+    rest_ne = rp.embedding / c.tp + rp.replicated
+    total = (lin_ne * per_param(w_lin, dp * c.cp) + rest_ne * per_param(2.0, dp * c.cp)
+             + expert * per_param(w_lin, edp))
+    if c.megatron_fsdp and strategy == "optim_grads_params":
+        # Unsharded working set: the layer being computed and the one prefetched (weights),
+        # and one layer's full gradient before its reduce-scatter.
+        total += rp.largest_layer / c.tp * (2 * w_lin + c.grad_bytes)
     return WeightMemory(nonexpert, expert, total)
 
 
+def rank_weight_bytes(c: ModelConfig, world_size: int) -> list[WeightMemory]:
+    """Weights + grads + optimizer state on each pipeline rank (one GPU of it)."""
+    p = param_counts(c)
+    return [_rank_weight_bytes(c, p, r, world_size) for r in range(c.pp)]
+
+
+def weight_and_optimizer_bytes(c: ModelConfig, world_size: int) -> WeightMemory:
+    """Weights + grads + optimizer state on the GPU of the most loaded pipeline rank."""
+    return max(rank_weight_bytes(c, world_size), key=lambda w: w.bytes_per_gpu)
+
+
 def megatron_weight_and_optimizer_bytes(c: ModelConfig, world_size: int) -> float:
-    """Megatron's own estimate (every parameter / TP; optimizer / DP), for comparison."""
+    """Megatron-LM main's own `compute_weight_and_optimizer_memory` (core_v0.18.0+): GEMM
+    weights / TP, norms, routers and gates replicated, routed experts / (ETP x EP) with their
+    optimizer over expert-DP; 1/PP of the block plus the MTP block and one embedding on the
+    most loaded shard; optimizer over DP = world / (TP x PP x CP); bf16 + fp32 grads."""
     p = param_counts(c)
     dp = max(1, world_size // (c.tp * c.pp * c.cp))
-    block = p.block_nonexpert + p.block_expert
-    mtp = p.mtp_nonexpert + p.mtp_expert
-    shard = (block / c.pp + mtp + p.embedding) / c.tp
+    edp = max(1, world_size // (c.etp * c.ep * c.pp))
+    n_moe = c.num_moe_layers
+    n_dense = c.num_layers - n_moe
+    mtp_moe = (c.moe_pattern[-1] if c.is_moe else 0) * c.mtp_num_layers
+    mtp_dense = c.mtp_num_layers - mtp_moe
+    dense_lin = p.dense_layer - p.dense_layer_replicated
+    moe_lin = p.moe_layer_nonexpert - p.moe_layer_replicated
+    tp_block = n_dense * dense_lin + n_moe * moe_lin
+    tp_mtp = mtp_dense * dense_lin + mtp_moe * moe_lin
+    rep_block = n_dense * p.dense_layer_replicated + n_moe * p.moe_layer_replicated + p.final_norm
+    rep_mtp = mtp_dense * p.dense_layer_replicated + mtp_moe * p.moe_layer_replicated
+    tp_shard = (tp_block / c.pp + tp_mtp + p.embedding) / c.tp
     if c.untie_embeddings_and_output_weights and c.pp == 1:
-        shard += p.embedding / c.tp
-    return shard * bytes_per_param(c.use_distributed_optimizer, dp)
+        tp_shard += p.embedding / c.tp
+    rep = rep_block / c.pp + rep_mtp
+    expert = (n_moe * p.moe_layer_expert / c.pp + mtp_moe * p.moe_layer_expert) / (c.etp * c.ep)
+    return ((tp_shard + rep) * bytes_per_param(c.use_distributed_optimizer, dp)
+            + expert * bytes_per_param(c.use_distributed_optimizer, edp))
 
 
 def num_microbatches(c: ModelConfig, world_size: int) -> int | None:
@@ -133,32 +243,58 @@ def num_microbatches(c: ModelConfig, world_size: int) -> int | None:
 def layer_activation_bytes(c: ModelConfig, moe: bool) -> float:
     """Bytes one transformer layer keeps for backward, per microbatch, on one GPU.
 
-    Korthikanti et al. 2022 §4: 10sbh outside the TP regions (two norm inputs 4, attention and
-    MLP inputs 2 + 2, two dropout masks 1 + 1; divided by TP only with sequence parallel) and
-    the TP-sharded projections. Core-attention scores are not kept (flash/fused attention via
-    Transformer Engine, the Megatron default), which is exactly what selective recompute gives.
+    Korthikanti et al. 2022 §4 counted tensor by tensor, as megatron-core with Transformer
+    Engine saves them: the two norm inputs (bf16), the inputs of the QKV and FC1 GEMMs (bf16,
+    or 1 byte under FP8: TE saves the quantized input for the weight gradient), two dropout
+    masks of 1 byte (none when hidden_dropout = 0: PyTorch's dropout with p = 0 returns its
+    input), Q, K, V and the attention output (flash attention saves them; under FP8 the output
+    projection also saves its FP8 copy), the activation-function input (bf16) and the FC2 input
+    (bf16, or FP8). Outside the TP regions everything is divided by TP only with sequence
+    parallel. Core-attention scores are never kept (fused/flash attention, Megatron's
+    default). Selective `recompute_modules` drop what their module recomputes.
     """
     s = c.seq_length / c.cp  # context parallel splits the sequence
     b = c.micro_batch_size
     h = c.hidden_size
     sp_div = c.tp if c.sequence_parallel else 1
-    replicated = 10 * s * b * h / sp_div
+    lin = 1.0 if c.fp8 is not None else 2.0  # bytes of a saved GEMM input
+    mask = 1.0 if c.hidden_dropout > 0 else 0.0
+    selective = c.recompute_granularity == "selective"
+    mods = set(c.recompute_modules) if selective else set()
+    replicated = s * b * h * (4 + 2 * lin + 2 * mask) / sp_div
+    a = c.num_attention_heads
     if c.multi_latent_attention:
         qk = c.qk_head_dim + c.qk_pos_emb_head_dim
-        a = c.num_attention_heads
-        attn = 2 * s * b * (2 * a * qk + 2 * a * c.v_head_dim)  # Q, K, V, out-proj input
+        latents = (c.q_lora_rank or 0) + c.kv_lora_rank
+        # The compressed latents: their norm input (bf16) and the up-projections' inputs.
+        attn = s * b * latents * (2 + lin)
+        if "mla_up_proj" not in mods:
+            attn += 2 * s * b * (2 * a * qk + a * c.v_head_dim)  # Q, K, V (up-projected)
+        attn += 2 * s * b * a * c.v_head_dim  # attention output, saved by flash attention
+        attn += s * b * a * c.v_head_dim if c.fp8 is not None else 0.0  # its FP8 copy
     else:
-        q = c.num_attention_heads * c.kv_channels
+        q = a * c.kv_channels
         kv = c.num_query_groups * c.kv_channels
-        attn = 2 * s * b * (2 * q + 2 * kv)  # Q, K, V and the output-projection input
+        attn = 2 * s * b * (q + 2 * kv) + 2 * s * b * q  # Q, K, V and the attention output
+        attn += s * b * q if c.fp8 is not None else 0.0  # the output projection's FP8 input
     act_in = 2 if c.swiglu else 1  # the activation reads the (gate, up) output: 2 x ffn wide
+
+    def mlp_bytes(tokens: float, width: int, act_recompute: bool) -> float:
+        return tokens * width * (2 * act_in + (0.0 if act_recompute else lin))
+
     if moe:
-        per_expert = 2 * s * b * (h + c.moe_ffn_hidden_size * (act_in + 1))
-        shared = 2 * s * b * c.moe_shared_expert_intermediate_size * (act_in + 1)
         # Balanced routing: each GPU processes top-k copies of its own tokens on average.
-        mlp = c.moe_router_topk * per_expert + shared
+        routed = 0.0
+        if "moe" not in mods:
+            width = c.moe_latent_size or h
+            routed = c.moe_router_topk * (
+                s * b * width * lin + mlp_bytes(s * b, c.moe_ffn_hidden_size, "moe_act" in mods))
+        shared = (0.0 if "shared_experts" in mods or "moe" in mods
+                  else mlp_bytes(s * b, c.moe_shared_expert_intermediate_size, False))
+        router = 4 * s * b * (c.num_experts or 0)  # fp32 router logits
+        mlp = routed + shared + router
     else:
-        mlp = 2 * s * b * c.ffn_hidden_size * (act_in + 1)
+        mlp = 0.0 if "mlp" in mods else mlp_bytes(s * b, c.ffn_hidden_size, False)
     return replicated + (attn + mlp) / c.tp
 
 
@@ -169,41 +305,102 @@ class ActivationMemory:
     bytes_per_gpu: float
 
 
-def activation_bytes(c: ModelConfig, world_size: int) -> ActivationMemory:
-    """Activation bytes on the first pipeline stage (the most loaded one) at peak."""
+def _in_flight_chunks(c: ModelConfig, rank: int, nmb: int | None) -> list[int]:
+    """Virtual stage of every model chunk whose activations `rank` holds at the end of its
+    warm-up (the peak): megatron-core's schedules (pipeline_parallel/schedules.py), 1F1B
+    warms up PP - rank - 1 microbatches, the interleaved schedule 2(PP - rank - 1) +
+    (VPP - 1) PP chunks, forwarding PP microbatches per virtual stage in turn; plus the one
+    forward of the first steady step."""
+    pp, v = c.pp, c.vpp or 1
+    if pp == 1:
+        return [0]
+    total = (nmb if nmb is not None else pp) * v
+    if v == 1:
+        return [0] * min(pp - rank, total)
+    warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
+    return [(k // pp) % v for k in range(min(warm + 1, total))]
+
+
+def _layer_mix(c: ModelConfig, first: int, n: int) -> tuple[int, int]:
+    """(dense, MoE) among layers first .. first + n - 1."""
+    if not c.is_moe:
+        return n, 0
+    moe = sum(c.moe_pattern[first: first + n])
+    return n - moe, moe
+
+
+def rank_activation_bytes(c: ModelConfig, world_size: int) -> list[ActivationMemory]:
+    """Activation bytes at peak on each pipeline rank."""
     s = c.seq_length / c.cp
     b, h = c.micro_batch_size, c.hidden_size
     sp_div = c.tp if c.sequence_parallel else 1
-    stage_layers = c.stage_layers()[0]
-    # Layer kinds on the first stage (MoE patterns usually start dense, e.g. DeepSeek-V3).
-    first = c.moe_pattern[: max(1, math.ceil(stage_layers))]
-    moe_frac = sum(first) / len(first) if c.is_moe else 0.0
     dense_act = layer_activation_bytes(c, False)
     moe_act = layer_activation_bytes(c, True) if c.is_moe else 0.0
-    full_layer = (1 - moe_frac) * dense_act + moe_frac * moe_act
     layer_input = 2 * s * b * h / sp_div
-    if c.recompute_granularity == "full":
-        n = c.recompute_num_layers or 1
-        if c.recompute_method == "block":
-            kept = min(n, stage_layers) * layer_input + max(0.0, stage_layers - n) * full_layer
-            working = full_layer
-        else:  # uniform: checkpoint the input of every group of n layers
-            kept = math.ceil(stage_layers / n) * layer_input
-            working = n * full_layer
-        per_mb_stage = kept
-    else:
-        per_mb_stage = stage_layers * full_layer
+    nmb = num_microbatches(c, world_size)
+    mask = 1.0 if c.hidden_dropout > 0 else 0.0
+    out: list[ActivationMemory] = []
+    split = c.pipeline_split()
+    mtp_kind_moe = bool(c.is_moe and c.moe_pattern[-1])
+    for rank, chunks in enumerate(split.chunks):
+        per_chunk: list[float] = []
         working = 0.0
-    per_mb_stage += (8 * s * b + s * b * h) / sp_div  # token ids (int64) + embedding dropout mask
-    if c.pp == 1:
-        in_flight = 1.0
-    elif c.vpp:
-        in_flight = c.pp * (1 + (c.pp - 1) / (c.pp * c.vpp))
-    else:
-        nmb = num_microbatches(c, world_size)
-        in_flight = float(min(c.pp, nmb) if nmb is not None else c.pp)
-    total = per_mb_stage * in_flight + working
-    if c.pp == 1:
-        # Output layer on the same stage: final-norm output and fp32 logits for the loss.
-        total += 4 * s * b * h / sp_div + 4 * s * b * c.padded_vocab_size / c.tp
-    return ActivationMemory(max(dense_act, moe_act), in_flight, total)
+        for ch in chunks:
+            nd, nm = _layer_mix(c, ch.first_layer, ch.decoder)
+            mtp_full = ch.mtp * (moe_act if mtp_kind_moe else dense_act)
+            n = ch.decoder
+            full = nd * dense_act + nm * moe_act
+            avg = full / n if n else 0.0
+            if c.recompute_granularity == "full" and n:
+                k = c.recompute_num_layers or 1
+                if c.recompute_method == "block":
+                    kept = min(k, n) * layer_input + max(0, n - k) * avg
+                    working = max(working, avg)
+                else:  # uniform: the input of every group of k layers
+                    kept = math.ceil(n / k) * layer_input
+                    working = max(working, min(k, n) * avg)
+            else:
+                kept = full
+            if c.cpu_offloading_num_layers and n:
+                # Megatron's activation offloading moves that many layers' activations to
+                # the host (the layer being computed stays).
+                kept -= min(c.cpu_offloading_num_layers, n - 1) * avg
+            kept += mtp_full
+            if ch.embedding:
+                # Token ids (int64) and the embedding's dropout mask, as Megatron counts them.
+                kept += (8 * s * b + mask * s * b * h) / sp_div
+            per_chunk.append(kept)
+        flight = _in_flight_chunks(c, rank, nmb)
+        total = sum(per_chunk[v] for v in flight) + working
+        if any(ch.loss for ch in chunks):
+            # Output layer: the final norm output and the fp32 logits of one microbatch (and
+            # one more set per MTP layer on that stage).
+            logits = 4 * s * b * h / sp_div + 4 * s * b * c.padded_vocab_size / c.tp
+            total += logits * (1 + sum(ch.mtp for ch in chunks))
+        out.append(ActivationMemory(max(dense_act, moe_act),
+                                    len(flight) / max(1, len(chunks)), total))
+    return out
+
+
+def activation_bytes(c: ModelConfig, world_size: int) -> ActivationMemory:
+    """Activation bytes at peak on the most loaded pipeline rank."""
+    return max(rank_activation_bytes(c, world_size), key=lambda a: a.bytes_per_gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    rank: int  # pipeline rank
+    weights: WeightMemory
+    activations: ActivationMemory
+
+    @property
+    def bytes_per_gpu(self) -> float:
+        return self.weights.bytes_per_gpu + self.activations.bytes_per_gpu
+
+
+def peak_memory(c: ModelConfig, world_size: int) -> RankMemory:
+    """The pipeline rank whose GPUs need the most memory, with its weights and activations."""
+    ws = rank_weight_bytes(c, world_size)
+    acts = rank_activation_bytes(c, world_size)
+    return max((RankMemory(r, ws[r], acts[r]) for r in range(c.pp)),
+               key=lambda m: m.bytes_per_gpu)

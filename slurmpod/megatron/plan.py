@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
 from slurmpod.megatron.memory import (
     GIB,
-    activation_bytes,
     megatron_weight_and_optimizer_bytes,
     param_counts,
-    weight_and_optimizer_bytes,
+    peak_memory,
 )
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
@@ -197,9 +196,11 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     nmb = (max(1, c.global_batch_size // (c.micro_batch_size * dp))
            if c.global_batch_size else None)
     params = param_counts(c)
-    w = weight_and_optimizer_bytes(c, world)
-    act = activation_bytes(c, world)
-    total = w.bytes_per_gpu + act.bytes_per_gpu
+    # The pipeline rank that needs the most (first stage: most activations in flight; last:
+    # output layer and logits; an explicit layout may load any rank).
+    peak = peak_memory(c, world)
+    w, act = peak.weights, peak.activations
+    total = peak.bytes_per_gpu
     fits = total <= usable
     fpt = flops_per_token(c)
     tokens = c.global_batch_size * c.seq_length if c.global_batch_size else None

@@ -38,6 +38,11 @@ KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
     "use_distributed_optimizer", "recompute_granularity", "recompute_method",
     "recompute_num_layers", "global_batch_size", "micro_batch_size", "bf16", "fp16",
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout", "fp8", "fp8_param_gather", "grad_reduce_in_bf16",
+    "hidden_dropout", "recompute_modules", "use_megatron_fsdp",
+    "data_parallel_sharding_strategy", "optimizer_cpu_offload", "optimizer_offload_fraction",
+    "cpu_offloading_num_layers",
 })
 
 # Other real Megatron argument names that must never be mistaken for a typo of a known key.
@@ -45,7 +50,8 @@ _NOT_TYPOS: frozenset[str] = frozenset({
     "encoder_num_layers", "decoder_num_layers", "num_experts_per_tok",
     "moe_router_topk_scaling_factor",
     "expert_model_parallel_size", "num_layers_per_virtual_pipeline_stage", "moe_layer_recompute",
-    "recompute_activations", "seq_len", "data_parallel_size",
+    "recompute_activations", "seq_len", "data_parallel_size", "fp8_recipe",
+    "attention_dropout", "moe_shared_expert_gate", "cpu_offloading", "fp4",
 })
 
 
@@ -154,6 +160,21 @@ class MegatronArgs(Strict, kw_only=True):
     recompute_num_layers: Dim | None = None
     decoder_first_pipeline_num_layers: NonNegDim | None = None
     decoder_last_pipeline_num_layers: NonNegDim | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_model_parallel_layout: Annotated[str, Meta(max_length=10_000)] | None = None
+    # Megatron's `--fp8-format` (dest `fp8`, printed so in the arguments dump); None is BF16.
+    fp8: Literal["e4m3", "hybrid"] | None = None
+    fp8_param_gather: bool = False
+    grad_reduce_in_bf16: bool = False
+    hidden_dropout: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    recompute_modules: list[str] | None = None
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: Literal[
+        "no_shard", "optim", "optim_grads", "optim_grads_params"] | None = None
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    cpu_offloading_num_layers: Annotated[int, Meta(ge=0, le=MAX_LAYERS)] | None = None
     global_batch_size: Dim | None = None
     micro_batch_size: Dim = 1
     bf16: bool = True
@@ -201,6 +222,10 @@ class RunSpec(Strict, kw_only=True):
 def check_megatron_keys(data: Mapping[str, Any], file: str) -> None:
     """Reject unknown keys that look like misspellings of keys slurmpod needs."""
     for key in data:
+        if key == "fp8_format":
+            raise ConfigError("Megatron's --fp8-format stores into dest `fp8`, which its "
+                              "arguments dump prints: write fp8 = \"hybrid\" (or \"e4m3\")",
+                              file=file, key=f"megatron.{key}")
         if key in KNOWN_MEGATRON_KEYS or key in _NOT_TYPOS:
             continue
         close = difflib.get_close_matches(key, sorted(KNOWN_MEGATRON_KEYS), n=1, cutoff=0.85)
@@ -317,16 +342,33 @@ class ModelConfig:
     group_query_attention: bool
     first_stage_layers: int | None = None  # decoder_first_pipeline_num_layers (uneven PP)
     last_stage_layers: int | None = None
+    account_for_embedding: bool = False  # account_for_embedding_in_pipeline_split
+    account_for_loss: bool = False  # account_for_loss_in_pipeline_split
+    pipeline_layout: str | None = None  # pipeline_model_parallel_layout
+    vpp_given: int | None = None  # the VPP the arguments stated (checked against a layout)
+    fp8: str | None = None  # Megatron's dest `fp8`: "e4m3" / "hybrid", None for BF16
+    fp8_param_gather: bool = False
+    grad_bytes: int = 4  # main-gradient bytes: fp32, or 2 with grad_reduce_in_bf16
+    hidden_dropout: float = 0.1  # Megatron's default
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # Megatron's default for selective
+    add_bias_linear: bool = True
+    moe_shared_expert_gate: bool = False
+    megatron_fsdp: bool = False  # use_megatron_fsdp
+    fsdp_sharding: str = "no_shard"  # data_parallel_sharding_strategy
+    optimizer_offload_fraction: float = 0.0  # optimizer_cpu_offload x fraction
+    cpu_offloading_num_layers: int = 0
+
+    def pipeline_split(self) -> Any:
+        """Layers per (pipeline rank, virtual stage): slurmpod.megatron.pipeline.Split."""
+        from slurmpod.megatron.pipeline import split
+
+        return _cached_split(self, split)
 
     def stage_layers(self) -> tuple[float, float]:
         """(layers on the first stage, layers on the most loaded stage)."""
-        if self.first_stage_layers is None and self.last_stage_layers is None:
-            return self.num_layers / self.pp, self.num_layers / self.pp
-        fixed = [n for n in (self.first_stage_layers, self.last_stage_layers) if n is not None]
-        others = max(1, self.pp - len(fixed))
-        rest = (self.num_layers - sum(fixed)) / others
-        first = self.first_stage_layers if self.first_stage_layers is not None else rest
-        return float(first), float(max([*fixed, rest]))
+        sp = self.pipeline_split()
+        per = [sp.rank_layers(r) for r in range(self.pp)]
+        return float(per[0]), float(max(per))
 
     @property
     def num_moe_layers(self) -> int:
@@ -378,12 +420,31 @@ class ModelConfig:
                    if num_experts is not None else (0,) * layers)
         vpp = a.get("virtual_pipeline_model_parallel_size")
         per_stage = a.get("num_layers_per_virtual_pipeline_stage")
+        acct_e = _flag(get("account_for_embedding_in_pipeline_split", False))
+        acct_l = _flag(get("account_for_loss_in_pipeline_split", False))
+        layout = a.get("pipeline_model_parallel_layout")
+        layout = None if layout in (None, "None", "") else str(layout)
         if vpp is None and a.get("num_virtual_stages_per_pipeline_rank") is not None:
             vpp = int(a["num_virtual_stages_per_pipeline_rank"])
         elif vpp is None and per_stage:
-            vpp = (layers // pp) // int(per_stage) if layers % pp == 0 else None
+            # Megatron counts the embedding/loss slots here too (arguments.py, core_v0.13+).
+            slots = layers + int(acct_e) + int(acct_l)
+            vpp = (slots // pp) // int(per_stage) if slots % pp == 0 else None
+        vpp_given = None if vpp is None else int(vpp)
+        if layout is not None:
+            from slurmpod.megatron.pipeline import layout_vpp
+
+            vpp = layout_vpp(layout, pp)  # the layout decides (transformer_config.py)
         if vpp == 1:
             vpp = None  # Megatron: a VPP of 1 is the non-interleaved schedule
+        fp8 = a.get("fp8")
+        fp8 = None if fp8 in (None, "None", False, "") else str(fp8)
+        modules = a.get("recompute_modules")
+        if isinstance(modules, str):
+            modules = modules.split()
+        fsdp = _flag(get("use_megatron_fsdp", False))
+        bf16_grads = (_flag(get("grad_reduce_in_bf16", False))
+                      or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
         gran = a.get("recompute_granularity")
         if gran is None and a.get("recompute_activations"):
             gran = "selective"  # --recompute-activations is selective recompute
@@ -415,9 +476,48 @@ class ModelConfig:
             recompute_num_layers=a.get("recompute_num_layers"),
             global_batch_size=a.get("global_batch_size"),
             micro_batch_size=int(get("micro_batch_size", 1)), group_query_attention=gqa,
-            first_stage_layers=a.get("decoder_first_pipeline_num_layers"),
-            last_stage_layers=a.get("decoder_last_pipeline_num_layers"),
+            first_stage_layers=_opt_int(a.get("decoder_first_pipeline_num_layers")),
+            last_stage_layers=_opt_int(a.get("decoder_last_pipeline_num_layers")),
+            account_for_embedding=acct_e, account_for_loss=acct_l, pipeline_layout=layout,
+            vpp_given=vpp_given, fp8=fp8, fp8_param_gather=_flag(get("fp8_param_gather", False)),
+            grad_bytes=2 if bf16_grads else 4,
+            hidden_dropout=float(get("hidden_dropout", 0.1)),
+            recompute_modules=tuple(modules) if modules else ("core_attn",),
+            add_bias_linear=_flag(get("add_bias_linear", True)),
+            moe_shared_expert_gate=_flag(get("moe_shared_expert_gate", False)),
+            megatron_fsdp=fsdp,
+            fsdp_sharding=str(get("data_parallel_sharding_strategy",
+                                  "optim_grads_params" if fsdp else "no_shard")),
+            optimizer_offload_fraction=(float(get("optimizer_offload_fraction", 1.0))
+                                        if _flag(get("optimizer_cpu_offload", False)) else 0.0),
+            cpu_offloading_num_layers=int(get("cpu_offloading_num_layers", 0)),
         )
+
+
+def _flag(v: Any) -> bool:
+    """A boolean argument as a run spec (bool) or a log's dump ("True"/"False") gives it."""
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v in (None, "None") else int(v)
+
+
+_SPLITS: dict[int, tuple[Any, Any]] = {}
+
+
+def _cached_split(c: ModelConfig, fn: Any) -> Any:
+    """One split per config object (plan and the layout search ask for it many times)."""
+    hit = _SPLITS.get(id(c))
+    if hit is not None and hit[0] is c:
+        return hit[1]
+    if len(_SPLITS) > 4096:
+        _SPLITS.clear()
+    out = fn(c)
+    _SPLITS[id(c)] = (c, out)
+    return out
 
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmpod.megatron.memory import activation_bytes, weight_and_optimizer_bytes
+from slurmpod.megatron.memory import peak_memory
 from slurmpod.megatron.runspec import ModelConfig
 
 
@@ -31,7 +31,8 @@ class SiteShape:
 
 # Errors a different (TP, PP) can cure; the others get a fix of their own.
 LAYOUT_KEYS = frozenset({"tensor_model_parallel_size", "num_attention_heads", "num_query_groups",
-                         "num_layers", "global_batch_size", "ffn_hidden_size"})
+                         "num_layers", "global_batch_size", "ffn_hidden_size",
+                         "pipeline_model_parallel_layout"})
 
 
 def _divisors(n: int) -> list[int]:
@@ -65,23 +66,12 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
     if c.num_moe_layers < c.num_layers and c.ffn_hidden_size % tp:
         errs.append(("ffn_hidden_size",
                      f"ffn_hidden_size={c.ffn_hidden_size} is not divisible by TP={tp}"))
-    if c.vpp:
-        if pp == 1:
-            errs.append(("virtual_pipeline_model_parallel_size",
-                         f"VPP={c.vpp} needs pipeline parallelism (PP > 1)"))
-        elif c.num_layers % (pp * c.vpp):
-            errs.append(("num_layers", f"num_layers={c.num_layers} is not divisible by "
-                                       f"PP×VPP = {pp}×{c.vpp}"))
-    elif c.first_stage_layers is not None or c.last_stage_layers is not None:
-        fixed = [n for n in (c.first_stage_layers, c.last_stage_layers) if n is not None]
-        rest_stages = pp - len(fixed)
-        rest = c.num_layers - sum(fixed)
-        if rest_stages < 1 or rest < rest_stages or rest % rest_stages:
-            errs.append(("num_layers",
-                         f"with decoder_first/last_pipeline_num_layers = {fixed}, the other "
-                         f"{rest} layers do not split evenly over {rest_stages} stages"))
-    elif c.num_layers % pp:
-        errs.append(("num_layers", f"num_layers={c.num_layers} is not divisible by PP={pp}"))
+    if c.vpp and pp == 1:
+        errs.append(("virtual_pipeline_model_parallel_size",
+                     f"VPP={c.vpp} needs pipeline parallelism (PP > 1)"))
+    else:
+        # Even, uneven first/last, embedding/loss slots or an explicit layout: Megatron's rules.
+        errs.extend(c.pipeline_split().errors)
     if c.seq_length % (2 * cp):
         errs.append(("context_parallel_size",
                      f"seq_length={c.seq_length} is not divisible by 2×CP = {2 * cp} "
@@ -150,8 +140,8 @@ def layout_warnings(c: ModelConfig, world: int, shape: SiteShape) -> list[str]:
 
 
 def memory_bytes(c: ModelConfig, world: int) -> float:
-    return (weight_and_optimizer_bytes(c, world).bytes_per_gpu
-            + activation_bytes(c, world).bytes_per_gpu)
+    """Bytes per GPU on the pipeline rank that needs the most."""
+    return peak_memory(c, world).bytes_per_gpu
 
 
 def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
@@ -170,18 +160,26 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
            if c.num_attention_heads % t == 0
            and (c.multi_latent_attention or c.num_query_groups % t == 0)
            and (c.num_moe_layers == c.num_layers or c.ffn_hidden_size % t == 0)]
-    pps = [p for p in _divisors(c.num_layers) if world % p == 0]
+    # Embedding/loss slots and explicit layouts let PP exceed a divisor of num_layers; the
+    # pipeline split decides which PP (and VPP) Megatron accepts.
+    pps = [p for p in _divisors(world) if p <= c.num_layers + 2]
     # Structurally valid candidates, best score first; memory is checked only in that order,
     # so a plan usually evaluates a handful of layouts, not all of them.
-    ranked: list[tuple[tuple[float, ...], int, int, int, int | None, bool]] = []
+    ranked: list[tuple[tuple[float, ...], int, int, int, int | None, bool, str | None]] = []
     for tp in tps:
         for pp in pps:
             if world % (tp * c.cp * pp):
                 continue
             etp = tp if c.etp == c.tp else c.etp
-            vpp = c.vpp if c.vpp and pp > 1 and c.num_layers % (pp * c.vpp) == 0 else None
-            cand = replace(c, tp=tp, pp=pp, etp=etp, vpp=vpp,
+            # A layout string is written for one PP; other PPs fall back to an even split.
+            layout = c.pipeline_layout if pp == c.pp else None
+            vpp = c.vpp if pp > 1 else None
+            cand = replace(c, tp=tp, pp=pp, etp=etp, vpp=vpp, pipeline_layout=layout,
+                           vpp_given=None,
                            sequence_parallel=c.sequence_parallel or (tp > 1 and c.is_moe))
+            if vpp and cand.pipeline_split().errors:
+                vpp = None
+                cand = replace(cand, vpp=None)
             # Only what TP/PP decide disqualifies a candidate; other errors get their own fix.
             if any((k in LAYOUT_KEYS and k != "global_batch_size") or "folding" in m
                    or k == "virtual_pipeline_model_parallel_size"
@@ -192,16 +190,18 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
             # Keep the model-parallel size TP x PP (memory per GPU) first, then stay close.
             dist = (abs(math.log2(tp * pp / (base_tp * base_pp)))
                     + 0.5 * abs(math.log2(tp / base_tp)))
-            ranked.append(((0.0 if gbs_ok else 1.0, dist, pp, -tp), tp, pp, etp, vpp, gbs_ok))
+            ranked.append(((0.0 if gbs_ok else 1.0, dist, pp, -tp), tp, pp, etp, vpp, gbs_ok,
+                           layout))
     ranked.sort()
     for v in variants:
-        for _score, tp, pp, etp, vpp, gbs_ok in ranked:
+        for _score, tp, pp, etp, vpp, gbs_ok, layout in ranked:
             dp = world // (tp * c.cp * pp)
             mult = c.micro_batch_size * dp
             gbs = (c.global_batch_size if gbs_ok
                    else max(mult, round((c.global_batch_size or mult) / mult) * mult))
             # Memory with the batch the fix proposes (micro batches in flight depend on it).
             cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp, global_batch_size=gbs,
+                           pipeline_layout=layout, vpp_given=None,
                            sequence_parallel=v.sequence_parallel or (tp > 1 and v.is_moe))
             if require_fit and memory_bytes(cand, world) > shape.usable_hbm_bytes:
                 continue
