@@ -85,9 +85,12 @@ def _with_file(exc: ConfigError, path: Path) -> ConfigError:
               help="Replace the GPU device path in gres.conf File= (e.g. /state/dev/nvidia).")
 @click.option("--localhost-base-port", type=int, default=None,
               help="Single-host sandbox: NodeHostname=localhost and one slurmd port per node.")
+@click.option("--imex-hosts", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="hosts(5) file (ADDRESS NAME...): imex/<domain>/nodes_config.cfg lists the "
+              "nodes' addresses instead of their names.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_prefix: str | None,
-             localhost_base_port: int | None, as_json: bool) -> None:
+             localhost_base_port: int | None, imex_hosts: Path | None, as_json: bool) -> None:
     """Write topology.conf, block topology, gres.conf, nodes.conf, rails/cabling CSV and NCCL XML
     for SITE (a site file, or a built-in site name) into OUT, all or nothing."""
     from slurmpod.topology.generate import (
@@ -102,8 +105,16 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     path, site_obj = _load(site)
+    hosts = None
+    if imex_hosts is not None:
+        from slurmpod.topology.generate import read_hosts_file
+
+        try:
+            hosts = read_hosts_file(str(imex_hosts), imex_hosts.read_text())
+        except OSError as exc:
+            raise UsageError(f"--imex-hosts {imex_hosts}: {exc.strerror or exc}") from None
     opts = GenerateOptions(slurm_version=slurm_version, gres_file_prefix=gres_file_prefix,
-                           localhost_base_port=localhost_base_port)
+                           localhost_base_port=localhost_base_port, imex_hosts=hosts)
     try:
         files = gen(site_obj, opts)
         version = target_version(site_obj, opts)
