@@ -31,11 +31,13 @@ Also Megatron-DeepSpeed's `elapsed time per iteration (s)`, `--log-energy` field
 Megatron-Bridge `Training epoch E, iteration I/N | key: value ...` and NeMo 1.x Lightning bars
 (`key=value` postfix), launcher prefixes, ECMA-48 escapes, and `\r` as a line end.
 
-Speed: Megatron lines of a layout already seen (`_Layout`) are read in bulk, one regex
-`finditer` per chunk and numpy column conversion; everything else is found with `bytes.find`
-of a few marker words and read line by line (the careful path, which the bulk reader matches
-exactly). Memory: one unfinished line (capped at `MAX_LINE_BYTES`) plus 128 bytes per logged
-iteration (typed arrays) and a small record per checkpoint/restart.
+Speed: Megatron lines of a layout already seen (`_Layout`) are read in bulk: the layout's
+regex runs once per line *shape* (the line with every digit a `0`), and numpy reads the numbers
+of all lines of a shape at once (`_Plan`, exact like int()/float()); everything else is found
+with `bytes.find` of a few marker words and read line by line (the careful path, which the bulk
+reader matches exactly). Memory: one unfinished line (capped at `MAX_LINE_BYTES`), one chunk's
+working set, 8 bytes per logged iteration per column whose values differ (`_Column`: a column
+of one repeated value costs nothing), and a small record per checkpoint/restart.
 
 Garbage: lines that do not parse completely are counted (`n_rejected`) and dropped, never
 guessed at. An iteration line must end with `|` and every field slurmpod reads must convert;

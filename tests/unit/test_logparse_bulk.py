@@ -235,3 +235,35 @@ def test_numbers_of_any_shape_convert_exactly_in_bulk(values: list, fractions: l
     data = b"".join(lines)
     for chunks in ([len(LINES[0])], [len(LINES[0]) + len(LINES[1])]):
         _same(_parse(data, bulk=True, chunks=chunks), _parse(data, bulk=False, chunks=chunks))
+
+
+def test_columns_of_one_value_cost_nothing_and_stay_exact() -> None:
+    """A column whose values are all the same is kept as one value (a zero-stride view); the
+    first different value turns it into an array with every earlier value intact."""
+    s = parse_log(_benchmark_like(3000).splitlines(keepends=True))
+    it = s.iterations
+    assert it.train_iters.strides == (0,) and it.train_iters.tolist() == [10_000_000] * 3000
+    assert it.grad_norm.strides == (0,) and np.isnan(it.energy_j).all()
+    assert it.iteration.strides == (8,) and it.iteration.tolist() == list(range(1, 3001))
+    # -0.0 == 0.0, but a column of 0.0 that meets -0.0 is no longer one value (bit for bit)
+    lines = [x.replace(b"loss scale: 1.0 |", b"loss scale: 0.0 |") for x in LINES]
+    lines[30] = lines[30].replace(b"loss scale: 0.0 |", b"loss scale: -0.0 |")
+    for bulk in (True, False):
+        scale = _parse(b"".join(lines), bulk=bulk, chunks=[len(LINES[0])]).iterations.loss_scale
+        assert scale.tolist() == [0.0] * 40
+        assert np.signbit(scale).tolist() == [False] * 30 + [True] + [False] * 9
+
+
+def test_a_snapshot_is_not_changed_by_later_lines_and_big_feeds_are_cut() -> None:
+    data = _benchmark_like(6000)  # 2.5 MB: more than two chunks in one feed()
+    p = LogParser()
+    p.feed(data[:500_000])
+    snap = p.summary()
+    n = len(snap.iterations)
+    before = snap.iterations.elapsed_ms.copy()
+    p.feed(data[500_000:])
+    assert len(snap.iterations) == n and np.array_equal(snap.iterations.elapsed_ms, before)
+    whole = LogParser()
+    whole.feed(data)
+    _same(whole.close(), p.close())
+    _same(p.close(), _parse(data, bulk=False, chunks=[4096] * 600))
