@@ -246,3 +246,56 @@ def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency 
                        fitted_on=f"{path.name}: {int(data.get('jobs', 0))} jobs of this site")
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# --- the validation report (benchmarks/plan_search.py, tests/unit/test_perf_validation.py) -----
+
+def error_stats(results: Sequence[Result], role: str = "validation") -> dict[str, float]:
+    """Median and max |error| over `role` rows: all, dense, MoE."""
+    out: dict[str, float] = {}
+    for name, sel in (("all", None), ("dense", False), ("moe", True)):
+        errs = [abs(r.error) for r in results
+                if r.point.role == role and (sel is None or r.point.is_moe == sel)]
+        if errs:
+            out[f"{name}_median"] = statistics.median(errs)
+            out[f"{name}_max"] = max(errs)
+            out[f"{name}_n"] = len(errs)
+    return out
+
+
+def recipe_rank(p: Point, usable_fraction: float = 0.9) -> tuple[int | None, int, str]:
+    """Where the search ranks the published layout of `p`: (rank or None, candidates, why)."""
+    from slurmpod.model.gpus import CATALOG
+    from slurmpod.perf.search import search
+
+    assert p.config is not None and p.hardware is not None
+    c = p.config
+    usable = CATALOG[p.hardware.gpu_model].hbm_gib * 1024**3 * usable_fraction
+    cands, _ = search(c, p.gpus, p.hardware, usable, FITTED[p.generation], p.opts, top=None)
+    if not cands or not cands[0].fits:
+        return None, 0, "nothing fits"
+    want = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.micro_batch_size)
+    for i, cand in enumerate(cands, 1):
+        k = cand.config
+        if (k.tp, k.cp, k.pp, k.vpp, k.ep, k.micro_batch_size) == want:
+            return i, len(cands), ""
+    return None, len(cands), "not a fitting candidate (memory estimate or layout rule)"
+
+
+def markdown_table(points: Sequence[Point], results: Sequence[Result]) -> str:
+    """Every point with its source, config, published and predicted time and error."""
+    by_id = {r.point.id: r for r in results}
+    lines = ["| id | role | source | GPUs | precision | layout (TP/CP/PP/VPP/EP, MBS, GBS) | "
+             "published s | predicted s | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        raw = p.raw
+        lay = (f"{raw.get('tp', 1)}/{raw.get('cp', 1)}/{raw.get('pp', 1)}/"
+               f"{raw.get('vpp') or '-'}/{raw.get('ep', 1)}, {raw['micro_batch_size']}, "
+               f"{raw['global_batch_size']}")
+        r = by_id.get(p.id)
+        pub = f"{p.published_s:.3f}" if p.published_s else "-"
+        pred = f"{r.predicted_s:.3f}" if r else "-"
+        err = f"{r.error:+.1%}" if r else raw.get("reason", "-")
+        lines.append(f"| {p.id} | {p.role} | {p.source} | {p.gpus} | {p.precision} | {lay} | "
+                     f"{pub} | {pred} | {err} |")
+    return "\n".join(lines) + "\n"

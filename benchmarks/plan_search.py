@@ -1,0 +1,83 @@
+"""`slurmpod plan --search` speed and the performance model's accuracy.
+
+Prints (1) the search time for presets on 1,024 and 16,384 GPUs of the built-in DGX H100 site
+(targets: < 2 s and < 10 s on a 2-core machine), the fastest of `--repeat` runs and the layouts
+evaluated; (2) the median and max |error| of predicted against published iteration times
+(tests/data/perf/published.toml; target median <= 10 %, max <= 25 %) and where the search ranks
+each published recipe's layout. `--write` rewrites tests/data/perf/validation.md.
+
+    .venv/bin/python benchmarks/plan_search.py [--repeat 3] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from slurmpod.config import load_site, resolve_site_path
+from slurmpod.megatron.memory import GIB
+from slurmpod.megatron.plan import HBM_HEADROOM_FRACTION
+from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+from slurmpod.perf.calibrate import (
+    error_stats,
+    evaluate,
+    load_published,
+    markdown_table,
+    recipe_rank,
+)
+from slurmpod.perf.model import RunOptions, hardware_from_site
+from slurmpod.perf.search import search
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "tests" / "data" / "perf" / "published.toml"
+REPORT = ROOT / "tests" / "data" / "perf" / "validation.md"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    site = load_site(resolve_site_path("dgx-h100-superpod"))
+    hw = hardware_from_site(site)
+    usable = site.node_types["dgx-h100"].gpu.hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
+    print(f"{'preset':<14} {'GPUs':>6} {'GBS':>6} {'layouts':>8} {'best s':>8} {'search s':>9}")
+    for name, gbs in (("llama3-70b", 1024), ("llama3-405b", 2048), ("deepseek-v3", 8192),
+                      ("qwen3-30b-a3b", 4096)):
+        run = load_run(preset_path(name))
+        base = dataclasses.replace(ModelConfig.from_args(run.megatron), global_batch_size=gbs)
+        opts = RunOptions.from_args(run.megatron.values())
+        for world in (1024, 16384):
+            best = float("inf")
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                cands, n = search(base, world, hw, usable, None, opts)
+                best = min(best, time.perf_counter() - t0)
+            top = f"{cands[0].prediction.step_time_s:.3g}" if cands and cands[0].fits else "-"
+            print(f"{name:<14} {world:>6} {gbs:>6} {n:>8} {top:>8} {best:>9.3f}")
+
+    points = load_published(TABLE)
+    results = evaluate(points)
+    stats = error_stats(results)
+    print("\nvalidation (|predicted / published - 1| over validation rows):")
+    for kind in ("all", "dense", "moe"):
+        print(f"  {kind:<5} n={stats[f'{kind}_n']:.0f}  median {stats[f'{kind}_median']:.1%}"
+              f"  max {stats[f'{kind}_max']:.1%}")
+    print("\nsearch rank of each published recipe's layout (dense rows):")
+    for p in points:
+        if p.role == "excluded" or p.is_moe or p.source == "narayanan2021":
+            continue
+        rank, n, why = recipe_rank(p)
+        print(f"  {p.id:<40} " + (f"rank {rank} of {n}" if rank else why))
+    if args.write:
+        REPORT.write_text("# Performance model: published points, predicted, error\n\n"
+                          "Written by `benchmarks/plan_search.py --write`; checked by "
+                          "tests/unit/test_perf_validation.py.\n\n"
+                          + markdown_table(points, results), encoding="utf-8")
+        print(f"\nwrote {REPORT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The GPU catalog fills a site's `gpu` figures by model; explicit keys override."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmpod.config import load_site, resolve_site_path, validate
+from slurmpod.errors import ConfigError
+from slurmpod.model.gpus import CATALOG, lookup
+from slurmpod.model.site import Gpu
+
+
+def test_catalog_dense_peaks_are_half_the_sparse_data_sheet_figures() -> None:
+    assert CATALOG["h100"].peak_tflops_bf16 == 989 and CATALOG["h100"].peak_tflops_fp8 == 1979
+    assert CATALOG["b200"].peak_tflops_bf16 == 2250
+    # GB200 NVL72: 360 PFLOPS BF16 with sparsity over 72 GPUs = 2.5 PFLOP/s dense per GPU.
+    assert CATALOG["gb200"].peak_tflops_bf16 == 2500 and CATALOG["gb200"].peak_tflops_fp8 == 5000
+    assert CATALOG["a100"].peak_tflops_fp8 is None
+    assert CATALOG["gb200"].nvlink_domain_gpus == 72
+    assert all(g.source for g in CATALOG.values())
+    assert lookup("H100") is CATALOG["h100"] and lookup("mi300x") is None
+
+
+def test_model_alone_takes_every_figure_from_the_catalog() -> None:
+    g = validate(Gpu, {"model": "h200"}, "site.toml")
+    assert (g.peak_tflops_bf16, g.peak_tflops_fp8, g.hbm_gib) == (989, 1979, 140)
+    assert g.hbm_tb_per_s == 4.8 and g.nvlink_gb_per_s == 450 and g.name.startswith("H200")
+
+
+def test_explicit_keys_override_the_catalog() -> None:
+    g = validate(Gpu, {"model": "h100", "peak_tflops_bf16": 900, "hbm_gib": 94}, "site.toml")
+    assert g.peak_tflops_bf16 == 900 and g.hbm_gib == 94 and g.peak_tflops_fp8 == 1979
+
+
+def test_unknown_model_without_figures_is_one_config_line() -> None:
+    with pytest.raises(ConfigError) as exc:
+        validate(Gpu, {"model": "mi300x"}, "site.toml")
+    msg = str(exc.value)
+    assert "peak_tflops_bf16" in msg and "catalog" in msg and "\n" not in msg
+
+
+def test_builtin_sites_still_load() -> None:
+    for name in ("dgx-h100-superpod", "gb200-nvl72", "h200-roce", "sandbox"):
+        site = load_site(resolve_site_path(name))
+        assert all(nt.gpu.peak_tflops_bf16 > 0 for nt in site.node_types.values())

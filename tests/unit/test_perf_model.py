@@ -1,0 +1,107 @@
+"""The performance model: each term moves the way the hardware says it must."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+from slurmpod.perf.model import FITTED, Hardware, RunOptions, predict
+
+H100 = Hardware(gpu_model="h100", generation="hopper", peak_bf16=989, peak_fp8=1979,
+                hbm_tb_s=3.35, nvlink_gb_s=450, domain_gpus=8, gpus_per_node=8, nic_gb_s=50)
+
+
+def cfg(preset: str, **kw: object) -> ModelConfig:
+    c = ModelConfig.from_args(load_run(preset_path(preset)).megatron)
+    return dataclasses.replace(c, **kw)
+
+
+def step(c: ModelConfig, world: int, hw: Hardware = H100, **opts: object) -> float:
+    p = predict(c, world, hw, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
+    assert p is not None
+    return p.step_time_s
+
+
+def test_prediction_fields_add_up() -> None:
+    c = cfg("llama3-70b")
+    p = predict(c, 128, H100)
+    assert p is not None
+    b = p.breakdown_s
+    parts = b["compute"] + b["tp"] + b["cp"] + b["pp_bubble"] + b["pp_p2p"] + b["dp"] + \
+        b["ep"] + b["optimizer"]
+    assert parts == pytest.approx(p.step_time_s, rel=1e-9)
+    assert b["exposed_communication"] == pytest.approx(
+        b["tp"] + b["cp"] + b["ep"] + b["dp"] + b["pp_p2p"])
+    assert 0 < p.mfu < 1
+    tokens = c.global_batch_size * c.seq_length  # type: ignore[operator]
+    assert p.tokens_per_s_per_gpu == pytest.approx(tokens / (p.step_time_s * 128))
+
+
+def test_no_batch_or_indivisible_world_gives_none() -> None:
+    assert predict(cfg("llama3-8b", global_batch_size=None), 8, H100) is None
+    assert predict(cfg("llama3-70b"), 100, H100) is None
+
+
+def test_full_recompute_costs_time_and_fp8_saves_it() -> None:
+    base = cfg("llama3-70b", recompute_granularity="selective")
+    full = dataclasses.replace(base, recompute_granularity="full", recompute_method="uniform",
+                               recompute_num_layers=1)
+    assert step(full, 128) > 1.2 * step(base, 128)
+    assert step(base, 128, fp8=True) < 0.8 * step(base, 128)
+
+
+def test_more_microbatches_shrink_the_bubble_and_vpp_shrinks_it_more() -> None:
+    c = cfg("llama3-70b", cp=1, vpp=None)
+    small = predict(dataclasses.replace(c, global_batch_size=64), 128, H100)
+    big = predict(dataclasses.replace(c, global_batch_size=512), 128, H100)
+    assert small and big
+    assert small.breakdown_s["pp_bubble"] / small.step_time_s > \
+        big.breakdown_s["pp_bubble"] / big.step_time_s
+    inter = predict(dataclasses.replace(c, global_batch_size=64, vpp=5), 128, H100)
+    assert inter and inter.breakdown_s["pp_bubble"] == pytest.approx(
+        small.breakdown_s["pp_bubble"] / 5, rel=0.05)
+
+
+def test_tp_across_the_nvlink_domain_is_slower() -> None:
+    c = cfg("llama3-70b", tp=8, cp=1)
+    one_domain = step(c, 128)
+    four_gpu_domains = step(c, 128, dataclasses.replace(H100, domain_gpus=4))
+    assert four_gpu_domains > one_domain
+
+
+def test_overlap_flags_hide_communication() -> None:
+    c = cfg("llama3-70b")
+    plain = predict(c, 128, H100)
+    hidden = predict(c, 128, H100, None, RunOptions(tp_comm_overlap=True,
+                                                    overlap_grad_reduce=True,
+                                                    overlap_param_gather=True))
+    assert plain and hidden
+    assert hidden.breakdown_s["tp"] < plain.breakdown_s["tp"]
+    assert hidden.breakdown_s["dp"] < plain.breakdown_s["dp"]
+
+
+def test_expert_parallel_over_the_fabric_costs_more_than_inside_a_node() -> None:
+    c = cfg("qwen3-30b-a3b", global_batch_size=256)
+    inside = predict(dataclasses.replace(c, ep=8), 64, H100)
+    across = predict(dataclasses.replace(c, ep=32), 64, H100)
+    assert inside and across
+    assert across.breakdown_s["ep"] > inside.breakdown_s["ep"]
+    assert inside.breakdown_s["ep"] > 0
+
+
+def test_context_parallel_ring_is_hidden_behind_attention_on_nvlink() -> None:
+    c = cfg("llama3-8b", seq_length=65536, global_batch_size=16, cp=8, tp=1)
+    p = predict(c, 64, H100)
+    assert p is not None and p.breakdown_s["cp"] == 0.0
+    slow_net = dataclasses.replace(H100, nvlink_gb_s=5, nic_gb_s=1)
+    q = predict(c, 64, slow_net)
+    assert q is not None and q.breakdown_s["cp"] > 0
+
+
+def test_options_read_megatron_argument_names() -> None:
+    o = RunOptions.from_args({"fp8": "hybrid", "tp_comm_overlap": True,
+                              "overlap_grad_reduce": True, "grad_reduce_in_bf16": True})
+    assert o.fp8 and o.tp_comm_overlap and o.overlap_grad_reduce and o.grad_reduce_bytes == 2
+    assert not RunOptions.from_args({"fp8": None}).fp8
