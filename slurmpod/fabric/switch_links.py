@@ -99,14 +99,20 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
         got = have.get(lower, {})
         s = {u: n - len(got.get(u, ())) for u, n in wanted.items()
              if u not in gone and n > len(got.get(u, ()))}
-        x = {u: links[wanted.get(u, 0):] for u, links in got.items()
-             if len(links) > wanted.get(u, 0)}
+        x = {}
+        for u, links in got.items():
+            if len(links) > wanted.get(u, 0):
+                # Keep the links in ports the plan gives this upper switch; the surplus is the
+                # rest (the cables that moved), so a finding names the moved cable's port.
+                own = set(planned_ports.get((lower, u), ()))
+                links.sort(key=lambda lk, own=own: lk.lport not in own)
+                x[u] = links[wanted.get(u, 0):]
         if s:
             short[lower] = s
         if x:
             extra[lower] = x
 
-    _swaps(ctx, short, extra)
+    _swaps(ctx, short, extra, planned_ports)
     for lower in sorted(set(short) | set(extra)):
         s = short.get(lower, {})
         x = extra.get(lower, {})
@@ -114,7 +120,7 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
         for up_short in sorted(s):
             while s[up_short] and x:
                 up_extra = min(x)
-                link = x[up_extra].pop()
+                link = _pick(x[up_extra], planned_ports[(lower, up_short)])
                 if not x[up_extra]:
                     del x[up_extra]
                 s[up_short] -= 1
@@ -131,7 +137,9 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
             missing = {}
         for up, n in sorted(missing.items()):
             got = len(have[lower].get(up, ()))
-            empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)])
+            empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)]) or \
+                _free_planned_ports(ctx, lower, sorted(
+                    p for (lo, _u), ps in planned_ports.items() if lo == lower for p in ps))
             hint = f" (planned in {_ports(plan, lower, empty)})" if empty else ""
             ctx.add("missing-link", f"{lower} -> {up}",
                     f"{lower} has {got} of the {need[lower][up]} planned links to {up}: "
@@ -211,7 +219,8 @@ def _unexpected(ctx: _Ctx, link: _Link, why: str) -> None:
 
 
 def _swaps(ctx: _Ctx, short: dict[str, dict[str, int]],
-           extra: dict[str, dict[str, list[_Link]]]) -> None:
+           extra: dict[str, dict[str, list[_Link]]],
+           planned_ports: dict[tuple[str, str], list[int]]) -> None:
     """Two lower switches that each hold a cable the other one lacks: one crossed pair."""
     # (wants, has) -> lower switches with a link on `has` that belongs on `wants`.
     offers: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -229,7 +238,8 @@ def _swaps(ctx: _Ctx, short: dict[str, dict[str, int]],
                 if l1 == l2 or not _can(short, extra, l1, want, has) \
                         or not _can(short, extra, l2, has, want):
                     continue
-                k1, k2 = _take(short, extra, l1, want, has), _take(short, extra, l2, has, want)
+                k1 = _take(short, extra, l1, want, has, planned_ports[(l1, want)])
+                k2 = _take(short, extra, l2, has, want, planned_ports[(l2, has)])
                 a1, a2 = plan.port_label(k1.lower, k1.lport), plan.port_label(k2.lower, k2.lport)
                 b1, b2 = plan.port_label(k1.upper, k1.uport), plan.port_label(k2.upper, k2.uport)
                 ctx.add("swapped-cables", f"{a1} / {a2}",
@@ -241,17 +251,27 @@ def _swaps(ctx: _Ctx, short: dict[str, dict[str, int]],
                 break
 
 
+def _pick(links: list[_Link], ports: list[int]) -> _Link:
+    """The surplus link to blame: one in a port the plan gives the short upper switch (the
+    cable that moved), else the last one."""
+    want = set(ports)
+    for i, link in enumerate(links):
+        if link.lport in want:
+            return links.pop(i)
+    return links.pop()
+
+
 def _can(short: dict[str, dict[str, int]], extra: dict[str, dict[str, list[_Link]]],
          lower: str, want: str, has: str) -> bool:
     return short.get(lower, {}).get(want, 0) > 0 and bool(extra.get(lower, {}).get(has))
 
 
 def _take(short: dict[str, dict[str, int]], extra: dict[str, dict[str, list[_Link]]],
-          lower: str, want: str, has: str) -> _Link:
+          lower: str, want: str, has: str, ports: list[int]) -> _Link:
     short[lower][want] -= 1
     if not short[lower][want]:
         del short[lower][want]
-    link = extra[lower][has].pop()
+    link = _pick(extra[lower][has], ports)
     if not extra[lower][has]:
         del extra[lower][has]
     return link
