@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "topo": ("slurmpod.cli.topo:topo", "Generate, show and check site topology artefacts."),
     "sandbox": ("slurmpod.cli.sandbox:sandbox", "Run a real Slurm on this machine."),
     "plan": ("slurmpod.cli.plan:plan", "Validate a Megatron run spec and plan it on the site."),
+    "calibrate": ("slurmpod.cli.calibrate:calibrate", "Fit the performance model to site jobs."),
     "render": ("slurmpod.cli.submit:render", "Render the sbatch script for a run spec."),
     "submit": ("slurmpod.cli.submit:submit", "Plan, render and submit a run."),
     "mfu": ("slurmpod.cli.mfu:mfu", "MFU and throughput from a Megatron log."),
