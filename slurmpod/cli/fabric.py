@@ -7,10 +7,11 @@ Exit codes of `check`: 0 clean, 1 findings, 3 bad input (site file or ibnetdisco
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmpod.cli.fabric_health import HealthOpts, add_health, finish, health_options, lldp_report
 from slurmpod.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -37,10 +38,11 @@ _FILTER_HELP = ("Regex over a CA's node description 'HOST DEVICE'; matching HCAs
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="Print at most this many findings (0: all); --json always has all.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@health_options
 @click.pass_context
 def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
           filters: tuple[str, ...], nvlink_path: Path | None, limit: int,
-          as_json: bool) -> None:
+          as_json: bool, **health: Any) -> None:
     """Check the real fabric (ibnetdiscover output) against SITE's cabling plan.
 
     One finding per problem, each with its fix: HCAs on the wrong rail leaf or another SU's
@@ -59,6 +61,10 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
         plan = plan_fabric(site_obj)
     except ValueError as exc:
         raise ConfigError(str(exc), file=str(path)) from None
+    opts = HealthOpts.from_kwargs(health)
+    if opts.lldp_paths:
+        report = lldp_report(site_obj, plan, rules, opts, fabric_files)
+        ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
     if nvlink_path is not None and not fabric_files and not site_obj.fabric.ibnetdiscover:
         from slurmpod.fabric.nvlink import nvlink_cli
 
@@ -70,17 +76,12 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
                              "or list the files in the site's fabric.ibnetdiscover")
     fabric = _read_fabrics(fabric_files)
     report = check_fabric(site_obj, plan, fabric, rules)
+    add_health(site_obj, plan, fabric, report, opts)
     if nvlink_path is not None:
         from slurmpod.fabric.nvlink import nvlink_cli
 
         ctx.exit(nvlink_cli(site_obj, nvlink_path, report, limit, as_json))
-    if as_json:
-        from slurmpod.cli.output import emit_json
-
-        emit_json(report.to_dict())
-    else:
-        _print_report(report, limit)
-    ctx.exit(0 if report.clean else 1)
+    ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
 
 
 def _print_report(report: CheckReport, limit: int) -> None:

@@ -69,9 +69,12 @@ def drains(findings: Iterable[Finding], known: Iterable[str]) -> list[Drain]:
         for node in _nodes_of(f):
             if node not in names:
                 continue
-            what = f.kind if f.hca is None or node != f.node else f"{f.kind} {f.hca}"
-            if f.switch and f.port is not None and node == f.node:
-                what += f" at {f.switch}:{f.port}"
+            if f.kind == "swapped-cables":  # both cables: "a mlx5_0 / b mlx5_1"
+                what = f"{f.kind} {f.subject}"
+            else:
+                what = f.kind if f.hca is None or node != f.node else f"{f.kind} {f.hca}"
+                if f.switch and f.port is not None and node == f.node:
+                    what += f" at {f.switch}:{f.port}"
             reasons = why.setdefault(node, [])
             if what not in reasons:
                 reasons.append(what)

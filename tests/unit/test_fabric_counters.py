@@ -4,6 +4,7 @@ rendering of a whole site, thresholds, SHARP aggregation nodes and the drain com
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -209,3 +210,73 @@ def test_drain_apply_runs_argv_without_a_shell():
     out = apply([Drain("gpu001", "r"), Drain("gpu009", "r")], Runner())
     assert calls[0] == ["scontrol", "update", "NodeName=gpu001", "State=DRAIN", "Reason=r"]
     assert [(d.node, err) for d, err in out] == [("gpu001", None), ("gpu009", "node not found")]
+
+
+# --- through `slurmpod topo check --counters/--sharp/--drain` -------------------------------
+
+
+def cli(argv, capsys):
+    from slurmpod.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.fixture()
+def sandbox_fabric(tmp_path):
+    site = load_site(builtin_site_path("sandbox"))
+    text = synthesize(site, plan_fabric(site))
+    path = tmp_path / "fabric.txt"
+    path.write_text(text)
+    fab = parse(text)
+    ids = {n.desc: n.node_id for n in fab.cas()}
+    errs = tmp_path / "errors.txt"
+    errs.write_text(c.render_ibqueryerrors(fab, {(ids["gpu003 mlx5_4"], 1): {
+        "SymbolErrorCounter": 500}}))
+    return path, errs
+
+
+def test_cli_counters_drain_and_json(capsys, sandbox_fabric):
+    fabric_file, errs = sandbox_fabric
+    base = ["topo", "check", "sandbox", "--ibnetdiscover", str(fabric_file)]
+    rc, out, _ = cli([*base, "--counters", str(errs), "--drain"], capsys)
+    assert rc == 1 and "1 findings (link-errors 1)" in out
+    assert ('scontrol update NodeName=gpu003 State=DRAIN Reason="slurmpod fabric: link-errors '
+            'mlx5_4 at leaf-su1-rail4:3"') in out
+    rc, out, _ = cli([*base, "--counters", str(errs), "--threshold",
+                      "SymbolErrorCounter=1000", "--drain"], capsys)
+    assert rc == 0 and "drain: no node to drain" in out
+    rc, out, _ = cli([*base, "--counters", str(errs), "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["counts"] == {"link-errors": 1} and "drain" not in doc
+    loc = doc["findings"][0]["location"]
+    assert (loc["node"], loc["hca"], loc["switch"], loc["port"]) == (
+        "gpu003", "mlx5_4", "leaf-su1-rail4", 3)
+
+
+def test_cli_sharp_and_usage_errors(capsys, sandbox_fabric):
+    fabric_file, _ = sandbox_fabric
+    base = ["topo", "check", "sandbox", "--ibnetdiscover", str(fabric_file)]
+    rc, _out, err = cli([*base, "--sharp"], capsys)
+    assert rc == 2 and "fabric.sharp = false" in err
+    rc, _out, err = cli([*base, "--threshold", "SymbolErrorCounter=1"], capsys)
+    assert rc == 2 and "--counters" in err
+    rc, _out, err = cli([*base, "--counters", str(DATA / "perfquery-x.txt")], capsys)
+    assert rc == 3 and "perfquery -x" in err and "Traceback" not in err
+
+
+def test_cli_apply_runs_scontrol(capsys, sandbox_fabric, tmp_path, monkeypatch):
+    fabric_file, errs = sandbox_fabric
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf "%s|" "$@" >> {log}\necho >> {log}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    rc, out, _ = cli(["topo", "check", "sandbox", "--ibnetdiscover", str(fabric_file),
+                      "--counters", str(errs), "--drain", "--apply"], capsys)
+    assert rc == 1 and "drained gpu003" in out
+    assert log.read_text() == ("update|NodeName=gpu003|State=DRAIN|Reason=slurmpod fabric: "
+                               "link-errors mlx5_4 at leaf-su1-rail4:3|\n")

@@ -217,3 +217,50 @@ def test_site_without_netdevs_is_a_config_error():
     site = validate(Site, raw, "h200-roce.toml")
     with pytest.raises(ConfigError, match="netdev"):
         lldp.check_lldp(site, plan_fabric(site), lldp.read_lldp([DATA / "h200-001.json"]))
+
+
+# --- through `slurmpod topo check --lldp` ---------------------------------------------------
+
+
+def cli(argv, capsys):
+    from slurmpod.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def test_cli_lldp_clean_swap_drain_and_json(capsys, tmp_path):
+    rc, out, _ = cli(["topo", "check", "h200-roce", "--lldp", str(DATA / "h200-001.json"),
+                      "--lldp", str(DATA / "h200-002.json")], capsys)
+    assert rc == 0 and "clean: the fabric matches the plan" in out
+    rc, out, _ = cli(["topo", "check", "h200-roce", "--lldp", str(DATA / "h200-001.json"),
+                      "--lldp", str(DATA / "swap" / "h200-002.json"), "--drain"], capsys)
+    assert rc == 1 and "1 findings (swapped-cables 1)" in out
+    assert ('scontrol update NodeName=h200-002 State=DRAIN Reason="slurmpod fabric: '
+            'swapped-cables h200-002 mlx5_0 / h200-002 mlx5_1"') in out
+    rc, out, _ = cli(["topo", "check", "h200-roce", "--lldp", str(DATA / "swap"), "--json",
+                      "--drain"], capsys)
+    doc = json.loads(out)
+    assert rc == 1 and doc["counts"] == {"swapped-cables": 1}
+    assert doc["findings"][0]["location"]["node"] == "h200-002"
+    assert [d["node"] for d in doc["drain"]] == ["h200-002"]
+
+
+@pytest.mark.parametrize(("extra", "code", "needle"), [
+    (["--ibnetdiscover", "x.txt"], 2, "give one of them"),
+    (["--counters", "x.txt"], 2, "run them separately"),
+    (["--apply"], 2, "give --drain as well"),
+])
+def test_cli_lldp_usage_errors(capsys, extra, code, needle):
+    rc, _out, err = cli(["topo", "check", "h200-roce", "--lldp", str(DATA / "swap"), *extra],
+                        capsys)
+    assert rc == code and needle in err and "Traceback" not in err
+
+
+def test_cli_lldp_bad_file_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "h200-001.json"
+    bad.write_text("{")
+    rc, _out, err = cli(["topo", "check", "h200-roce", "--lldp", str(bad)], capsys)
+    assert rc == 3 and err.count("\n") <= 2 and "not valid JSON" in err
