@@ -10,8 +10,16 @@ SU count and the makespan. Targets: 100 % in the minimum SU count, makespan with
 
     python benchmarks/placement_replay.py [--jobs 24] [--seed 7] [--scale 1.0]
 
+`--packing` replays instead a high-load mixed trace (1 node up to 2 whole SUs) twice on the same
+4-SU tree sandbox with slurmpod's flags, at once, side by side: once with every node at Slurm's
+default weight ("no weights": Slurm's own best fit), once with the SU-ordered weights of
+`slurm_files.su_packing_weights` ("su-order", set with `scontrol update NodeName=.. Weight=..`).
+It prints, per run, the share of large jobs (a whole SU or more) in their minimum SU count, their
+mean wait, the mean wait of all jobs, utilisation (node-seconds of work / nodes x makespan) and
+how far small jobs packed toward SU 1.
+
 Run time is about two makespans (a few minutes at scale 1.0). Needs Slurm, munge and MariaDB
-(`bash .ci/install`).
+(`bash .ci/install`); put another Slurm's bin/sbin first on PATH to replay on it.
 """
 
 from __future__ import annotations
@@ -99,7 +107,8 @@ def plain_flags(nodes: int) -> list[str]:
 
 
 def replay(site_path: Path | None, trace: list[TraceJob], flags: dict[int, list[str]],
-           label: str) -> dict[str, Outcome]:
+           label: str, weights: dict[str, int] | None = None) -> dict[str, Outcome]:
+    from slurmpod.model.hostlist import compress
     from slurmpod.sandbox.cluster import Sandbox
 
     state = Path(tempfile.mkdtemp(prefix=f"slurmpod-replay-{label}-", dir="/tmp"))
@@ -108,6 +117,12 @@ def replay(site_path: Path | None, trace: list[TraceJob], flags: dict[int, list[
     env = {**os.environ, **sb.client_env(), "SLURM_TIME_FORMAT": "%s"}
     ids: dict[str, str] = {}
     try:
+        by_weight: dict[int, list[str]] = {}
+        for node, w in (weights or {}).items():
+            by_weight.setdefault(w, []).append(node)
+        for w, nodes in sorted(by_weight.items()):
+            subprocess.run(["scontrol", "update", f"NodeName={compress(nodes)}", f"Weight={w}"],
+                           env=env, check=True, capture_output=True, timeout=60)
         t0 = time.monotonic()
         for job in trace:
             time.sleep(max(0.0, job.arrival_s - (time.monotonic() - t0)))
@@ -146,12 +161,90 @@ def _collect(env: dict[str, str], ids: dict[str, str], label: str,
         time.sleep(2)
 
 
+# Packing trace: mostly small jobs, a steady share of whole-SU (4) and two-SU (8) jobs.
+PACK_SIZES = (1, 1, 1, 1, 2, 2, 2, 3, 4, 4, 8)
+
+
+def make_packing_trace(n: int, seed: int, scale: float) -> list[TraceJob]:
+    """High load: arrivals every ~1.2 s (scale 1) against runs of 8-30 s on 16 nodes."""
+    rng = random.Random(seed)
+    t = 0.0
+    jobs = []
+    for i in range(n):
+        jobs.append(TraceJob(f"pack{i:03d}", rng.choice(PACK_SIZES), round(t, 2),
+                             max(2, round(rng.uniform(8, 30) * scale))))
+        t += rng.expovariate(1 / (1.2 * scale))
+    return jobs
+
+
+def packing_main(args: argparse.Namespace) -> None:
+    import threading
+
+    from slurmpod.config import builtin_site_path, load_site
+    from slurmpod.topology.slurm_files import su_packing_weights
+
+    site = load_site(builtin_site_path("sandbox"))
+    inv = site.inventory
+    per_su = len(inv.nodes_in_su(0))
+    trace = make_packing_trace(args.jobs, args.seed, args.scale)
+    sizes = sorted({j.nodes for j in trace})
+    flags = {n: slurmpod_flags(n)[0] for n in sizes}
+    min_sus = {n: -(-n // per_su) for n in sizes}
+    work = sum(j.nodes * j.duration_s for j in trace)
+    # slurmctld -V needs no slurm.conf (the client commands do).
+    ver = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout.strip()
+    print(f"{ver}: trace of {len(trace)} jobs ({sum(j.nodes >= per_su for j in trace)} of a "
+          f"whole SU or more), sizes {sizes} nodes, last arrival {trace[-1].arrival_s:.1f} s, "
+          f"{work} node-s of work on {len(inv.nodes)} nodes in {len(inv.su_names)} SUs of "
+          f"{per_su}; flags: {flags[max(sizes)]}")
+    configs = {"no weights": None, "su-order": su_packing_weights(site)}
+    runs: dict[str, dict[str, Outcome]] = {}
+    errors: list[BaseException] = []
+
+    def one(label: str, weights: dict[str, int] | None) -> None:
+        try:
+            runs[label] = replay(None, trace, flags, label.replace(" ", "-"), weights)
+        except BaseException as exc:  # reported after both runs
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=item) for item in configs.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise SystemExit(f"replay failed: {errors[0]}")
+
+    def spans(o: Outcome) -> int:
+        return len({inv.by_name[n].su for n in o.nodes})
+
+    print(f"\n{'run':<12}{'large in min SUs':>18}{'large wait s':>14}{'all wait s':>12}"
+          f"{'util %':>8}{'makespan s':>12}{'small in SU1 %':>16}")
+    for label, out in runs.items():
+        large = [j for j in trace if j.nodes >= per_su]
+        small = [j for j in trace if j.nodes < per_su]
+        in_min = sum(spans(out[j.name]) == min_sus[j.nodes] for j in large)
+        lw = statistics.mean(out[j.name].start - out[j.name].submit for j in large)
+        aw = statistics.mean(out[j.name].start - out[j.name].submit for j in trace)
+        makespan = max(o.end for o in out.values()) - min(o.submit for o in out.values())
+        busy = sum(len(o.nodes) * (o.end - o.start) for o in out.values())
+        util = 100 * busy / (len(inv.nodes) * makespan)
+        su1 = sum(all(inv.by_name[n].su == 0 for n in out[j.name].nodes) for j in small)
+        print(f"{label:<12}{f'{in_min}/{len(large)}':>18}{lw:>14.1f}{aw:>12.1f}{util:>8.1f}"
+              f"{makespan:>12}{100 * su1 / len(small):>16.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=24)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies run times and gaps")
+    ap.add_argument("--packing", action="store_true",
+                    help="compare Slurm's default weights with SU-ordered weights (see above)")
     args = ap.parse_args()
+    if args.packing:
+        packing_main(args)
+        return
 
     from slurmpod.config import builtin_site_path, load_site
 

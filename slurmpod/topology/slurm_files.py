@@ -124,6 +124,19 @@ def _nodes_by_type(site: Site) -> dict[str, list[str]]:
     return out
 
 
+def su_packing_weights(site: Site) -> dict[str, int]:
+    """Node -> Weight that orders the SUs: every node of SU k (0-based) weighs k + 1.
+
+    Slurm ranks nodes by weight before topology (topology/tree: eval_nodes_tree.c,
+    select/cons_tres job_test.c _eval_nodes_topo on 22.05; topology/block: eval_nodes_block.c):
+    it takes weight groups in ascending order and puts *every* usable node of a lower group into
+    the allocation before it looks at the next group. A weight that is constant within an SU
+    keeps that rule from mixing SUs for a job that fits in the lowest-weight SU with room, so
+    small jobs fill SU 1 first, then SU 2, ...; docs/admin-guide.md ("Packing") has what it does
+    to jobs of a whole SU on each plugin, measured."""
+    return {n.name: n.su + 1 for n in site.inventory.nodes}
+
+
 def node_lines(site: Site, ctx: SlurmContext) -> list[str]:
     """NodeName= bodies: consecutive nodes with identical attributes share one hostlist line."""
     inv = site.inventory

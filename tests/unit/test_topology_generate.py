@@ -392,3 +392,14 @@ def test_bad_hosts_file_is_one_line(text, err):
 
     with pytest.raises(UsageError, match=err):
         read_hosts_file("hosts", "# ok\n" + text)
+
+
+def test_su_packing_weights_are_constant_within_an_su_and_ordered_along_sus():
+    from slurmpod.topology.slurm_files import su_packing_weights
+
+    site = build(site_dict("gb200-nvl72"))
+    weights = su_packing_weights(site)
+    assert set(weights) == {n.name for n in site.inventory.nodes}
+    for n in site.inventory.nodes:
+        assert weights[n.name] == n.su + 1
+    assert weights["gb08n18"] == 1 and weights["gb09n01"] == 2
