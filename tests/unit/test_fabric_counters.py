@@ -280,3 +280,14 @@ def test_cli_apply_runs_scontrol(capsys, sandbox_fabric, tmp_path, monkeypatch):
     assert rc == 1 and "drained gpu003" in out
     assert log.read_text() == ("update|NodeName=gpu003|State=DRAIN|Reason=slurmpod fabric: "
                                "link-errors mlx5_4 at leaf-su1-rail4:3|\n")
+
+
+def test_kinds_are_documented_and_distinct():
+    from slurmpod.fabric.check import FINDING_KINDS
+    from slurmpod.fabric.lldp import LLDP_FINDING_KINDS
+
+    ours = {**c.COUNTERS_FINDING_KINDS, **LLDP_FINDING_KINDS}
+    assert not set(ours) & set(FINDING_KINDS)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fabric-check.md").read_text()
+    for kind in ours:
+        assert f"| `{kind}`" in doc, kind
