@@ -254,3 +254,48 @@ def _fallback(c: ModelConfig, errs: list[tuple[str, str]]) -> Split:
     base = c.num_layers // pp
     per = [[base + (1 if r < c.num_layers % pp else 0)] for r in range(pp)]
     return Split(_even_chunks(per, c, True, True, True), tuple(errs))
+
+
+def balanced_layout(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> str | None:
+    """A `pipeline_model_parallel_layout` that Megatron accepts for any layer count: the
+    embedding, the loss and each MTP layer take one slot like a transformer layer, and the
+    slots spread as evenly as they go over PP x VPP chunks (spare slots in the middle)."""
+    n = pp * vpp
+    slots = num_layers + 2 + mtp
+    if n < 2 or slots < n + 1:
+        return None
+    base, extra = divmod(slots, n)
+    middle = list(range(1, n - 1))
+    bonus = set(middle[len(middle) // 2 - extra // 2:][:extra]) if extra <= len(middle) else None
+    if bonus is None:
+        return None
+    stages = []
+    for i in range(n):
+        size = base + (1 if i in bonus else 0)
+        head = "E" if i == 0 else ""
+        tail = ("m" * mtp + "L") if i == n - 1 else ""
+        d = size - len(head) - len(tail)
+        if d < 0:
+            return None
+        stages.append((head, d, tail))
+    # Compress runs of equal chunks: "(t*4|)*14".
+    def fmt(st: tuple[str, int, str]) -> str:
+        head, d, tail = st
+        body = "t" * d if d <= 2 else f"t*{d}"
+        return head + body + tail
+    out: list[str] = []
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and stages[j + 1] == stages[i]:
+            j += 1
+        run = j - i + 1
+        last = j == n - 1
+        if run == 1:
+            out.append(fmt(stages[i]) + ("" if last else "|"))
+        elif last:
+            out.append(f"({fmt(stages[i])}|)*{run - 1}{fmt(stages[i])}")
+        else:
+            out.append(f"({fmt(stages[i])}|)*{run}")
+        i = j + 1
+    return "".join(out)

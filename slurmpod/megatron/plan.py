@@ -27,6 +27,7 @@ from slurmpod.megatron.validate import (
     layout_warnings,
     min_nodes_that_fit,
     specific_fix,
+    split_fix,
     suggest_layout,
     with_fix,
 )
@@ -206,6 +207,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     tokens = c.global_batch_size * c.seq_length if c.global_batch_size else None
 
     structural = layout_errors(c, world, shape)
+    split_errs = set(c.pipeline_split().errors)
     errors: list[str] = []
     fit_fix: str | None = None
     if structural or not fits:
@@ -224,6 +226,9 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
         else:
             own = specific_fix(key, msg, c, world)
             chosen = (fix or own) if key in LAYOUT_KEYS else (own or fix)
+            if (key, msg) in split_errs:
+                # Keep PP/VPP and make Megatron accept the split; else the layout search.
+                chosen = split_fix(c) or fix
             generic = (f"use TP ≤ {sa.domain_gpus} dividing the heads and query groups, PP "
                        f"dividing num_layers, and TP×CP×PP dividing the {world} GPUs")
             errors.append(with_fix(f"megatron.{key}: {msg}", chosen, generic))

@@ -235,6 +235,32 @@ def min_nodes_that_fit(c: ModelConfig, nodes: int, shape: SiteShape) -> int | No
     return None
 
 
+def split_fix(c: ModelConfig) -> str | None:
+    """A fix for a pipeline split Megatron refuses, keeping PP and VPP: the embedding/loss
+    slots if they make the layers divide, else a balanced pipeline_model_parallel_layout."""
+    from slurmpod.megatron.pipeline import balanced_layout
+
+    if c.pipeline_layout is None and c.first_stage_layers is None \
+            and c.last_stage_layers is None:
+        for emb, loss in ((True, True), (True, False), (False, True)):
+            cand = replace(c, account_for_embedding=emb, account_for_loss=loss)
+            if not cand.pipeline_split().errors:
+                keys = [k for k, on in (("account_for_embedding_in_pipeline_split", emb),
+                                        ("account_for_loss_in_pipeline_split", loss)) if on]
+                return " and ".join(f"{k} = true" for k in keys)
+    layout = balanced_layout(c.num_layers, c.pp, c.vpp or 1, c.mtp_num_layers)
+    if layout is None:
+        return None
+    cand = replace(c, pipeline_layout=layout, first_stage_layers=None, last_stage_layers=None,
+                   account_for_embedding=False, account_for_loss=False, vpp_given=None)
+    if cand.pipeline_split().errors:
+        return None
+    extra = ("" if c.first_stage_layers is None and c.last_stage_layers is None
+             and not c.account_for_embedding and not c.account_for_loss
+             else " (instead of the other split arguments)")
+    return f'pipeline_model_parallel_layout = "{layout}"{extra}'
+
+
 def specific_fix(key: str, msg: str, c: ModelConfig, world: int) -> str | None:
     """A concrete fix for an error that is not about TP/PP."""
     dp = max(1, world // (c.tp * c.cp * c.pp))
