@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from slurmpod.errors import ConfigError
-from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port
+from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -78,19 +78,28 @@ def _find(parent: dict[str, str], x: str) -> str:
 
 def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -> Discovered:
     nodes = fabric.nodes
+    # Where each CA is cabled, as the switch-side port: read from the CA's own port line (one
+    # per HCA, not the 600k switch ports of a 100k-GPU fabric); the switches only for CAs
+    # printed without port lines.
     attach: dict[str, tuple[FabricNode, Port]] = {}
-    for sw in fabric.switches():
-        for port in sw.ports.values():
-            peer = nodes.get(port.remote_id)
-            if peer is not None and peer.kind != "switch":
-                attach[peer.node_id] = (sw, port)
-    for ca in fabric.cas():  # CAs whose switch section is not in the file
-        if ca.node_id not in attach:
-            for port in ca.ports.values():
+    orphans = False
+    for ca in fabric.cas():
+        for num, port in ca.ports.items():
+            sw = nodes.get(port.remote_id)
+            if sw is not None and sw.kind == "switch":
+                back = sw.ports.get(port.remote_port)
+                if back is None or back.remote_id != ca.node_id:
+                    back = Port(port.remote_port, ca.node_id, num, port.tail, port.line)
+                attach[ca.node_id] = (sw, back)
+                break
+        else:
+            orphans = True
+    if orphans:
+        for sw in fabric.switches():
+            for port in sw.ports.values():
                 peer = nodes.get(port.remote_id)
-                if peer is not None and peer.kind == "switch":
-                    attach[ca.node_id] = (peer, port)
-                    break
+                if peer is not None and peer.kind != "switch" and peer.node_id not in attach:
+                    attach[peer.node_id] = (sw, port)
 
     compute: list[tuple[str, str, FabricNode, Port]] = []  # host, device, leaf, port
     apart: list[tuple[str, str]] = []
@@ -98,7 +107,8 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
     warnings: list[str] = []
     an_switches: set[str] = set()
     unnamed = 0
-    short = _short_names(fabric)
+    named = {ca.node_id: host_device(ca.desc) for ca in fabric.cas()}
+    short = _short_names({h for h, _d in named.values() if h is not None and "." in h})
     for ca in fabric.cas():
         if ca.is_aggregation_node:
             sharp = True
@@ -106,8 +116,8 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
             if at is not None:
                 an_switches.add(at[0].node_id)
             continue
-        host, dev = ca.host, ca.device
-        if host is not None:
+        host, dev = named[ca.node_id]
+        if host is not None and short:
             host = short.get(host, host)
         if any(f.search(ca.desc) for f in hca_filters) or host is None:
             if host is not None and dev is not None:
@@ -195,11 +205,13 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
                 if a != b and _overlap(leaf_hosts[first], leaf_hosts[other]) >= 0.5:
                     parent[b] = a
     group_hosts: dict[str, list[str]] = defaultdict(list)
+    root = {leaf: _find(parent, leaf) for leaf in parent}
     for host, leaves in per_host_leaf.items():
         votes: Counter[str] = Counter()
         for leaf, n in leaves.items():
-            votes[_find(parent, leaf)] += n
-        best = min(votes.items(), key=lambda kv: (-kv[1], natural_key(kv[0])))[0]
+            votes[root[leaf]] += n
+        best = next(iter(votes)) if len(votes) == 1 else \
+            min(votes.items(), key=lambda kv: (-kv[1], natural_key(kv[0])))[0]
         group_hosts[best].append(host)
     groups = sorted(group_hosts, key=lambda g: natural_key(min(group_hosts[g], key=natural_key)))
 
@@ -222,12 +234,14 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         if len(votes_t) > 1:
             warnings.append(f"the SU of {su[0]} mixes node types; the draft gives it one type")
     su_leaves: list[dict[int, list[str]]] = []
+    members: dict[str, list[str]] = defaultdict(list)
+    for leaf in leaf_hosts:
+        members[root[leaf]].append(leaf)
     for g in groups:
         by_rail: dict[int, list[str]] = defaultdict(list)
-        for leaf in leaf_hosts:
-            if _find(parent, leaf) == g:
-                r = leaf_rails[leaf].most_common(1)[0][0] if rail_optimised else 0
-                by_rail[r].append(nodes[leaf].name or leaf)
+        for leaf in members[g]:
+            r = leaf_rails[leaf].most_common(1)[0][0] if rail_optimised else 0
+            by_rail[r].append(nodes[leaf].name or leaf)
         su_leaves.append(dict(sorted(by_rail.items())))
         if rail_optimised and len(by_rail) != len(rails):
             warnings.append(f"SU of {sus[len(su_leaves) - 1][0]}: {len(by_rail)} rail leaves for "
@@ -352,9 +366,8 @@ def _cage_pairs(nodes: dict[str, FabricNode], leaf_ids: set[str], down: int) -> 
     return seen
 
 
-def _short_names(fabric: Fabric) -> dict[str, str]:
+def _short_names(fqdns: set[str]) -> dict[str, str]:
     """FQDN -> short host name (slurmd registers under its short name), when that is unique."""
-    fqdns = {ca.host for ca in fabric.cas() if ca.host and "." in ca.host}
     if not fqdns:
         return {}
     by_short: dict[str, set[str]] = defaultdict(set)
