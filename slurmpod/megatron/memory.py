@@ -1,16 +1,15 @@
 """Parameter counts and per-GPU memory: weights + gradients + optimizer, and activations.
 
-Parameters follow Megatron-LM's `compute_weight_and_optimizer_memory`
-(megatron/training/theoretical_memory_usage.py, megatron-core 0.14): bias-free linear layers,
-norms of 1 (RMSNorm) or 2 (LayerNorm) vectors of h, no router weights. Per-GPU bytes are taken
-on the most loaded pipeline stage (1/PP of the layers + the embedding + the MTP block).
-slurmpod extends Megatron in two places, both exact for dense models without CP:
-- expert weights are sharded over ETP x EP and their distributed-optimizer state over
-  expert-DP = world / (ETP x EP x PP) (megatron-core's parallel folding), while Megatron's
-  estimate divides every parameter by TP only;
-- the distributed optimizer shards over DP x CP (megatron-core shards over the
-  data-parallel-with-context-parallel group), where Megatron's estimate uses DP.
-Activations follow Korthikanti et al. 2022 (Table 2) made MoE-, GQA-, SwiGLU- and CP-aware; see
+Parameters follow Megatron-LM main's `compute_weight_and_optimizer_memory`
+(megatron/training/theoretical_memory_usage.py, tags core_v0.18.0 - core_v0.19.0): bias-free
+linear layers, norms of 1 (RMSNorm) or 2 (LayerNorm) vectors of h, routers, latent projections
+and shared-expert gates; norms and routers replicated over TP, routed experts sharded over
+ETP x EP with their optimizer over expert-DP. `megatron_weight_and_optimizer_bytes` is that
+estimate exactly; slurmpod's own counts each pipeline rank from the real split (uneven stages,
+embedding/loss slots, explicit layouts), shards the distributed optimizer over DP x CP as
+megatron-core does, and knows the precision (FP8 weights and inputs, bf16 gradients),
+Megatron-FSDP and optimizer offload. Activations follow Korthikanti et al. 2022 tensor by tensor
+as Transformer Engine saves them, per rank over the schedule's in-flight chunks; see
 docs/formulas.md.
 """
 
