@@ -126,3 +126,38 @@ def test_check_reads_standard_input(fabric, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     rc, out, _ = run(["topo", "check", "sandbox", "--ibnetdiscover", "-"], capsys)
     assert rc == 1 and "<stdin>" in out and "missing-link" in out
+
+
+def test_a_repeated_ibnetdiscover_reads_every_file(tmp_path, capsys):
+    # A missing file among several is an error, never skipped in favour of the last one.
+    good = tmp_path / "clean.txt"
+    assert synth.main(["sandbox", "-o", str(good)]) == 0
+    rc, _out, err = run(["topo", "check", "sandbox", "--ibnetdiscover", str(tmp_path / "none"),
+                         "--ibnetdiscover", str(good)], capsys)
+    assert rc == 3 and "none: file not found" in err and "Traceback" not in err
+    # The sandbox keeps each rail a plane of its own: eight dumps, one per subnet, merged.
+    assert synth.main(["sandbox", "-o", str(tmp_path / "rail"), "--planes"]) == 0
+    planes = [str(tmp_path / f"rail.{i}") for i in range(8)]
+    args = [a for p in planes for a in ("--ibnetdiscover", p)]
+    rc, out, _ = run(["topo", "check", "sandbox", *args], capsys)
+    assert rc == 0 and "clean" in out
+    rc, out, _ = run(["topo", "check", "sandbox", *args[:-2]], capsys)  # rail 7 left out
+    assert rc == 1
+    out_dir = tmp_path / "drafted"
+    rc, out, _ = run(["topo", "discover", *args, "-o", str(out_dir)], capsys)
+    assert rc == 0 and "discovered 16 nodes in 4 SUs, 8 rails" in out
+    rc, out, _ = run(["topo", "check", str(out_dir / "site.toml"), *args], capsys)
+    assert rc == 0, out
+
+
+def test_site_file_names_its_dumps(tmp_path, capsys):
+    site = tmp_path / "site.toml"
+    text = (Path(__file__).resolve().parents[2] / "site_configs" / "sandbox.toml").read_text()
+    site.write_text(text.replace("[fabric]", '[fabric]\nibnetdiscover = ["fab.txt"]', 1))
+    assert synth.main([str(site), "-o", str(tmp_path / "fab.txt")]) == 0
+    capsys.readouterr()
+    rc, out, _ = run(["topo", "check", str(site)], capsys)
+    assert rc == 0 and "clean" in out
+    (tmp_path / "fab.txt").unlink()
+    rc, _out, err = run(["topo", "check", str(site)], capsys)
+    assert rc == 3 and "fab.txt: file not found" in err
