@@ -283,3 +283,16 @@ def test_fp8_spelling_mistakes_are_one_line() -> None:
         run_from_dict({"megatron": data["megatron"] | {"fp8_format": "hybrid"}}, "x.toml")
     # A log's dump prints "None" when FP8 is off.
     assert ModelConfig.from_args(data["megatron"] | {"fp8": "None"}).fp8 is None
+
+
+def test_split_arguments_leave_flops_and_placement_alone() -> None:
+    """Where the layers sit changes memory, not the model's FLOPs or the rank groups."""
+    from slurmpod.megatron.flops import flops_per_token
+
+    c = _cfg("llama31-405b-h100-fp8cs-1024gpu")
+    even = replace(c, account_for_embedding=False, account_for_loss=False, vpp=None)
+    assert flops_per_token(c) == flops_per_token(even)
+    site = load_site(builtin_site_path("dgx-h100-superpod"))
+    plan = make_plan(load_run(RECIPES / "llama31-405b-h100-fp8cs-1024gpu.toml"), site)
+    assert plan.placement is not None and plan.placement.groups["pp"].size == 8
+    assert plan.vpp == 8
