@@ -178,8 +178,27 @@ def token_for(script_without_token: str) -> str:
     return hashlib.sha256(script_without_token.encode()).hexdigest()[:16]
 
 
+def save_interval_for(run: RunSpec, site: Site, facts: PlanFacts,
+                      site_path: Path | None = None) -> int | None:
+    """Megatron's --save-interval for a run spec without one: Daly's optimum for the job's
+    nodes at the site's node MTBF, the predicted save time and the predicted iteration time
+    (slurmpod.resilience.interval; `slurmpod plan` shows the same figure). None when the run
+    spec sets it or the iteration time cannot be predicted. `site_path` finds the site's
+    calibration (`slurmpod calibrate`) as `plan` does."""
+    if "save_interval" in run.megatron.explicit():
+        return None
+    from slurmpod.perf.planning import predict_run
+    from slurmpod.resilience.interval import recommend_for_run
+
+    pred = predict_run(run, site, facts.nodes, site_path)
+    if pred is None:
+        return None
+    return recommend_for_run(site, nodes=facts.nodes, params_total=facts.params_total,
+                             step_s=pred.step_time_s).save_interval
+
+
 def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
-            source: str = "run spec") -> Prepared:
+            source: str = "run spec", site_path: Path | None = None) -> Prepared:
     """Plan, refuse, render; the token is the hash of the script with a fixed sentinel.
     `source` names the run spec in warnings."""
     from slurmpod.megatron.argnames import unknown_key_warnings
@@ -188,7 +207,8 @@ def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
     plan = plan_or_refuse(run, site)
     facts = plan_facts_from_json(plan)
     site_env = {**load_site_env(opts.template_dirs), **dict(opts.site_env)}
-    opts = replace(opts, run_dir=run_dir, site_env=site_env, token=TOKEN_SENTINEL)
+    opts = replace(opts, run_dir=run_dir, site_env=site_env, token=TOKEN_SENTINEL,
+                   save_interval=save_interval_for(run, site, facts, site_path))
     draft = render_script(build_context(run, site, facts, opts), opts.template,
                           opts.template_dirs)
     if draft.count(TOKEN_SENTINEL) != 1:
@@ -420,6 +440,11 @@ def prepared_key(run_path: Path, site_path: Path, template_dirs: Sequence[Path],
         for f in (run_path, site_path):
             data = f.read_bytes()
             h.update(f"\0{len(data)}\0".encode() + data)
+        # The site's calibration (perf.calibrate.store_path) sets the predicted iteration time
+        # behind the derived --save-interval.
+        calib = site_path.with_name(site_path.stem + ".perf.toml")
+        data = calib.read_bytes() if calib.is_file() else b""
+        h.update(f"\0{len(data)}\0".encode() + data)
         for root in (PACKAGE_DIR, data_dir("templates"), *template_dirs):
             _stamp_tree(h, Path(root))
         for lib in _LIBRARIES:

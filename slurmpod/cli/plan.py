@@ -148,10 +148,20 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
                    "--write-spec then writes the fastest.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Candidates --search shows.")
+@click.option("--history", "history_paths", multiple=True,
+              type=click.Path(exists=True, path_type=Path),
+              help="attempts.jsonl, a run directory or a directory of runs: the fleet's "
+                   "observed failures per node set the checkpoint interval. Repeatable.")
+@click.option("--checkpoint-log", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A Megatron log of this run: its measured save time and "
+                                 "iteration time replace the predicted ones.")
+@click.option("--restart", "restart_s", type=click.FloatRange(0, 86400), default=None,
+              help="Seconds from a failure to training again [default: 600].")
 @click.pass_context
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
-         as_json: bool, do_search: bool, top: int) -> None:
+         as_json: bool, do_search: bool, top: int, history_paths: tuple[Path, ...],
+         checkpoint_log: Path | None, restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.megatron.plan import make_plan
@@ -177,6 +187,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             raise ConfigError(f"no layout of {spec.job.name} fits on {result.nodes} nodes of "
                               f"{result.site} ({evaluated} evaluated)",
                               hint="use more nodes or a smaller model")
+    rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
+                                     checkpoint_log, restart_s)
     if write_spec:
         extra = candidates[0].megatron_keys() if do_search else None
         _write_spec(spec, result.nodes, Path(write_spec), extra)
@@ -184,7 +196,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         from slurmpod.cli.output import emit_json
 
         data: dict[str, Any] = {"source": source, **result.to_json(),
-                                "prediction": prediction.to_json() if prediction else None}
+                                "prediction": prediction.to_json() if prediction else None,
+                                "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size}
             data["candidates"] = [cand.to_json() for cand in candidates]
@@ -194,11 +207,45 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         if prediction is not None:
             head, _, tail = text.rpartition("\nplan: ")
             text = f"{head}\n  predicted  {summary_line(prediction)}\nplan: {tail}"
+        if rec is not None:
+            head, _, tail = text.rpartition("\nplan: ")
+            text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"
         click.echo(text)
         if do_search:
             click.echo(_render_candidates(candidates, evaluated))
     if not result.ok and not (do_search and candidates):
         ctx.exit(3)
+
+
+def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, prediction: Any,
+                               history_paths: tuple[Path, ...], checkpoint_log: Path | None,
+                               restart_s: float | None) -> dict[str, Any] | None:
+    """The save interval for this run (slurmpod.resilience.interval) as plan shows it: the
+    recommendation's JSON plus `line`, and what the run spec's own save_interval would give."""
+    from slurmpod.resilience import interval as ri
+    from slurmpod.resilience.history import measured_from_log, read_history
+
+    history = read_history(history_paths) if history_paths else None
+    measured = measured_from_log(checkpoint_log) if checkpoint_log is not None else None
+    step_s, step_source = (prediction.step_time_s, "predicted") if prediction else (None, None)
+    if measured is not None and measured.step_s is not None:
+        step_s, step_source = measured.step_s, "measured"
+    rec = ri.recommend_for_run(
+        site, nodes=result.nodes, params_total=result.params_total, step_s=step_s,
+        step_source=step_source, history=history,
+        measured_save_s=measured.save_s if measured is not None else None,
+        restart_s=ri.DEFAULT_RESTART_S if restart_s is None else restart_s)
+    out = rec.to_json()
+    out["line"] = rec.summary()
+    out["history"] = history.to_json(site.reliability.node_mtbf_hours) if history else None
+    given = spec.megatron.explicit().get("save_interval")
+    out["run_spec_save_interval"] = given if isinstance(given, int) else None
+    if isinstance(given, int) and given > 0 and rec.step_s is not None:
+        g = ri.expected_goodput(given * rec.step_s, rec.save_s, rec.restart_s, rec.job_mtbf_s)
+        out["run_spec_goodput"] = round(g, 5)
+        out["line"] = (f"run spec sets save_interval {given}: expected goodput {g:.1%}; "
+                       f"recommended {rec.summary()}")
+    return out
 
 
 def _render_candidates(candidates: list[Any], evaluated: int) -> str:

@@ -125,6 +125,7 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
            **kw: Any) -> None:
     """Plan, render, store and submit RUN_FILE; print the job id."""
     from slurmpod import submit as sub
+    from slurmpod.config import resolve_site_path
 
     if host is None:
         prep = _prepare_local(run_file, kw)  # a ConfigError before any Slurm command
@@ -140,7 +141,8 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
     try:
         if host is not None:
             run_dir = sub.resolve_run_dir(run, kw["run_dir"], _remote_home(runner))
-            prep = sub.prepare(run, site, opts, run_dir, str(run_file))
+            prep = sub.prepare(run, site, opts, run_dir, str(run_file),
+                               resolve_site_path(kw["site"]))
         _warn(prep)
         if dry_run:
             if host is None:  # "would store" only where it could
@@ -196,7 +198,7 @@ def _prepare_local(run_file: Path, kw: dict[str, Any]):  # -> Prepared | Rendere
     run, site, label = sub.read_run_and_site(run_file, kw["site"])
     opts = _options(label, kw)
     prep = sub.prepare(run, site, opts, sub.resolve_run_dir(run, kw["run_dir"], base),
-                       str(run_file))
+                       str(run_file), resolve_site_path(kw["site"]))
     if key:
         sub.cache_store(key, prep)
     return prep

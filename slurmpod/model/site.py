@@ -315,6 +315,15 @@ class Storage(Strict, kw_only=True):
     checkpoint_write_gb_per_s: Annotated[float, Meta(gt=0, le=100_000)] = 20.0
 
 
+class Reliability(Strict, kw_only=True):
+    # Mean hours between interruptions of one node (any cause that ends a synchronous job on
+    # it), used when slurmpod has no attempt history to measure it (docs/resilience.md). 6,300:
+    # Meta's Llama 3 405B run saw 419 unexpected interruptions in 54 days on 16,384 H100 GPUs
+    # (2,048 nodes): 2,048 x 54 x 24 / 419 = 6,335 node-hours ("The Llama 3 Herd of Models",
+    # arXiv:2407.21783, section 3.3.4).
+    node_mtbf_hours: Annotated[float, Meta(gt=0, le=10_000_000)] = 6300.0
+
+
 class SiteInfo(Strict, kw_only=True):
     name: SlurmName
     description: str = ""
@@ -330,6 +339,7 @@ class Site(Strict, kw_only=True, dict=True):  # dict=True: room for the cached i
     partitions: list[Partition] = field(default_factory=list)
     software: Software = field(default_factory=Software)
     storage: Storage = field(default_factory=Storage)
+    reliability: Reliability = field(default_factory=Reliability)
 
     def __post_init__(self) -> None:
         for i, grp in enumerate(self.su_groups):

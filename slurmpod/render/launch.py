@@ -19,7 +19,7 @@ from slurmpod.errors import ConfigError
 
 # Keys slurmpod derives for every job; a value the user gives in [megatron] wins.
 DERIVED_KEYS = ("log_throughput", "save", "load", "exit_signal_handler", "exit_duration_in_mins",
-                "distributed_timeout_minutes")
+                "distributed_timeout_minutes", "save_interval")
 
 # Megatron's --distributed-timeout-minutes (default 10; megatron/training/arguments.py, core
 # 0.14) is the timeout initialize.py gives init_process_group and every parallel group, so one
@@ -146,10 +146,12 @@ def exit_duration_min(limit_min: int | None, signal_lead_s: int, save_s: float) 
 
 
 def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str, exit_duration: int | None,
-                 distributed_timeout_min: int | None = DISTRIBUTED_TIMEOUT_MIN) -> dict[str, Any]:
+                 distributed_timeout_min: int | None = DISTRIBUTED_TIMEOUT_MIN,
+                 save_interval: int | None = None) -> dict[str, Any]:
     """The user's [megatron] table plus what every slurmpod job needs for throughput logging,
-    checkpoint/resume, a clean exit before the time limit and a collective timeout that fits
-    large jobs (DISTRIBUTED_TIMEOUT_MIN). User values win."""
+    checkpoint/resume, a clean exit before the time limit, a collective timeout that fits
+    large jobs (DISTRIBUTED_TIMEOUT_MIN) and, when `submit` computed one, the checkpoint
+    interval (slurmpod.resilience.interval). User values win."""
     out = dict(args)
     derived: dict[str, Any] = {
         "log_throughput": True,
@@ -158,6 +160,7 @@ def with_derived(args: Mapping[str, Any], *, checkpoint_dir: str, exit_duration:
         "exit_signal_handler": True,
         "exit_duration_in_mins": exit_duration,
         "distributed_timeout_minutes": distributed_timeout_min,
+        "save_interval": save_interval,
     }
     for key in DERIVED_KEYS:
         if key not in out and derived[key] is not None:

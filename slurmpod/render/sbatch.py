@@ -107,6 +107,8 @@ class RenderOptions:
     monitor: bool = True
     token: str = ""
     python: str | None = None  # interpreter the script runs `slurmpod hook monitor` with
+    # Megatron's --save-interval when [megatron] has none (submit: slurmpod.resilience.interval)
+    save_interval: int | None = None
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,8 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         container, ckpt, trainer_dirs = crun.container, crun.checkpoint_dir, crun.trainer_dirs
     margs = run.megatron.explicit()
     exit_min = launch.exit_duration_min(limit_min, lead_s, save_s)
-    full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min)
+    full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min,
+                               save_interval=opts.save_interval)
     command = (*_command(job.entrypoint, opts.python), *launch.megatron_argv(full))
     gpu_numa = [p.numa for p in nt.gpu_pci]
     srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=gpn, container=container,

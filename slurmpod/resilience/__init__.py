@@ -1,0 +1,1 @@
+"""Checkpoint interval, goodput simulation and failure history (docs/resilience.md)."""
