@@ -15,8 +15,11 @@ docs/formulas.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from slurmpod.megatron.runspec import ModelConfig
 
@@ -129,15 +132,44 @@ class _RankParams:
     largest_layer: float  # the largest layer's parameters, whole (Megatron-FSDP's gather)
 
 
+@lru_cache(maxsize=256)
+def _moe_prefix(pattern: tuple[int, ...]) -> tuple[int, ...]:
+    """Running count of MoE layers: layers i .. j-1 hold prefix[j] - prefix[i]."""
+    return (0, *itertools.accumulate(pattern))
+
+
+def _moe_between(c: ModelConfig, first: int, n: int) -> int:
+    if not c.is_moe:
+        return 0
+    pre = _moe_prefix(c.moe_pattern)
+    hi = min(first + n, len(pre) - 1)
+    return pre[hi] - pre[min(first, hi)]
+
+
+_MIX: dict[tuple[Any, ...], tuple[Any, tuple[tuple[tuple[int, int], ...], ...]]] = {}
+
+
+def _chunk_mix(c: ModelConfig) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """(dense, MoE) layers of every chunk, [rank][virtual stage]; computed once per split and
+    MoE pattern (the layout search evaluates thousands of layouts over a few splits)."""
+    sp = c.pipeline_split()
+    key = (id(sp), c.moe_pattern if c.is_moe else None)
+    hit = _MIX.get(key)
+    if hit is not None and hit[0] is sp:
+        return hit[1]
+    if len(_MIX) > 4096:
+        _MIX.clear()
+    mix = tuple(tuple((ch.decoder - (m := _moe_between(c, ch.first_layer, ch.decoder)), m)
+                      for ch in row) for row in sp.chunks)
+    _MIX[key] = (sp, mix)
+    return mix
+
+
 def _rank_params(c: ModelConfig, p: ParamCounts, rank: int) -> _RankParams:
     sp = c.pipeline_split()
     chunks = sp.chunks[rank]
-    n_dense = n_moe = 0
-    for ch in chunks:
-        ids = range(ch.first_layer, ch.first_layer + ch.decoder)
-        moe = sum(c.moe_pattern[i] for i in ids if i < len(c.moe_pattern)) if c.is_moe else 0
-        n_moe += moe
-        n_dense += ch.decoder - moe
+    n_dense = sum(d for d, _ in _chunk_mix(c)[rank])
+    n_moe = sum(m for _, m in _chunk_mix(c)[rank])
     mtp = sum(ch.mtp for ch in chunks)
     mtp_moe = mtp * (c.moe_pattern[-1] if c.is_moe else 0)
     n_dense += mtp - mtp_moe
@@ -197,7 +229,18 @@ def _rank_weight_bytes(c: ModelConfig, p: ParamCounts, rank: int,
 def rank_weight_bytes(c: ModelConfig, world_size: int) -> list[WeightMemory]:
     """Weights + grads + optimizer state on each pipeline rank (one GPU of it)."""
     p = param_counts(c)
-    return [_rank_weight_bytes(c, p, r, world_size) for r in range(c.pp)]
+    rows = c.pipeline_split().chunks
+    mix = _chunk_mix(c)
+    seen: dict[tuple[object, ...], WeightMemory] = {}
+    out = []
+    for r in range(c.pp):
+        # Ranks with the same chunk shapes (all middle ranks of an even split) weigh the same
+        # unless the MoE pattern differs between them.
+        key = (tuple((ch.embedding, ch.loss, ch.mtp) for ch in rows[r]), mix[r])
+        if key not in seen:
+            seen[key] = _rank_weight_bytes(c, p, r, world_size)
+        out.append(seen[key])
+    return out
 
 
 def weight_and_optimizer_bytes(c: ModelConfig, world_size: int) -> WeightMemory:
@@ -320,14 +363,6 @@ def _in_flight_chunks(c: ModelConfig, rank: int, nmb: int | None) -> list[int]:
     return [(k // pp) % v for k in range(min(warm + 1, total))]
 
 
-def _layer_mix(c: ModelConfig, first: int, n: int) -> tuple[int, int]:
-    """(dense, MoE) among layers first .. first + n - 1."""
-    if not c.is_moe:
-        return n, 0
-    moe = sum(c.moe_pattern[first: first + n])
-    return n - moe, moe
-
-
 def rank_activation_bytes(c: ModelConfig, world_size: int) -> list[ActivationMemory]:
     """Activation bytes at peak on each pipeline rank."""
     s = c.seq_length / c.cp
@@ -341,11 +376,11 @@ def rank_activation_bytes(c: ModelConfig, world_size: int) -> list[ActivationMem
     out: list[ActivationMemory] = []
     split = c.pipeline_split()
     mtp_kind_moe = bool(c.is_moe and c.moe_pattern[-1])
+    mix = _chunk_mix(c)
     for rank, chunks in enumerate(split.chunks):
         per_chunk: list[float] = []
         working = 0.0
-        for ch in chunks:
-            nd, nm = _layer_mix(c, ch.first_layer, ch.decoder)
+        for ch, (nd, nm) in zip(chunks, mix[rank], strict=True):
             mtp_full = ch.mtp * (moe_act if mtp_kind_moe else dense_act)
             n = ch.decoder
             full = nd * dense_act + nm * moe_act

@@ -505,18 +505,20 @@ def _opt_int(v: Any) -> int | None:
     return None if v in (None, "None") else int(v)
 
 
-_SPLITS: dict[int, tuple[Any, Any]] = {}
+_SPLITS: dict[tuple[Any, ...], Any] = {}
 
 
 def _cached_split(c: ModelConfig, fn: Any) -> Any:
-    """One split per config object (plan and the layout search ask for it many times)."""
-    hit = _SPLITS.get(id(c))
-    if hit is not None and hit[0] is c:
-        return hit[1]
+    """One split per distinct split input (the layout search asks for thousands of layouts
+    that share a handful of PP x VPP splits)."""
+    key = (c.num_layers, c.pp, c.vpp, c.vpp_given, c.first_stage_layers, c.last_stage_layers,
+           c.account_for_embedding, c.account_for_loss, c.pipeline_layout, c.mtp_num_layers)
+    hit = _SPLITS.get(key)
+    if hit is not None:
+        return hit
     if len(_SPLITS) > 4096:
         _SPLITS.clear()
-    out = fn(c)
-    _SPLITS[id(c)] = (c, out)
+    out = _SPLITS[key] = fn(c)
     return out
 
 
