@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("slurmpod.cli.runs:runs", "Your runs: state, attempt, progress, MFU, ETA."),
     "logs": ("slurmpod.cli.runs:logs", "Print (or follow) a run's log, one attempt or rank."),
     "cancel": ("slurmpod.cli.runs:cancel", "Cancel a run, optionally saving a checkpoint first."),
+    "simulate": ("slurmpod.cli.simulate:simulate", "Goodput of a long run under node failures."),
 }
 
 
