@@ -194,3 +194,22 @@ def test_plan_history_path_without_attempts_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 3
     assert r.stderr.startswith("slurmpod: error: ") and "no attempts.jsonl there" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_submit_sets_save_interval_only_when_the_run_spec_does_not(tmp_path: Path) -> None:
+    from slurmpod import submit as sub
+    from slurmpod.megatron.runspec import load_run
+    from slurmpod.render.sbatch import RenderOptions
+
+    site_path = resolve_site_path("sandbox")
+    site = load_site(site_path)
+    run = load_run(_spec(tmp_path))
+    prep = sub.prepare(run, site, RenderOptions(), str(tmp_path / "r"), site_path=site_path)
+    r = CliRunner().invoke(cli, ["plan", str(_spec(tmp_path)), "--site", "sandbox", "--json"])
+    expected = json.loads(r.output)["checkpoint"]["save_interval"]
+    assert f"  --save-interval {expected}\n" in prep.script
+    assert sub.save_interval_for(run, site, prep.facts, site_path) == expected
+    own = load_run(_spec(tmp_path, "save_interval = 7"))
+    prep = sub.prepare(own, site, RenderOptions(), str(tmp_path / "r"), site_path=site_path)
+    assert "  --save-interval 7\n" in prep.script
+    assert prep.script.count("--save-interval") == 1
