@@ -135,7 +135,10 @@ def simulate(gpus: int | None, nodes: int | None, gpus_per_node: int | None, day
                        hang_fraction=hang_fraction, hang_detect_s=hang_detect_s)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    res = run_sim(scn, samples=samples, seed=seed, interval_s=interval_s)
+    try:
+        res = run_sim(scn, samples=samples, seed=seed, interval_s=interval_s)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     data: dict[str, Any] = res.to_json()
     data["scenario"].update({"gpus": nodes * gpn, "gpus_per_node": gpn,
                              "mtbf_source": mtbf_source})

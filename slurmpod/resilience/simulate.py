@@ -33,6 +33,7 @@ import numpy as np
 from slurmpod.resilience.interval import HOUR_S, daly_interval, expected_goodput
 
 DAY_S = 86400.0
+MAX_DRAWS = 50_000_000  # ~2 GB of arrays at most
 Law = Literal["exponential", "weibull"]
 Start = Literal["fleet", "new"]
 
@@ -146,6 +147,12 @@ def draw_paths(scn: Scenario, samples: int, seed: int | None = 0) -> Paths:
     """Failure times of `samples` runs, cut into gaps with a restart latency each."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
+    # Memory: ~40 bytes per failure (times, paths, gaps) and, for Weibull, per node slot.
+    failures = samples * scn.nodes * scn.horizon_s / (scn.node_mtbf_hours * HOUR_S)
+    slots = samples * scn.nodes if scn.law == "weibull" and scn.shape != 1.0 else 0
+    if max(failures, slots) > MAX_DRAWS:
+        raise ValueError(f"{samples} runs would draw ~{max(failures, slots):,.0f} failures or "
+                         f"node clocks (limit {MAX_DRAWS:,}): use fewer samples")
     rng = np.random.default_rng(seed)
     path, t = failure_times(scn, samples, rng)
     nf = path.size

@@ -143,7 +143,8 @@ def test_cli_json_and_text() -> None:
 @pytest.mark.parametrize("args", [["--save", "60"], ["--gpus", "8", "--nodes", "1", "--save",
                                                      "1"], ["--gpus", "8"],
                                   ["--gpus", "8", "--params", "lots"],
-                                  ["--gpus", "8", "--save", "1", "--save-interval", "10"]])
+                                  ["--gpus", "8", "--save", "1", "--save-interval", "10"],
+                                  ["--gpus", "1000000", "--save", "1", "--samples", "100000"]])
 def test_cli_bad_input_is_one_line(args: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "slurmpod", "simulate", *args],
                        capture_output=True, text=True, timeout=60)
