@@ -87,7 +87,11 @@ def write_durable(path: Path, text: str, mode: int = 0o640) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
     finally:
@@ -244,9 +248,15 @@ class Spool:
         if prev is not None and seq <= prev:  # the clock went back: stay monotonic
             seq = prev + 1
         record["attempt"], record["seq"] = attempt, seq
-        path = self.record_path(job_id, attempt)
+        path, summary = self.record_path(job_id, attempt), self.summary_path(job_id, attempt)
+        if summary.exists():
+            # A rerun: the old summary goes first, so that a crash before the new one is
+            # written leaves a record without a summary (read whole), never a stale summary.
+            with contextlib.suppress(FileNotFoundError):
+                summary.unlink()
+            _fsync_dir(self.summaries)
         write_durable(path, json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n")
-        write_durable(self.summary_path(job_id, attempt),
+        write_durable(summary,
                       json.dumps(compact_record(record), separators=(",", ":"),
                                  sort_keys=True) + "\n")
         return path
@@ -271,7 +281,7 @@ class Spool:
 
     def newest(self, job_id: str) -> tuple[int, int] | None:
         """(attempt, seq) of the job's newest record, None when it has none. Lists records/
-        once (about 40 ms at 100,000 records)."""
+        once (about 0.1 s at 100,000 records)."""
         got = self._newest_of({safe_job_id(job_id)})
         return got.get(job_id)
 

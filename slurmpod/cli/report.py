@@ -400,10 +400,17 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
         sel.append(f"--accounts={account}")
     if partition:
         sel.append(f"--partition={partition}")
+    # The whole command without the cyclic collector: parsing, 100,000 reports and rows, a
+    # 70 MB JSON document are all acyclic (see _no_cyclic_gc).
     with _no_cyclic_gc():
         jobs = select(_load(sel), user=user, account=account, partition=partition)
-    fl = fleet_of(jobs, spool, window=since, progress=True,
-                  filters={"user": user, "account": account, "partition": partition})
+        fl = fleet_of(jobs, spool, window=since, progress=True,
+                      filters={"user": user, "account": account, "partition": partition})
+        _fleet_out(fl, as_json, with_jobs, as_csv, html_file, prom_file)
+
+
+def _fleet_out(fl: FleetReport, as_json: bool, with_jobs: bool, as_csv: bool,
+               html_file: Path | None, prom_file: Path | None) -> None:
     if html_file is not None:
         from slurmpod.report.html import fleet_html
 

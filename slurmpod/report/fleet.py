@@ -226,8 +226,11 @@ class FleetReport:
         # with "\n" alone a job name's bare \r went out unquoted, a row break to CSV readers.
         w = csv.writer(buf, lineterminator="\r\n")
         w.writerow(CSV_COLUMNS)
+        start = _FORMULA_START
         for r in self.rows:
-            w.writerow([csv_cell(v) for v in r.csv_values()])
+            # csv_cell, inline (2.5 million cells at 100,000 jobs)
+            w.writerow(["" if v is None else "'" + v if isinstance(v, str) and v.startswith(start)
+                        else v for v in r.csv_values()])
         return buf.getvalue()
 
 

@@ -332,8 +332,11 @@ def test_fleet_report_matches_job_reports(sandbox: Any, jobs: Jobs) -> None:
         assert row["mfu"] == (r["figures"]["mfu"] or {}).get("median")
         assert row["goodput"] == pytest.approx(r["gpu_time"]["goodput"])
         assert row["restarts"] == r["job"]["restarts"] and row["state"] == r["job"]["state"]
-    # Totals from the rows, computed here independently.
-    all_rows = list(rows.values())
+    # Totals from the rows, computed here independently; implausible rows are listed apart
+    # and enter no total.
+    all_rows = [x for x in rows.values() if not x["implausible"]]
+    assert sorted(j["job_id"] for j in fleet["implausible_jobs"]) == sorted(
+        x["job_id"] for x in rows.values() if x["implausible"])
     total = fleet["total"]
     assert total["jobs"] == len(all_rows)
     assert total["gpu_hours"] == pytest.approx(sum(x["gpu_hours"] for x in all_rows))

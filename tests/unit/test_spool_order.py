@@ -154,3 +154,23 @@ def test_legacy_pending_file_is_still_delivered(tmp_path: Path) -> None:
     got: list[str] = []
     assert spool.flush(lambda j, k, v: got.append(v)).delivered == ["4.admin_comment"]
     assert got == ["x"]
+
+
+def test_crash_between_record_and_summary_leaves_no_stale_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    spool.write_record("6", 0, {"v": 1, "summary": {"mfu": 0.1}})
+    real = spool_mod.write_durable
+
+    def crash_on_summary(path: Path, text: str, mode: int = 0o640) -> None:
+        if path.parent == spool.summaries:
+            raise OSError("power cut")
+        real(path, text, mode)
+
+    monkeypatch.setattr(spool_mod, "write_durable", crash_on_summary)
+    rerun = {"v": 1, "summary": {"mfu": 0.4}}
+    with pytest.raises(OSError):
+        spool.write_record("6", 0, rerun)  # the epilog rerun for the same attempt
+    assert not spool.summary_path("6", 0).exists()
+    assert spool.read_summary("6")["summary"]["mfu"] == 0.4  # the new record, read whole
+    assert spool.newest("6") == (0, rerun["seq"])
