@@ -363,6 +363,27 @@ def _in_flight_chunks(c: ModelConfig, rank: int, nmb: int | None) -> list[int]:
     return [(k // pp) % v for k in range(min(warm + 1, total))]
 
 
+def _in_flight_counts(c: ModelConfig, rank: int, nmb: int | None) -> list[int]:
+    """How many of `_in_flight_chunks` sit on each virtual stage, counted without the list
+    (the layout search asks for this thousands of times)."""
+    pp, v = c.pp, c.vpp or 1
+    if pp == 1:
+        return [1]
+    total = (nmb if nmb is not None else pp) * v
+    if v == 1:
+        return [min(pp - rank, total)]
+    n = min(min(2 * (pp - rank - 1) + (v - 1) * pp, total) + 1, total)
+    # Chunk k sits on virtual stage (k // pp) % v: whole rounds of pp * v, then a remainder.
+    rounds, rest = divmod(n, pp * v)
+    counts = [rounds * pp] * v
+    full, part = divmod(rest, pp)
+    for vs in range(full):
+        counts[vs] += pp
+    if part:
+        counts[full] += part
+    return counts
+
+
 def rank_activation_bytes(c: ModelConfig, world_size: int) -> list[ActivationMemory]:
     """Activation bytes at peak on each pipeline rank."""
     s = c.seq_length / c.cp
@@ -404,15 +425,15 @@ def rank_activation_bytes(c: ModelConfig, world_size: int) -> list[ActivationMem
                 # Token ids (int64) and the embedding's dropout mask, as Megatron counts them.
                 kept += (8 * s * b + mask * s * b * h) / sp_div
             per_chunk.append(kept)
-        flight = _in_flight_chunks(c, rank, nmb)
-        total = sum(per_chunk[v] for v in flight) + working
+        counts = _in_flight_counts(c, rank, nmb)
+        total = sum(k * per_chunk[v] for v, k in enumerate(counts) if k) + working
         if any(ch.loss for ch in chunks):
             # Output layer: the final norm output and the fp32 logits of one microbatch (and
             # one more set per MTP layer on that stage).
             logits = 4 * s * b * h / sp_div + 4 * s * b * c.padded_vocab_size / c.tp
             total += logits * (1 + sum(ch.mtp for ch in chunks))
         out.append(ActivationMemory(max(dense_act, moe_act),
-                                    len(flight) / max(1, len(chunks)), total))
+                                    sum(counts) / max(1, len(chunks)), total))
     return out
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
-from slurmpod.megatron.memory import weight_and_optimizer_bytes
+from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
 from slurmpod.megatron.runspec import ModelConfig
 
 if TYPE_CHECKING:
@@ -208,17 +208,26 @@ class _Costs:
     n_moe: int
 
 
-_COSTS: dict[ModelConfig, _Costs] = {}
+_COSTS: dict[tuple[Any, ...], _Costs] = {}
 _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "etp": 1,
                     "sequence_parallel": False, "use_distributed_optimizer": False,
                     "recompute_granularity": None, "recompute_method": None,
                     "recompute_num_layers": None, "global_batch_size": None,
                     "micro_batch_size": 1, "first_stage_layers": None,
                     "last_stage_layers": None}
+_RUN_FIELDS = {"account_for_embedding", "account_for_loss", "pipeline_layout", "vpp_given",
+               "fp8", "fp8_param_gather", "grad_bytes", "hidden_dropout", "recompute_modules",
+               "megatron_fsdp", "fsdp_sharding", "optimizer_offload_fraction",
+               "cpu_offloading_num_layers"}
+
+
+# The fields _costs reads: the model's shape, not its layout or run settings.
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                      if f.name not in _LAYOUT_DEFAULTS and f.name not in _RUN_FIELDS)
 
 
 def _costs(c: ModelConfig) -> _Costs:
-    key = dataclasses.replace(c, **_LAYOUT_DEFAULTS)
+    key = tuple([getattr(c, n) for n in _SHAPE_FIELDS])
     hit = _COSTS.get(key)
     if hit is not None:
         return hit
@@ -257,9 +266,11 @@ def _eff(d: float) -> float:
 
 
 def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = None,
-            opts: RunOptions | None = None) -> Prediction | None:
+            opts: RunOptions | None = None, *, weights: WeightMemory | None = None
+            ) -> Prediction | None:
     """Predicted iteration of `c` (its layout included) on `world` GPUs; None without a global
-    batch size or when the layout does not divide the world."""
+    batch size or when the layout does not divide the world. `weights`: the most loaded
+    rank's weight memory when the caller has it (the search computes it once per layout)."""
     eff = eff or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
     opts = opts or RunOptions()
     gbs = c.global_batch_size
@@ -393,7 +404,7 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         p2p = n_p2p * msg / bw
 
     # --- data parallel: gradient reduce-scatter + parameter all-gather (distributed optimizer)
-    w = weight_and_optimizer_bytes(c, world)
+    w = weights if weights is not None else weight_and_optimizer_bytes(c, world)
     d_ne = dp * cp
     d_e = max(1, world // (etp * ep * pp))
     gb = opts.grad_reduce_bytes

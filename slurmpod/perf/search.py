@@ -2,10 +2,17 @@
 ranked by the performance model's predicted step time (`slurmpod plan --search`).
 
 The space: TP dividing the NVLink domain (and the heads, query groups and FFN), CP a power of
-two dividing seq_length / 2, PP dividing the layers, VPP dividing the layers per stage, EP
-dividing the experts with ETP 1 or TP, micro-batch sizes whose DP x micro-batch divides the
-global batch, and selective or full recompute (full only where selective does not fit: it is
-never faster). Memory is slurmpod's estimate (slurmpod.megatron.memory), the same `plan` uses.
+two dividing seq_length / 2, PP dividing world / (TP x CP) and at most the layers, VPP whose
+chunks hold at least one layer, EP dividing the experts with EP x ETP inside the NVLink domain
+or a whole number of domains, micro-batch sizes whose DP x micro-batch divides the global
+batch. A PP x VPP the layers do not divide gets the split Megatron accepts for it
+(`account_for_embedding/loss_in_pipeline_split`, else a balanced
+`pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
+kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
+grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys); recompute climbs
+a ladder, the run's own setting included, from none to full, and the first rung that fits is
+kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
+(slurmpod.megatron.memory.peak_memory, what `plan` checks), weights computed once per layout.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from slurmpod.megatron.memory import activation_bytes, weight_and_optimizer_bytes
+from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.perf.model import Efficiency, Hardware, Prediction, RunOptions, predict
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 MAX_CP = 32
+# Interleaving deeper than this many virtual stages per rank only adds p2p and launch cost.
+MAX_VPP = 24
 
 
 @dataclass(frozen=True)
@@ -37,16 +46,26 @@ class Candidate:
                 "expert_model_parallel_size": c.ep, "expert_tensor_parallel_size": c.etp}
 
     def megatron_keys(self) -> dict[str, Any]:
-        """The run-spec `[megatron]` keys that select this candidate."""
+        """The run-spec `[megatron]` keys that select this candidate (None: leave the key out,
+        so a split argument of the original spec does not survive into another layout)."""
         c = self.config
         keys: dict[str, Any] = {k: v for k, v in self.layout().items()
                                 if v is not None and (c.is_moe or not k.startswith("expert"))}
         keys["sequence_parallel"] = c.tp > 1
         keys["micro_batch_size"] = c.micro_batch_size
         keys["recompute_granularity"] = c.recompute_granularity
+        keys["recompute_modules"] = (list(c.recompute_modules)
+                                     if c.recompute_granularity == "selective" else None)
         if c.recompute_granularity == "full":
             keys["recompute_method"] = c.recompute_method
             keys["recompute_num_layers"] = c.recompute_num_layers
+        keys["pipeline_model_parallel_layout"] = c.pipeline_layout
+        if c.pipeline_layout is not None:
+            keys.pop("virtual_pipeline_model_parallel_size", None)  # the layout implies it
+        keys["account_for_embedding_in_pipeline_split"] = c.account_for_embedding or None
+        keys["account_for_loss_in_pipeline_split"] = c.account_for_loss or None
+        keys["decoder_first_pipeline_num_layers"] = c.first_stage_layers
+        keys["decoder_last_pipeline_num_layers"] = c.last_stage_layers
         return keys
 
     def to_json(self) -> dict[str, Any]:
@@ -54,51 +73,144 @@ class Candidate:
         return {"layout": self.layout(), "micro_batch_size": c.micro_batch_size,
                 "recompute_granularity": c.recompute_granularity, "fits": self.fits,
                 "memory_bytes_per_gpu": self.memory_bytes,
+                "pipeline_split": _split_name(c),
                 "prediction": self.prediction.to_json()}
+
+
+def _split_name(c: ModelConfig) -> str:
+    if c.pipeline_layout is not None:
+        return f"pipeline_model_parallel_layout {c.pipeline_layout}"
+    if c.account_for_embedding or c.account_for_loss:
+        return "embedding/loss slots"
+    if c.first_stage_layers is not None or c.last_stage_layers is not None:
+        return "decoder_first/last_pipeline_num_layers"
+    return "even"
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _with(c: ModelConfig, **changes: Any) -> ModelConfig:
+    """dataclasses.replace without its per-field checks (a third of the search's time)."""
+    return ModelConfig(*[changes[n] if n in changes else getattr(c, n) for n in _FIELDS])
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_NO_SPLIT: dict[str, Any] = {"first_stage_layers": None, "last_stage_layers": None,
+                             "account_for_embedding": False, "account_for_loss": False,
+                             "pipeline_layout": None, "vpp_given": None}
+
+
+def _split_args(base: ModelConfig, pp: int, vpp: int | None) -> dict[str, Any] | None:
+    """The split arguments that make Megatron accept `pp` x `vpp` for `base`'s layers (the
+    run's own for its own PP x VPP), or None when no split does."""
+    from slurmpod.megatron.pipeline import balanced_layout
+
+    if pp == base.pp and vpp == base.vpp:
+        own = {k: getattr(base, k) for k in _NO_SPLIT}
+        if not base.pipeline_split().errors:
+            return own
+    L, v = base.num_layers, vpp or 1
+    if L % (pp * v) == 0:
+        return dict(_NO_SPLIT)
+    trial = dataclasses.replace(base, pp=pp, vpp=vpp, **_NO_SPLIT)
+    for emb, loss in ((True, True), (False, True), (True, False)):
+        if (L + emb + loss) % (pp * v) == 0:
+            args = _NO_SPLIT | {"account_for_embedding": emb, "account_for_loss": loss}
+            if not dataclasses.replace(trial, **args).pipeline_split().errors:
+                return args
+    if pp == 1:
+        return None
+    layout = balanced_layout(L, pp, v, base.mtp_num_layers)
+    if layout is None:
+        return None
+    args = _NO_SPLIT | {"pipeline_layout": layout}
+    if dataclasses.replace(trial, **args).pipeline_split().errors:
+        return None
+    return args
+
+
+def _vpps(base: ModelConfig, pp: int) -> list[int | None]:
+    """Virtual stage counts worth trying at `pp`: every count whose chunks split the layers
+    (with or without the embedding/loss slots) evenly, up to MAX_VPP, and the run's own."""
+    if pp == 1:
+        return [None]
+    L = base.num_layers
+    out: set[int] = set()
+    for slots in (L, L + 1, L + 2, L + 2 + base.mtp_num_layers):
+        per = -(-slots // pp)  # ceil: a balanced layout evens the rest out
+        out.update(v for v in _divisors(per) if 1 < v <= MAX_VPP and pp * v <= L)
+    vs: list[int | None] = [None, *sorted(out)]
+    if pp == base.pp and base.vpp not in vs:
+        vs.append(base.vpp)
+    return vs
+
+
 def layouts(base: ModelConfig, world: int, domain_gpus: int
             ) -> list[tuple[int, int, int, int | None, int, int]]:
     """(tp, cp, pp, vpp, ep, etp) of every valid layout of `base`'s model on `world` GPUs."""
+    return [lay for lay, _ in _layouts(base, world, domain_gpus)]
+
+
+def _ep_fits_domain(span: int, domain: int) -> bool:
+    return domain % span == 0 if span <= domain else span % domain == 0
+
+
+def _layouts(base: ModelConfig, world: int, domain_gpus: int
+             ) -> list[tuple[tuple[int, int, int, int | None, int, int], dict[str, Any]]]:
     c = base
     tps = [t for t in _divisors(domain_gpus)
            if c.num_attention_heads % t == 0
            and (c.multi_latent_attention or c.num_query_groups % t == 0)
            and (c.num_moe_layers == c.num_layers or c.ffn_hidden_size % t == 0)]
     cps = [x for x in (1, 2, 4, 8, 16, MAX_CP) if c.seq_length % (2 * x) == 0 or x == 1]
-    pps = _divisors(c.num_layers)
-    uneven = c.first_stage_layers is not None or c.last_stage_layers is not None
-    if uneven and c.pp not in pps:
-        pps.append(c.pp)
     experts = c.num_experts or 1
-    out: list[tuple[int, int, int, int | None, int, int]] = []
+    splits: dict[tuple[int, int | None], dict[str, Any] | None] = {}
+    out: list[tuple[tuple[int, int, int, int | None, int, int], dict[str, Any]]] = []
     for tp in tps:
         for cp in cps:
             if world % (tp * cp):
                 continue
-            for pp in pps:
-                if world % (tp * cp * pp):
-                    continue
-                if pp == c.pp and uneven:
-                    vpps: list[int | None] = [c.vpp]
-                elif pp > 1:
-                    per = c.num_layers // pp
-                    vpps = [None, *(v for v in _divisors(per) if v > 1)]
-                else:
-                    vpps = [None]
+            for pp in _divisors(world // (tp * cp)):
+                if pp > c.num_layers:
+                    break
                 if c.is_moe:
                     moe = [(ep, etp) for etp in sorted({1, tp}) for ep in _divisors(experts)
-                           if world % (etp * ep * pp) == 0]
+                           if world % (etp * ep * pp) == 0
+                           and _ep_fits_domain(ep * etp, domain_gpus)]
                 else:
                     moe = [(1, tp)]
-                for vpp in vpps:
+                for vpp in _vpps(c, pp):
+                    key = (pp, vpp)
+                    if key not in splits:
+                        splits[key] = _split_args(c, pp, vpp)
+                    args = splits[key]
+                    if args is None:
+                        continue
                     for ep, etp in moe:
-                        out.append((tp, cp, pp, vpp, ep, etp))
+                        out.append(((tp, cp, pp, vpp, ep, etp), args))
     return out
+
+
+def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
+    """Recompute settings from the least to the most recompute, the run's own among them."""
+    none = {"recompute_granularity": None, "recompute_method": None,
+            "recompute_num_layers": None}
+    sel = none | {"recompute_granularity": "selective", "recompute_modules": ("core_attn",)}
+    own = {"recompute_granularity": base.recompute_granularity,
+           "recompute_method": base.recompute_method,
+           "recompute_num_layers": base.recompute_num_layers,
+           "recompute_modules": base.recompute_modules}
+    full = {"recompute_granularity": "full", "recompute_method": "uniform",
+            "recompute_num_layers": 1}
+    ladder = [none, sel]
+    if base.recompute_granularity == "selective" and set(base.recompute_modules) - {"core_attn"}:
+        ladder.append(own)
+    ladder.append(full)
+    return ladder
 
 
 def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
@@ -107,40 +219,69 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     """The fastest `top` candidates (all when None) that fit, sorted by predicted step time,
     and how many layouts were evaluated. When none fits, the least memory-hungry ones, marked
     `fits = False`, so the caller can say by how much."""
+    import heapq
+
     gbs = base.global_batch_size or 0
     fitting: list[Candidate] = []
     closest: list[Candidate] = []
+    # With `top`, the top-th fastest step time so far (a max-heap of the fastest `top`): a
+    # micro-batch whose least-recompute rung is predicted slower cannot enter the answer, so
+    # its memory is never computed.
+    best: list[float] = []
+    ladder = _recompute_ladder(base)
     n = 0
-    for tp, cp, pp, vpp, ep, etp in layouts(base, world, hw.domain_gpus):
+    for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus):
         dp = world // (tp * cp * pp)
+        lay = _with(base, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp,
+                    sequence_parallel=tp > 1, **split_args)
+        weights: list[Any] | None = None
+        wmax: Any = None
         for mbs in MICRO_BATCH_SIZES:
             if gbs % (mbs * dp):
                 continue
             nmb = gbs // (mbs * dp)
             if vpp and nmb < pp:
                 continue
-            for gran in ("selective", "full"):
+            if weights is None:
+                weights = rank_weight_bytes(lay, world)
+                wmax = max(weights, key=lambda w: w.bytes_per_gpu)
+            fitted_rung = False
+            bound: Prediction | None = None
+            for i, rung in enumerate(ladder):
                 n += 1
-                c = dataclasses.replace(
-                    base, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp, micro_batch_size=mbs,
-                    sequence_parallel=tp > 1, recompute_granularity=gran,
-                    recompute_method="uniform" if gran == "full" else None,
-                    recompute_num_layers=1 if gran == "full" else None,
-                    first_stage_layers=base.first_stage_layers if pp == base.pp else None,
-                    last_stage_layers=base.last_stage_layers if pp == base.pp else None)
-                mem = (weight_and_optimizer_bytes(c, world).bytes_per_gpu
-                       + activation_bytes(c, world).bytes_per_gpu)
+                c = _with(lay, micro_batch_size=mbs, **rung)
+                if i == 0 and top is not None and fitting:
+                    bound = predict(c, world, hw, eff, opts, weights=wmax)
+                    if bound is None:
+                        break
+                    if len(best) >= top and bound.step_time_s >= -best[0]:
+                        fitted_rung = True  # not an answer, but it says nothing of memory
+                        break
+                acts = rank_activation_bytes(c, world)
+                mem = max(w.bytes_per_gpu + a.bytes_per_gpu
+                          for w, a in zip(weights, acts, strict=True))
                 fits = mem <= usable_bytes
                 if not fits and fitting:
                     continue
-                pred = predict(c, world, hw, eff, opts)
+                pred = bound if bound is not None and i == 0 else predict(
+                    c, world, hw, eff, opts, weights=wmax)
                 if pred is None:
                     break
                 cand = Candidate(c, mem, fits, pred)
                 if fits:
                     fitting.append(cand)
-                    break  # full recompute is never faster than selective
+                    if top is not None:
+                        if len(best) < top:
+                            heapq.heappush(best, -pred.step_time_s)
+                        elif pred.step_time_s < -best[0]:
+                            heapq.heapreplace(best, -pred.step_time_s)
+                    fitted_rung = True
+                    break  # more recompute is never faster
                 closest.append(cand)
+            if not fitted_rung:
+                # Activation memory never falls with the micro-batch: a rank keeps
+                # min(mbs x in-flight, GBS / DP x VPP) samples (1F1B and interleaved alike).
+                break
     if fitting:
         fitting.sort(key=lambda x: x.prediction.step_time_s)
         return (fitting if top is None else fitting[:top]), n

@@ -35,10 +35,13 @@ def test_candidates_are_valid_sorted_and_fit() -> None:
         k = x.config
         assert x.fits and x.memory_bytes <= USABLE
         assert 8 % k.tp == 0 and k.num_attention_heads % k.tp == 0
-        assert 128 % (k.tp * k.cp * k.pp) == 0 and k.num_layers % k.pp == 0
+        assert 128 % (k.tp * k.cp * k.pp) == 0 and k.pp <= k.num_layers
         dp = 128 // (k.tp * k.cp * k.pp)
         assert k.global_batch_size % (k.micro_batch_size * dp) == 0
-        assert k.vpp is None or (k.num_layers // k.pp) % k.vpp == 0
+        assert not k.pipeline_split().errors  # a split Megatron accepts
+        uneven = k.num_layers % (k.pp * (k.vpp or 1)) != 0
+        assert uneven == (k.pipeline_layout is not None or k.account_for_embedding
+                          or k.account_for_loss)
         assert k.sequence_parallel == (k.tp > 1)
 
 
@@ -94,3 +97,51 @@ def test_plan_text_prints_the_prediction() -> None:
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("predicted"))
     assert "s/iteration" in line and "MFU" in line
+
+
+def test_pruned_top_n_is_the_head_of_the_full_ranking() -> None:
+    """`top` skips the memory of layouts predicted slower than the top-th so far; the answer
+    must be what ranking everything gives."""
+    for preset, world in (("llama3-70b", 128), ("qwen3-30b-a3b", 64)):
+        c = ModelConfig.from_args(load_run(preset_path(preset)).megatron)
+        every, _ = search(c, world, H100, USABLE, top=None)
+        head, _ = search(c, world, H100, USABLE, top=5)
+        assert [x.prediction.step_time_s for x in head] == \
+            [x.prediction.step_time_s for x in every[:5]]
+
+
+def test_layers_that_do_not_divide_get_a_split_megatron_accepts() -> None:
+    """Llama 3.1 405B (126 layers) at PP8 x VPP8 on 1,024 GPUs, the Megatron-Bridge recipe's
+    layout, is a candidate through the embedding/loss slots."""
+    c = ModelConfig.from_args(load_run(preset_path("llama3-405b")).megatron)
+    c = dataclasses.replace(c, global_batch_size=512)
+    cands, _ = search(c, 1024, H100, USABLE, top=None)
+    hit = [x for x in cands if (x.config.tp, x.config.pp, x.config.vpp) == (8, 8, 8)]
+    assert hit and all(x.config.account_for_embedding and x.config.account_for_loss
+                       for x in hit)
+    keys = hit[0].megatron_keys()
+    assert keys["account_for_loss_in_pipeline_split"] is True
+    assert keys["pipeline_model_parallel_layout"] is None
+
+
+def test_candidates_carry_the_runs_settings() -> None:
+    c = ModelConfig.from_args(load_run(ROOT / "tests/data/recipes/"
+                                       "deepseek-v3-h100-fp8cs-1024gpu.toml").megatron)
+    cands, _ = search(c, 1024, H100, USABLE, top=3)
+    for x in cands:
+        assert x.config.fp8 == c.fp8 and x.config.grad_bytes == 2
+        assert x.config.hidden_dropout == 0.0 and x.config.fp8_param_gather
+
+
+def test_in_flight_counts_match_the_schedule_walk() -> None:
+    import itertools
+    from collections import Counter
+
+    from slurmpod.megatron.memory import _in_flight_chunks, _in_flight_counts
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    for pp, v, nmb in itertools.product([2, 4, 8], [None, 2, 5], [1, 3, 8, 64, None]):
+        k = dataclasses.replace(c, pp=pp, vpp=v)
+        for r in range(pp):
+            walk = Counter(_in_flight_chunks(k, r, nmb))
+            assert [walk.get(i, 0) for i in range(v or 1)] == _in_flight_counts(k, r, nmb)
