@@ -219,8 +219,10 @@ def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
 
     Each job's report is made, turned into its row and dropped (100,000 reports are not held
     at once). From `PARALLEL_MIN_JOBS` jobs on, a forked child does the second half of the jobs
-    while this process does the first: reading and building the rows is four fifths of a fleet
-    report's time, the rows come back pickled as plain tuples (about a tenth of that)."""
+    while this process does the first: reading the summaries and building the rows is ~85 % of
+    this function's time, and sending the child's rows back as pickled tuples costs about a
+    tenth of building them. That pays on a machine with a free core; where every core is busy
+    the two processes only compete (benchmarks/report_scale.py prints both)."""
     from slurmpod.report.fleet import fleet_from_rows
 
     index = _spool_paths(spool, compact=True)
