@@ -231,7 +231,9 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
         # (it sums every attempt from `sacct -D`), not this epilog's.
         "goodput": (m.goodput if p.gpus and not truncated and not job.get("restart")
                     else None),
-        "ttfi_s": m.time_to_first_iteration_s,
+        # Likewise the time to first iteration: this attempt's start, but the first line of
+        # the appended log belongs to the first attempt (it would come out negative).
+        "ttfi_s": m.time_to_first_iteration_s if not job.get("restart") else None,
         "ckpt_s": m.checkpoint_stall_s if m.checkpoint_stalls else None,
     })
     if have_rate and m.tflops_per_gpu:

@@ -343,9 +343,13 @@ def choose_figures(job: Any, spool_record: Mapping[str, Any] | None,
     return Figures(source="none")
 
 
-def implausible_reasons(fig: Figures, loss: Loss) -> tuple[str, ...]:
-    """The epilog's flags plus what the report itself can see (its goodput over every attempt,
-    the live Comment's claims), without repeats."""
+def implausible_reasons(fig: Figures, restarted: bool = False) -> tuple[str, ...]:
+    """The epilog's flags plus what the report itself can see, without repeats.
+
+    A requeued job's hook figures of time (time to first iteration, goodput) are measured on a
+    log that holds earlier attempts too: the report does not show them as they are (it leaves a
+    negative start-up out and recomputes goodput over every attempt, module docstring), so they
+    are not judged for such a job; its rates still are."""
     mine = plausible.reasons({
         "mfu": fig.mfu.median if fig.mfu else None,
         "mfu_p10": fig.mfu.p10 if fig.mfu else None,
@@ -353,11 +357,13 @@ def implausible_reasons(fig: Figures, loss: Loss) -> tuple[str, ...]:
         "tflops": fig.tflops.median if fig.tflops else None,
         "tokens_per_s": fig.tokens_per_s,
         "iter_ms": fig.iter_ms.median if fig.iter_ms else None,
-        "ttfi_s": fig.ttfi_s, "ckpt_s": fig.checkpoint_s,
-        "goodput": fig.hook_goodput})
-    if fig.productive_s is not None and loss.productive_gpu_s is None:
-        mine += ("productive-time-unusable",)
-    return tuple(dict.fromkeys((*fig.flagged, *mine)))
+        "ckpt_s": fig.checkpoint_s,
+        "ttfi_s": None if restarted else fig.ttfi_s,
+        "goodput": None if restarted else fig.hook_goodput})
+    flagged = fig.flagged
+    if restarted:
+        flagged = tuple(r for r in flagged if not r.startswith(("ttfi-s-", "goodput-")))
+    return tuple(dict.fromkeys((*flagged, *mine)))
 
 
 def _site_peak(nodelist: str, inventory: Inventory | None) -> float | None:
@@ -476,7 +482,8 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     report = JobReport(job=job, attempts=tuple(attempts), status=status, status_text=text,
                        figures=fig, loss=loss, stability=stab, placement=placement,
                        params_b=params_estimate(fig, gpus), series=series,
-                       implausible=implausible_reasons(fig, loss))
+                       implausible=implausible_reasons(
+                           fig, len(elapsed) > 1 or fig.log_restarts > 0))
     if not with_notes:
         return report
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)

@@ -198,3 +198,26 @@ def test_untracked_job_is_decided_from_the_log_head_only(tmp_path: Path) -> None
     run_epilog(env, tmp_path / "spool", deliver=slurm, show_job=show_job)
     assert slurm.admin == {} and asked == []
     assert not list((tmp_path / "spool" / "records").iterdir())
+
+
+def test_requeued_jobs_hook_times_are_not_judged() -> None:
+    """A requeued job's appended log starts before its last attempt: the hook's time to first
+    iteration and goodput are artefacts the report does not show as they are."""
+    from slurmpod.report.model import Dist, Figures, implausible_reasons
+
+    fig = Figures("spool", iters=10, mfu=Dist(0.4), ttfi_s=-120.0, hook_goodput=1.6,
+                  flagged=("ttfi-s-negative", "goodput-over-100"))
+    assert implausible_reasons(fig, restarted=True) == ()
+    assert implausible_reasons(fig, restarted=False) == ("ttfi-s-negative", "goodput-over-100")
+    forged = Figures("spool", iters=10, mfu=Dist(2.5), ttfi_s=-120.0)
+    assert implausible_reasons(forged, restarted=True) == ("mfu-over-100",)
+
+
+def test_requeued_attempt_has_no_time_to_first_iteration() -> None:
+    from slurmpod.accounting.figures import summarise_log
+
+    from .test_hook_figures import SLURM16, comment, iteration_line
+
+    log = "".join(iteration_line(i + 1, 100, 1000.0) for i in range(20)).encode()
+    job = {"comment": comment(), **SLURM16, "start_time": 1000, "end_time": 1040}
+    assert summarise_log(log, {**job, "restart": 1})[0]["ttfi_s"] is None
