@@ -62,8 +62,8 @@ def main() -> None:
     results = evaluate(points)
     stats = error_stats(results)
     print("\nvalidation (|predicted / published - 1| over validation rows):")
-    for kind in ("all", "dense", "moe"):
-        print(f"  {kind:<5} n={stats[f'{kind}_n']:.0f}  median {stats[f'{kind}_median']:.1%}"
+    for kind in ("all", "dense", "moe", "moe_published"):
+        print(f"  {kind:<13} n={stats[f'{kind}_n']:.0f}  median {stats[f'{kind}_median']:.1%}"
               f"  max {stats[f'{kind}_max']:.1%}")
     print("\nsearch rank of each published recipe's layout (dense rows):")
     for p in points:

@@ -23,6 +23,7 @@ constants are chosen from hardware behaviour and are not tuned to the validation
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,11 @@ SHARP_ALLREDUCE_GAIN = 1.7
 TP_OVERLAP_HIDDEN = 0.8
 # Share of EP all-to-all hidden by overlap_moe_expert_parallel_comm (Megatron main, 2025).
 EP_OVERLAP_HIDDEN = 0.7
+# The flex dispatcher (moe_token_dispatcher_type = "flex": DeepEP / HybridEP) sends a token once
+# to each remote NVLink domain holding one of its experts and fans it out inside the domain
+# over NVLink (DeepEP README: normal kernels reach 43-47 GB/s of a 50 GB/s 400G NIC on H800,
+# ~0.9; taken with the NIC's own 0.85 below as one figure).
+FLEX_EFFICIENCY = 0.9
 # Share of the DP communication left exposed even with overlap (the last bucket).
 DP_EXPOSED_TAIL = 0.1
 # Adam step with fp32 master weights: read param, grad, m, v; write param, m, v; bf16 copy.
@@ -151,6 +157,11 @@ class RunOptions:
     ep_overlap: bool = False
     grad_reduce_bytes: int = 4  # fp32 main grads (Megatron's default with bf16)
     moe_imbalance: float = MOE_IMBALANCE
+    moe_flex: bool = False  # moe_token_dispatcher_type = "flex" (DeepEP / HybridEP)
+    # Node-limited routing (moe_router_num_groups with moe_router_group_topk): a token's experts
+    # sit in at most this many expert groups (DeepSeek-V3: 4 of 8).
+    moe_group_topk: int | None = None
+    moe_num_groups: int | None = None
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
@@ -165,7 +176,14 @@ class RunOptions:
             ep_overlap=bool(args.get("overlap_moe_expert_parallel_comm")),
             grad_reduce_bytes=2 if bf16_grads else 4,
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
+            moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
+            moe_group_topk=_opt_int(args.get("moe_router_group_topk")),
+            moe_num_groups=_opt_int(args.get("moe_router_num_groups")),
         )
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v in (None, "None", "") else int(v)
 
 
 BREAKDOWN_KEYS = ("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
@@ -265,6 +283,28 @@ def _eff(d: float) -> float:
     return d / (d + GEMM_HALF_DIM)
 
 
+def _flex_time(tokens: float, h: int, topk: float, domains: int, opts: RunOptions,
+               nvl: float, nic: float) -> float:
+    """One dispatch or combine pass of the flex dispatcher over `domains` NVLink domains:
+    each token crosses the fabric once per remote domain holding one of its experts, then
+    fans out to its experts inside that domain over NVLink."""
+    groups = opts.moe_num_groups or 0
+    if opts.moe_group_topk and groups >= domains and groups % domains == 0:
+        # Node-limited routing: the experts lie in moe_group_topk of the groups, each group
+        # inside one domain; expected distinct domains among those groups.
+        per = groups // domains
+        k = min(opts.moe_group_topk, groups)
+        miss = math.comb(groups - per, k) / math.comb(groups, k)
+        chosen = domains * (1 - miss)
+    else:
+        # Experts drawn uniformly: expected number of distinct domains among top-k picks.
+        chosen = domains * (1 - (1 - 1 / domains) ** topk)
+    remote = chosen * (1 - 1 / domains)
+    fabric = tokens * remote * h * 2 / nic
+    inside = tokens * topk * h * 2 / nvl
+    return max(fabric, inside) / FLEX_EFFICIENCY
+
+
 def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = None,
             opts: RunOptions | None = None, *, weights: WeightMemory | None = None
             ) -> Prediction | None:
@@ -306,6 +346,12 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         rec = min(1.0, n * vpp / stage_layers) if c.recompute_method == "block" else 1.0
     gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
     mem_passes = 1.0 + rec / 3
+    # Selective recompute of whole modules runs their forward again (flash attention already
+    # recomputes the core attention, so `core_attn` costs nothing here).
+    mods = (set(c.recompute_modules) if c.recompute_granularity == "selective" else set())
+    rec_mlp = 1.0 if "mlp" in mods else rec
+    rec_moe = 1.0 if "moe" in mods else rec
+    rec_shared = 1.0 if "moe" in mods or "shared_experts" in mods else rec
 
     # --- one dense-attention half of a layer (shared by dense and MoE layers) ---
     t_attn = gemm_passes * tok * k.attn_linear / tp / (peak_mm * _eff(min(h, k.q_width / tp)))
@@ -329,7 +375,8 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
 
     # --- MLPs ---
     ffn = c.ffn_hidden_size
-    t_dense_mlp = gemm_passes * tok * k.mlp_dense / tp / (peak_mm * _eff(min(h, ffn / tp)))
+    t_dense_mlp = (6.0 + 2.0 * rec_mlp) * tok * k.mlp_dense / tp / (
+        peak_mm * _eff(min(h, ffn / tp)))
     mem_dense = ELEMENTWISE_BYTES_FFN * tok * ffn / tp
     cast_dense = FP8_CAST_BYTES * tok * ffn / tp if fp8 else 0.0
     t_moe_mlp = mem_moe = cast_moe = t_ep = 0.0
@@ -339,10 +386,10 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         topk = c.moe_router_topk
         per_expert = tok * topk * ep * etp / (tp * n_exp)  # tokens per local expert GEMM
         d_exp = min(h, c.moe_ffn_hidden_size / etp, per_expert)
-        t_moe_mlp = gemm_passes * tok * k.moe_routed * imb / tp / (
+        t_moe_mlp = (6.0 + 2.0 * rec_moe) * tok * k.moe_routed * imb / tp / (
             peak_mm * _eff(d_exp) * GROUPED_GEMM_FACTOR)
         if k.moe_shared:
-            t_moe_mlp += gemm_passes * tok * k.moe_shared / tp / (
+            t_moe_mlp += (6.0 + 2.0 * rec_shared) * tok * k.moe_shared / tp / (
                 peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
         t_moe_mlp += 6.0 * tok * k.router / tp / peak16
         routed = tok * topk * imb / tp
@@ -352,10 +399,18 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         cast_moe = FP8_CAST_BYTES * routed * c.moe_ffn_hidden_size / etp if fp8 else 0.0
         if ep > 1:
             # 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed).
-            vol = (4 + 2 * rec) * routed * h * 2 * (ep - 1) / ep
+            passes = 4 + 2 * max(rec, rec_moe)
             span = ep * etp
-            outside = 0.0 if span <= hw.domain_gpus else 1 - hw.domain_gpus / span
-            t_ep = vol * max((1 - outside) / nvl, outside / nic) / ALLTOALL_EFFICIENCY
+            copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
+            if span <= hw.domain_gpus:
+                t_ep = passes * copies / nvl / ALLTOALL_EFFICIENCY
+            elif opts.moe_flex:
+                t_ep = passes * _flex_time(tok / tp, h, topk * imb, span // hw.domain_gpus,
+                                           opts, nvl, nic)
+            else:
+                outside = 1 - hw.domain_gpus / span
+                t_ep = passes * copies * max((1 - outside) / nvl, outside / nic) \
+                    / ALLTOALL_EFFICIENCY
             if opts.ep_overlap:
                 t_ep *= 1 - EP_OVERLAP_HIDDEN
 
