@@ -36,23 +36,41 @@ def _value(x: Any) -> float | None:
         return math.nan
 
 
+_FRACTION_MAX = 1.0 + FRACTION_SLACK
+_CHECKS = tuple((key, key in FRACTIONS, key.replace("_", "-"))
+                for key in (*FRACTIONS, *DURATIONS, *RATES))
+
+
 def reasons(figures: Mapping[str, Any]) -> tuple[str, ...]:
     """Why the figures (AdminComment v1 keys) cannot be right; empty when they can.
 
     `mfu-over-100`, `mfu-negative`, `goodput-over-100`, `goodput-negative`, `<key>-negative`
-    for a time or rate, `<key>-not-finite` for NaN, infinity or a non-number."""
+    for a time or rate, `<key>-not-finite` for NaN, infinity or a non-number. A fleet report
+    asks this of every job, so the usual case (plain finite numbers in range) is a few
+    comparisons per key."""
     out: list[str] = []
-    for key in (*FRACTIONS, *DURATIONS, *RATES):
-        v = _value(figures.get(key))
-        if v is None:
+    get = figures.get
+    for key, fraction, name in _CHECKS:
+        x = get(key)
+        if x is None:
             continue
-        name = key.replace("_", "-")
+        if type(x) is float or type(x) is int:
+            # NaN fails every comparison, so it falls through to the slow path
+            if 0 <= x <= (_FRACTION_MAX if fraction else math.inf) and x != math.inf:
+                continue
+            v = float(x)
+        else:
+            v = _value(x)  # type: ignore[assignment]
+            if v is None:
+                continue
         if not math.isfinite(v):
             out.append(f"{name}-not-finite")
         elif v < 0:
             out.append(f"{name}-negative")
-        elif key in FRACTIONS and v > 1.0 + FRACTION_SLACK:
+        elif fraction and v > _FRACTION_MAX:
             out.append(f"{name}-over-100")
+    if not out:
+        return ()
     # The percentiles repeat what the median says; keep one reason per figure.
     if "mfu-over-100" in out:
         out = [r for r in out if r not in ("mfu-p10-over-100", "mfu-p90-over-100")]

@@ -6,6 +6,7 @@ boundary; times are timezone-aware datetimes; job ids are strings (`123`, `123_4
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -50,12 +51,7 @@ class JobState(StrEnum):
         """`CANCELLED by 0`, `COMPLETED+`, `RUNNING,COMPLETING` and abbreviations like `CA`."""
         if not text:
             return cls.UNKNOWN
-        word = text.strip().split()[0].split(",")[0].rstrip("+").upper()
-        word = _ABBREV.get(word, word)
-        try:
-            return cls(word)
-        except ValueError:
-            return cls.UNKNOWN
+        return _parse_state(text)
 
 
 _TERMINAL = frozenset({
@@ -178,3 +174,15 @@ class NodeInfo:
         return self.state in ("IDLE", "MIXED", "ALLOCATED", "COMPLETING") and not (
             {"DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "FAIL"} & set(self.flags)
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_state(text: str) -> JobState:
+    """JobState.parse for a non-empty text; cached: a fleet report parses one per sacct row, and
+    the texts repeat (`CANCELLED by 1000` varies only by uid)."""
+    word = text.strip().split()[0].split(",")[0].rstrip("+").upper()
+    word = _ABBREV.get(word, word)
+    try:
+        return JobState(word)
+    except ValueError:
+        return JobState.UNKNOWN
