@@ -17,7 +17,6 @@ import gc
 import operator
 import os
 import re
-import stat
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -126,22 +125,20 @@ def read_spool_record(path: Path | str | None) -> dict[str, Any] | None:
 
 def log_hints(record: dict[str, Any] | None) -> LogHints | None:
     """NCCL topology evidence from the head of the job's log, if this user can read it."""
+    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
     from slurmpod.report.model import LogHints
 
-    path = str(((record or {}).get("log") or {}).get("path") or "")
-    if not path:
+    log = (record or {}).get("log") or {}
+    path = str(log.get("path") or "")
+    uid = ((record or {}).get("job") or {}).get("uid")
+    if not path or log.get("refused") or not isinstance(uid, int):
         return None
     try:
-        # O_NONBLOCK and a regular-file check: the job chose this path, and a FIFO or a device
-        # there must not hang the report (the epilog refuses them but records the path).
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-                     | os.O_NOCTTY)
-    except OSError:
+        # The epilog's reader: the job chose this path, so no symlink, FIFO, device or other
+        # user's file, and a bounded read (an admin running the report may be root).
+        head = read_job_file(path, uid, head_bytes=LOG_HEAD_BYTES, tail_bytes=0).head
+    except (UnsafeFileError, OSError):
         return None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        head = fh.read(LOG_HEAD_BYTES)
     warn = re.search(rb"NCCL_TOPO_FILE \S* ?is not readable", head) is not None
     return LogHints(path=path, nccl_topo_warning=warn,
                     nccl_topo_loaded=b"NCCL_TOPO_FILE set by environment to" in head,

@@ -213,15 +213,18 @@ def test_log_hints_read_nccl_evidence_and_refuse_symlinks(tmp_path: Path) -> Non
     # the warning slurmpod's sbatch template prints when the topology file is unreadable
     log.write_text("slurmpod: warning: NCCL_TOPO_FILE /etc/slurmpod/nccl-topo/x.xml is not "
                    "readable; unsetting it\ngpu001:1:1 [0] NCCL INFO Bootstrap : Using ib0\n")
-    h = log_hints({"log": {"path": str(log)}})
+    h = log_hints({"log": {"path": str(log)}, "job": {"uid": os.getuid()}})
     assert h.nccl_topo_warning and h.nccl_info and not h.nccl_topo_loaded
     log.write_text("gpu001 NCCL INFO NCCL_TOPO_FILE set by environment to /etc/t.xml\n")
-    h = log_hints({"log": {"path": str(log)}})
+    h = log_hints({"log": {"path": str(log)}, "job": {"uid": os.getuid()}})
     assert h.nccl_topo_loaded and not h.nccl_topo_warning
     link = tmp_path / "link.out"
     link.symlink_to(log)
-    assert log_hints({"log": {"path": str(link)}}) is None
+    assert log_hints({"log": {"path": str(link)}, "job": {"uid": os.getuid()}}) is None
     assert log_hints({"log": {}}) is None and log_hints(None) is None
+    # the job's uid decides whose file it may be (the report may run as root)
+    assert log_hints({"log": {"path": str(log)}, "job": {"uid": os.getuid() + 1}}) is None
+    assert log_hints({"log": {"path": str(log)}}) is None
 
 
 def test_sacct_retried_while_slurmdbd_is_unreachable(
@@ -279,7 +282,7 @@ def test_log_hints_read_why_each_attempt_ended(tmp_path: Path) -> None:
     (state / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # Another log's attempts are not this job's; a value outside the known ends is "unknown".
     assert attempt_ends(str(log)) == ("timelimit", "unknown")
-    h = log_hints({"log": {"path": str(log)}})
+    h = log_hints({"log": {"path": str(log)}, "job": {"uid": os.getuid()}})
     assert h is not None and h.attempt_ends == ("timelimit", "unknown")
     os.unlink(state / "attempts.jsonl")
     os.mkfifo(state / "attempts.jsonl")  # never blocks
@@ -291,5 +294,5 @@ def test_log_hints_never_block_on_a_fifo_or_read_a_device(tmp_path: Path) -> Non
 
     fifo = tmp_path / "job.out"
     os.mkfifo(fifo)  # no writer: a blocking open would hang the report forever
-    assert log_hints({"log": {"path": str(fifo)}}) is None
-    assert log_hints({"log": {"path": "/dev/zero"}}) is None
+    assert log_hints({"log": {"path": str(fifo)}, "job": {"uid": os.getuid()}}) is None
+    assert log_hints({"log": {"path": "/dev/zero"}, "job": {"uid": os.getuid()}}) is None
