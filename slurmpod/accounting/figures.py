@@ -229,7 +229,7 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
         # A requeued job's log (--open-mode=append) holds earlier attempts too, while Slurm's
         # start and end are this attempt's: goodput over all attempts is the report's job
         # (it sums every attempt from `sacct -D`), not this epilog's.
-        "goodput": (m.goodput if p.gpus and not truncated and not job.get("restart")
+        "goodput": (m.goodput if alloc and not truncated and not job.get("restart")
                     else None),
         # Likewise the time to first iteration: this attempt's start, but the first line of
         # the appended log belongs to the first attempt (it would come out negative).

@@ -221,3 +221,17 @@ def test_requeued_attempt_has_no_time_to_first_iteration() -> None:
     log = "".join(iteration_line(i + 1, 100, 1000.0) for i in range(20)).encode()
     job = {"comment": comment(), **SLURM16, "start_time": 1000, "end_time": 1040}
     assert summarise_log(log, {**job, "restart": 1})[0]["ttfi_s"] is None
+
+
+def test_epilog_goodput_needs_slurms_allocation() -> None:
+    """Without Slurm's start and end the log's own span is no allocation: no goodput (the
+    log's clock could make it anything)."""
+    from slurmpod.accounting.figures import summarise_log
+
+    from .test_hook_figures import SLURM16, comment, iteration_line
+
+    log = "".join(iteration_line(i + 1, 100, 1000.0, ts="2026-01-02 03:04:05")
+                  for i in range(20)).encode()
+    assert summarise_log(log, {"comment": comment(), **SLURM16})[0]["goodput"] is None
+    timed = {"comment": comment(), **SLURM16, "start_time": 1000, "end_time": 1040}
+    assert summarise_log(log, timed)[0]["goodput"] == pytest.approx(0.5)
