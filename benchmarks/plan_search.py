@@ -20,19 +20,34 @@ from slurmpod.config import load_site, resolve_site_path
 from slurmpod.megatron.memory import GIB
 from slurmpod.megatron.plan import HBM_HEADROOM_FRACTION
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.calibrate import (
     error_stats,
     evaluate,
+    layout_rank,
     load_published,
     markdown_table,
     recipe_rank,
 )
-from slurmpod.perf.model import RunOptions, hardware_from_site
+from slurmpod.perf.model import FITTED, RunOptions, hardware_from_site
 from slurmpod.perf.search import search
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "data" / "perf" / "published.toml"
 REPORT = ROOT / "tests" / "data" / "perf" / "validation.md"
+RECIPES = ROOT / "tests" / "data" / "recipes"
+
+
+def _recipe_file_rank(path: Path, points: list) -> tuple[int | None, int, str]:
+    """Rank of a recipe file's layout on its own GPU (from the file name) and node count."""
+    gpu = "gb200" if "gb200" in path.stem else "h100"
+    hw = next(p.hardware for p in points if p.hardware and p.hardware.gpu_model == gpu)
+    run = load_run(path)
+    c = ModelConfig.from_args(run.megatron)
+    world = run.job.nodes * hw.gpus_per_node
+    usable = CATALOG[gpu].hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
+    return layout_rank(c, world, hw, FITTED[hw.generation],
+                       RunOptions.from_args(run.megatron.values()), usable)
 
 
 def main() -> None:
@@ -71,6 +86,10 @@ def main() -> None:
             continue
         rank, n, why = recipe_rank(p)
         print(f"  {p.id:<40} " + (f"rank {rank} of {n}" if rank else why))
+    print("\nsearch rank of each recipe in tests/data/recipes (its own settings):")
+    for path in sorted(RECIPES.glob("*.toml")):
+        rank, n, why = _recipe_file_rank(path, points)
+        print(f"  {path.stem:<40} " + (f"rank {rank} of {n}" if rank else why))
     if args.write:
         REPORT.write_text("# Performance model: published points, predicted, error\n\n"
                           "Written by `benchmarks/plan_search.py --write`; checked by "

@@ -269,12 +269,20 @@ def error_stats(results: Sequence[Result], role: str = "validation") -> dict[str
 def recipe_rank(p: Point, usable_fraction: float = 0.9) -> tuple[int | None, int, str]:
     """Where the search ranks the published layout of `p`: (rank or None, candidates, why)."""
     from slurmpod.model.gpus import CATALOG
-    from slurmpod.perf.search import search
 
     assert p.config is not None and p.hardware is not None
-    c = p.config
     usable = CATALOG[p.hardware.gpu_model].hbm_gib * 1024**3 * usable_fraction
-    cands, _ = search(c, p.gpus, p.hardware, usable, FITTED[p.generation], p.opts, top=None)
+    return layout_rank(p.config, p.gpus, p.hardware, FITTED[p.generation], p.opts, usable)
+
+
+def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions,
+                usable_bytes: float) -> tuple[int | None, int, str]:
+    """Where the search ranks `c`'s own layout (TP, CP, PP, VPP, EP, micro-batch) among every
+    fitting candidate: (rank or None, candidates, why not)."""
+    from slurmpod.megatron.memory import peak_memory
+    from slurmpod.perf.search import search
+
+    cands, _ = search(c, world, hw, usable_bytes, eff, opts, top=None)
     if not cands or not cands[0].fits:
         return None, 0, "nothing fits"
     want = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.micro_batch_size)
@@ -282,7 +290,11 @@ def recipe_rank(p: Point, usable_fraction: float = 0.9) -> tuple[int | None, int
         k = cand.config
         if (k.tp, k.cp, k.pp, k.vpp, k.ep, k.micro_batch_size) == want:
             return i, len(cands), ""
-    return None, len(cands), "not a fitting candidate (memory estimate or layout rule)"
+    need = peak_memory(c, world).bytes_per_gpu
+    if need > usable_bytes:
+        return None, len(cands), (f"the recipe as published needs {need / 1024**3:.1f} GiB "
+                                  f"per GPU, above {usable_bytes / 1024**3:.1f} usable")
+    return None, len(cands), "not a fitting candidate (layout rule)"
 
 
 def markdown_table(points: Sequence[Point], results: Sequence[Result]) -> str:

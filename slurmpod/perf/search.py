@@ -156,7 +156,8 @@ def layouts(base: ModelConfig, world: int, domain_gpus: int
 
 
 def _ep_fits_domain(span: int, domain: int) -> bool:
-    return domain % span == 0 if span <= domain else span % domain == 0
+    """An expert group (EP x ETP GPUs) lies inside one NVLink domain or spans whole ones."""
+    return span <= domain or span % domain == 0
 
 
 def _layouts(base: ModelConfig, world: int, domain_gpus: int

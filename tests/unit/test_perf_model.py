@@ -105,3 +105,48 @@ def test_options_read_megatron_argument_names() -> None:
                               "overlap_grad_reduce": True, "grad_reduce_in_bf16": True})
     assert o.fp8 and o.tp_comm_overlap and o.overlap_grad_reduce and o.grad_reduce_bytes == 2
     assert not RunOptions.from_args({"fp8": None}).fp8
+
+
+def _ep_time(c: ModelConfig, world: int, **opts: object) -> float:
+    p = predict(c, world, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
+    assert p is not None
+    return p.breakdown_s["ep"]
+
+
+def test_flex_dispatcher_crosses_the_fabric_once_per_remote_domain() -> None:
+    """DeepSeek-V3 at EP64 over 8 nodes: the flex dispatcher sends a token once per remote
+    node holding one of its experts; node-limited routing (4 of 8 groups) caps those nodes."""
+    c = cfg("deepseek-v3", tp=2, pp=8, ep=64, etp=1, sequence_parallel=True,
+            global_batch_size=1024, pipeline_layout=None, vpp=None)
+    plain = _ep_time(c, 1024)
+    flex = _ep_time(c, 1024, moe_flex=True)
+    limited = _ep_time(c, 1024, moe_flex=True, moe_num_groups=8, moe_group_topk=4)
+    assert limited < flex < plain
+    # 8 top-k picks over 8 nodes reach ~5.3 of them, 4 groups exactly 4: 7/8 of those remote.
+    assert flex / limited == pytest.approx((8 * (1 - (7 / 8) ** 8)) / 4, rel=0.02)
+    # Inside one NVLink domain the dispatcher choice changes nothing.
+    inside = dataclasses.replace(c, ep=8)
+    assert _ep_time(inside, 1024, moe_flex=True) == _ep_time(inside, 1024)
+
+
+def test_selective_recompute_of_the_mlp_costs_its_forward() -> None:
+    c = cfg("llama3-70b", tp=8, pp=4, vpp=None, recompute_granularity="selective")
+    base = step(dataclasses.replace(c, recompute_modules=("core_attn",)), 128)
+    mlp = step(dataclasses.replace(c, recompute_modules=("core_attn", "mlp")), 128)
+    full = step(dataclasses.replace(c, recompute_granularity="full",
+                                    recompute_method="uniform", recompute_num_layers=1), 128)
+    assert base < mlp < full
+
+
+def test_kernel_gaps_favour_fewer_larger_kernels() -> None:
+    """The same tokens in twice-larger microbatches launch half the kernels per token."""
+    from slurmpod.perf import model
+
+    c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256)
+    one = predict(c, 8, H100)
+    two = predict(dataclasses.replace(c, micro_batch_size=2), 8, H100)
+    assert one is not None and two is not None
+    assert two.breakdown_s["compute"] < one.breakdown_s["compute"]
+    gaps = model.KERNEL_GAP_S * model.DENSE_LAYER_KERNELS * 32 * 32  # layers x microbatches
+    assert one.breakdown_s["compute"] - two.breakdown_s["compute"] == pytest.approx(
+        gaps / 2, rel=0.05)

@@ -60,11 +60,36 @@ def test_dense_rows_meet_the_accuracy_target() -> None:
     assert STATS["dense_max"] <= 0.25
 
 
-@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median ~26 %, max ~113 %): "
-                   "fine-grained experts (Qwen3-30B), GPT-OSS and EP all-to-all across nodes "
-                   "(DeepSeek-V3 on H100) are not yet modelled well; see docs/perf-model.md")
+@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median ~21 %, max ~61 %): "
+                   "Qwen3-30B-A3B and GPT-OSS rows are decided by settings they do not publish "
+                   "(config_gap in the table); Qwen3-235B on B200 is predicted 33 % fast; see "
+                   "docs/perf-model.md")
 def test_moe_rows_meet_the_accuracy_target() -> None:
     assert STATS["moe_median"] <= 0.10 and STATS["moe_max"] <= 0.25
+
+
+def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
+    """Without the config_gap rows: not yet the target (max 33 %, Qwen3-235B on B200), but it
+    must not slide back (DeepSeek-V3 on 1,024 H100 was +113 % before the flex dispatcher)."""
+    assert STATS["moe_published_n"] >= 8
+    assert STATS["moe_published_median"] <= 0.15
+    assert STATS["moe_published_max"] <= 0.35
+
+
+# Dense recipes whose published layout the search ranks in its top 5 today (the rest, and
+# why, in docs/perf-model.md); a model change that pushes one out must say why.
+TOP5 = ["nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b", "nemo2407-h100-nemotron4-340b",
+        "nemo2407-h100-llama3-8b", "nemo2407-h100-llama3-70b", "bridge2511-h100-llama31-405b-fp8",
+        "bridge2511-b200-llama3-8b-fp8", "bridge2511-gb200-llama3-8b-fp8"]
+
+
+@pytest.mark.parametrize("point_id", TOP5)
+def test_the_search_ranks_the_published_layout_in_its_top_5(point_id: str) -> None:
+    from slurmpod.perf.calibrate import recipe_rank
+
+    p = next(x for x in POINTS if x.id == point_id)
+    rank, _, why = recipe_rank(p)
+    assert rank is not None and rank <= 5, why or rank
 
 
 def test_the_written_table_is_current() -> None:
