@@ -80,7 +80,8 @@ def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
 # why, in docs/perf-model.md); a model change that pushes one out must say why.
 TOP5 = ["nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b", "nemo2407-h100-nemotron4-340b",
         "nemo2407-h100-llama3-8b", "nemo2407-h100-llama3-70b", "bridge2511-h100-llama31-405b-fp8",
-        "bridge2511-b200-llama3-8b-fp8", "bridge2511-gb200-llama3-8b-fp8"]
+        "bridge2602-h100-llama31-405b-fp8", "bridge2511-b200-llama3-8b-fp8",
+        "bridge2511-gb200-llama3-8b-fp8"]
 
 
 @pytest.mark.parametrize("point_id", TOP5)
