@@ -36,8 +36,9 @@ regex runs once per line *shape* (the line with every digit a `0`), and numpy re
 of all lines of a shape at once (`_Plan`, exact like int()/float()); everything else is found
 with `bytes.find` of a few marker words and read line by line (the careful path, which the bulk
 reader matches exactly). Memory: one unfinished line (capped at `MAX_LINE_BYTES`), one chunk's
-working set, 8 bytes per logged iteration per column whose values differ (`_Column`: a column
-of one repeated value costs nothing), and a small record per checkpoint/restart.
+working set, the record columns packed losslessly (`logrecords.ColumnBuilder`: blocks of one
+repeated value cost nothing, counters, offsets and printed decimals 1-2 bytes each), and a small
+record per checkpoint/restart.
 
 Garbage: lines that do not parse completely are counted (`n_rejected`) and dropped, never
 guessed at. An iteration line must end with `|` and every field slurmpod reads must convert;
@@ -52,7 +53,6 @@ Slurm's epoch times, add the node's UTC offset to the epoch value (`epoch_to_log
 from __future__ import annotations
 
 import re
-from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import pairwise
@@ -62,6 +62,7 @@ import numpy as np
 
 from slurmpod.accounting.logrecords import (
     CheckpointSave,
+    ColumnBuilder,
     IterationRecord,
     IterationTable,
     LogSummary,
@@ -363,67 +364,6 @@ class _Bulk:
         self.runs: list[tuple[_Layout, int, int]] = []  # (layout, first, end) in bulk lines
 
 
-class _Column:
-    """One append-only record column, lossless. While every value so far is the same (bit for
-    bit: train_iters, the batch size, the NaN of a field the release does not print, the
-    segment of a log without restarts) it holds only that value and the count, and comes out
-    as a zero-copy broadcast view; from the first different value on, a typed array."""
-
-    __slots__ = ("_arr", "_const", "_dtype", "n")
-
-    def __init__(self, dtype: type) -> None:
-        self._dtype = np.dtype(dtype)
-        self._arr: array | None = None
-        self._const = np.zeros(1, dtype=self._dtype)
-        self.n = 0
-
-    def _materialise(self) -> array:
-        arr = array("d" if self._dtype.kind == "f" else "q")
-        arr.frombytes(np.repeat(self._const, self.n).tobytes())
-        self._arr = arr
-        return arr
-
-    def extend(self, v: np.ndarray | float) -> None:
-        """Append a 1-D array of this dtype (or, with count 1, a scalar)."""
-        v = np.asarray(v, dtype=self._dtype).reshape(-1)
-        if not v.size:
-            return
-        arr = self._arr
-        if arr is None:
-            if self.n == 0:
-                self._const = v[:1].copy()
-            if (v.view(np.int64) == self._const.view(np.int64)[0]).all():
-                self.n += v.size
-                return
-            arr = self._materialise()
-        arr.frombytes(v.tobytes())
-        self.n += v.size
-
-    def fill(self, x: float, count: int) -> None:
-        """Append `count` copies of x."""
-        if count <= 0:
-            return
-        if self._arr is None and (self.n == 0 or np.asarray(x, dtype=self._dtype).view(
-                np.int64) == self._const.view(np.int64)[0]):
-            if self.n == 0:
-                self._const = np.full(1, x, dtype=self._dtype)
-            self.n += count
-            return
-        self.extend(np.full(count, x, dtype=self._dtype))
-
-    def array(self, closed: bool) -> np.ndarray:
-        """The column, read-only: the buffer itself once parsing is over (no second copy of
-        a large log's records), a copy while it still grows."""
-        if self._arr is None:
-            out = np.broadcast_to(self._const, (self.n,))
-        elif closed:
-            out = np.frombuffer(self._arr, dtype=self._dtype)
-        else:
-            out = np.frombuffer(self._arr, dtype=self._dtype).copy()
-        out.flags.writeable = False
-        return out
-
-
 class _Seg:
     """Mutable segment state while parsing."""
 
@@ -475,10 +415,32 @@ class _Save:
 # --- the parser ------------------------------------------------------------------------------
 
 
+_heap_padded = False
+
+
+def _pad_heap() -> None:
+    """Ask glibc to keep 16 MiB free at the top of the heap (M_TOP_PAD). Each chunk's working
+    set (~10 MiB: the chunk, its shapes, the digit matrix) is freed at the top of the heap, and
+    glibc would hand it back to the kernel every time, to fault it in again, zeroed, for the
+    next chunk: 4-5 page faults per iteration line, a quarter of the parse's CPU time. The
+    peak RSS already holds that working set; this keeps it instead of returning it."""
+    global _heap_padded
+    if _heap_padded:
+        return
+    _heap_padded = True
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-2, 16 << 20)  # M_TOP_PAD (malloc.h); glibc and musl
+    except (OSError, AttributeError, TypeError):  # no mallopt (macOS): nothing to tune
+        pass
+
+
 class LogParser:
     """Incremental Megatron log parser: `feed(chunk)` ..., `summary()`, `close()`."""
 
     def __init__(self) -> None:
+        _pad_heap()
         self._partial = b""
         self._skip_line = False  # inside an over-long line: drop it up to the next newline
         self._base = 0  # stream offset of the next byte fed
@@ -487,8 +449,8 @@ class LogParser:
         self._n_rejected = 0
         self._n_duplicates = 0
         self._closed = False
-        self._cols = {k: _Column(np.int64) for k in _INT_COLS}
-        self._cols.update({k: _Column(np.float64) for k in _FLOAT_COLS})
+        self._cols = {k: ColumnBuilder(np.int64) for k in _INT_COLS}
+        self._cols.update({k: ColumnBuilder(np.float64) for k in _FLOAT_COLS})
         self._rows: list[tuple[Any, ...]] = []  # careful-path records not yet in _cols
         self._segs: list[_Seg] = [_Seg(0, 0, "start", False)]
         self._saves: list[_Save] = []
@@ -868,7 +830,7 @@ class LogParser:
         if self._rows:
             for k, vals in zip(_INT_COLS + _FLOAT_COLS, zip(*self._rows, strict=True),
                                strict=True):
-                self._cols[k].extend(np.array(vals, dtype=self._cols[k]._dtype))
+                self._cols[k].extend(np.array(vals, dtype=self._cols[k].dtype))
             self._rows = []
 
     def _rare_line(self, data: bytes, ls: int, nl: int, end: int, base: int) -> int:
@@ -1196,9 +1158,9 @@ class LogParser:
     def summary(self) -> LogSummary:
         """A snapshot of everything parsed so far (complete lines only, unless closed)."""
         self._flush()
-        arrays = {k: c.array(self._closed) for k, c in self._cols.items()}
+        columns = {k: c.column(self._closed) for k, c in self._cols.items()}
         return LogSummary(
-            iterations=IterationTable(**arrays),
+            iterations=IterationTable(**columns),
             segments=tuple(s.freeze() for s in self._segs),
             checkpoints=tuple(s.freeze() for s in self._saves),
             progress=tuple(self._progress),

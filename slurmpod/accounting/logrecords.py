@@ -49,9 +49,261 @@ class IterationRecord:
     power_w: float = float("nan")  # Megatron's `power per GPU (W/GPU)` (--log-energy)
 
 
-@dataclass(frozen=True)
+# -- record columns, packed --------------------------------------------------------------------
+#
+# A log of nothing but iteration lines (`--log-interval 1`) has millions of records, and the
+# numbers in them are small decimals printed by Megatron: iteration counters, byte offsets and
+# timestamps that grow by about the same step, `elapsed time per iteration (ms): 5361.6`,
+# `throughput ...: 243.6`. A column is kept in blocks of BLOCK values, each block packed the
+# narrowest lossless way: one value (a block of equal values), or integers k, as offsets from
+# the block's minimum ("frame of reference") or as differences from the previous value
+# ("delta"), whichever is narrower, in 1, 2 or 4 bytes, or none for a counter (a constant
+# step); a float block as decimals k / 10**d
+# where that gives back every value bit for bit (checked, never assumed), else 8-byte floats.
+# Decoding does exactly k.astype(float64) / 10.0**d, an exact integer divided by an exact power
+# of ten: the correctly rounded double of the decimal, which is what the parser computed.
+
+BLOCK = 1 << 14  # values per block: ~160 blocks for 2.6 million records
+_CONST, _FOR, _DELTA, _RAW, _STEP = 0, 1, 2, 3, 4
+_P10 = tuple(10.0 ** k for k in range(23))  # exact up to 1e22
+_MAX_SCALE = 12  # decimals tried (Megatron prints at most 6 after the point; E notation more)
+_EXACT = float(1 << 53)
+_U = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+_S = {1: np.int8, 2: np.int16, 4: np.int32}
+
+# (count, kind, ref, decimals, data): _CONST: ref a 1-value array; _FOR: value = ref + data;
+# _DELTA: value = ref + cumsum(data); _STEP: value = ref + data * position (data an int: a
+# counter's constant step); _RAW: data the values themselves.
+_Block = tuple[int, int, Any, int, Any]
+
+
+def _width(lo: int, hi: int, signed: bool) -> int:
+    for w in (1, 2, 4):
+        if (-(1 << (8 * w - 1)) <= lo and hi < 1 << (8 * w - 1)) if signed else hi < 1 << (8 * w):
+            return w
+    return 8
+
+
+def _decimals(v: np.ndarray, bits: np.ndarray, hint: list[int]) -> tuple[np.ndarray, int] | None:
+    """(k, d) with k / 10**d == v bit for bit, k integers below 2**53; None if no d does."""
+    if hint[1] > 0:  # the last blocks had no decimal form: don't search every block
+        hint[1] -= 1
+        return None
+    if not np.isfinite(v).all():
+        return None
+    top = float(np.abs(v).max())
+    for j, d in enumerate((hint[0], *range(_MAX_SCALE + 1))):
+        if j and d == hint[0]:
+            continue
+        if top * _P10[d] >= _EXACT:
+            if j == 0:
+                continue
+            break
+        k = np.rint(v * _P10[d]) if d else np.rint(v)
+        k += 0.0  # -0.0 -> 0.0, as the integer will decode: a -0.0 must fail the check
+        back = k / _P10[d] if d else k
+        if (back.view(np.int64) == bits).all():
+            hint[0] = d
+            return k.astype(np.int64), d
+    hint[1] = 8
+    return None
+
+
+def _pack(v: np.ndarray, hint: list[int]) -> _Block:
+    """One block of int64 or float64 values, packed (see above); v is not kept."""
+    n = int(v.shape[0])
+    bits = v.view(np.int64)
+    if (bits == bits[0]).all():
+        return (n, _CONST, v[:1].copy(), 0, None)
+    d = 0
+    k = v
+    if v.dtype.kind == "f":
+        kd = _decimals(v, bits, hint)
+        if kd is None:
+            return (n, _RAW, None, 0, v.copy())
+        k, d = kd
+    lo, hi = int(k.min()), int(k.max())
+    if hi - lo >= 1 << 62:
+        return (n, _RAW, None, 0, v.copy())
+    step = np.diff(k)
+    w_for = _width(0, hi - lo, False)
+    w_delta = _width(int(step.min()), int(step.max()), True) if n > 1 else 1
+    if n > 1 and step.min() == step.max():  # a counter: iteration, consumed samples, ...
+        return (n, _STEP, int(k[0]), d, int(step[0]))
+    if min(w_for, w_delta) == 8:
+        return (n, _RAW, None, 0, v.copy())
+    if w_for <= w_delta:
+        return (n, _FOR, lo, d, (k - lo).astype(_U[w_for]))
+    data = np.empty(n, dtype=_S[w_delta])
+    data[0] = 0
+    data[1:] = step
+    return (n, _DELTA, int(k[0]), d, data)
+
+
+def _unpack(b: _Block, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """The values of one block (a read-only broadcast view for one repeated value)."""
+    n, kind, ref, d, data = b
+    if kind == _CONST:
+        if out is None:
+            return np.broadcast_to(ref, (n,))
+        out[:] = ref[0]
+        return out
+    if kind == _RAW:
+        if out is None:
+            return data  # type: ignore[no-any-return]
+        out[:] = data
+        return out
+    if kind == _STEP:
+        k = np.arange(n, dtype=np.int64)
+        k *= data
+    else:
+        k = data.astype(np.int64) if kind == _FOR else np.cumsum(data, dtype=np.int64)
+    k += ref
+    if dtype.kind == "i":
+        if out is None:
+            return k
+        out[:] = k
+        return out
+    v = k.astype(np.float64) if out is None else out
+    if out is not None:
+        out[:] = k
+    if d:
+        v /= _P10[d]
+    return v
+
+
+class PackedColumn:
+    """An immutable column of int64 or float64 values in packed blocks of BLOCK (the last one
+    may be shorter). `array()` decodes it all; `pieces()` block by block."""
+
+    __slots__ = ("_blocks", "dtype", "n")
+
+    def __init__(self, dtype: np.dtype | type, blocks: tuple[_Block, ...]) -> None:
+        self.dtype = np.dtype(dtype)
+        self._blocks = blocks
+        self.n = sum(b[0] for b in blocks)
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> PackedColumn:
+        """Pack a whole int64/float64 array."""
+        v = np.ascontiguousarray(values)
+        hint = [0, 0]
+        return cls(v.dtype, tuple(_pack(v[a:a + BLOCK], hint) for a in range(0, v.shape[0], BLOCK)))
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the values (not counting a few dozen bytes of bookkeeping per block)."""
+        return sum(b[2].nbytes if b[1] == _CONST else 8 if b[1] == _STEP else b[4].nbytes
+                   for b in self._blocks)
+
+    def constant(self) -> Any:
+        """The one value of a column whose values are all the same (bit for bit), else None."""
+        if not self._blocks or any(b[1] != _CONST for b in self._blocks):
+            return None
+        first = self._blocks[0][2].view(np.int64)[0]
+        if any(b[2].view(np.int64)[0] != first for b in self._blocks):
+            return None
+        return self._blocks[0][2][0]
+
+    def array(self) -> np.ndarray:
+        """All values, read-only; one repeated value comes out as a zero-copy broadcast view."""
+        if self.constant() is not None:
+            out = np.broadcast_to(self._blocks[0][2], (self.n,))
+        else:
+            out = np.empty(self.n, dtype=self.dtype)
+            a = 0
+            for b in self._blocks:
+                _unpack(b, self.dtype, out[a:a + b[0]])
+                a += b[0]
+        out.flags.writeable = False
+        return out
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        """The values block by block (read-only; don't keep them past the next one)."""
+        for b in self._blocks:
+            yield _unpack(b, self.dtype)
+
+    def first(self) -> Any:
+        return _unpack(self._blocks[0], self.dtype)[0] if self._blocks else None
+
+    def last(self) -> Any:
+        return _unpack(self._blocks[-1], self.dtype)[-1] if self._blocks else None
+
+
+class ColumnBuilder:
+    """An append-only column while parsing: values go into a raw block, packed when it is
+    full. Memory: the packed blocks and one raw block of BLOCK values."""
+
+    __slots__ = ("_blocks", "_fill", "_hint", "_tail", "dtype")
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype = np.dtype(dtype)
+        self._blocks: list[_Block] = []
+        self._tail = np.empty(BLOCK, dtype=self.dtype)
+        self._fill = 0
+        self._hint = [0, 0]
+
+    def _seal(self) -> None:
+        self._blocks.append(_pack(self._tail, self._hint))
+        self._fill = 0
+
+    def extend(self, v: np.ndarray | float) -> None:
+        """Append a 1-D array of this dtype (or, with count 1, a scalar)."""
+        v = np.asarray(v, dtype=self.dtype)
+        n, f = v.size, self._fill
+        if f + n < BLOCK:  # the usual case: a chunk's records fit in the open block
+            self._tail[f:f + n] = v
+            self._fill = f + n
+            return
+        v = v.reshape(-1)
+        a = 0
+        while a < n:
+            k = min(n - a, BLOCK - self._fill)
+            self._tail[self._fill:self._fill + k] = v[a:a + k]
+            self._fill += k
+            a += k
+            if self._fill == BLOCK:
+                self._seal()
+
+    def fill(self, x: float, count: int) -> None:
+        """Append `count` copies of x."""
+        f = self._fill
+        if f + count < BLOCK:
+            self._tail[f:f + count] = x
+            self._fill = f + count
+            return
+        while count > 0:
+            k = min(count, BLOCK - self._fill)
+            self._tail[self._fill:self._fill + k] = x
+            self._fill += k
+            count -= k
+            if self._fill == BLOCK:
+                self._seal()
+
+    def column(self, closed: bool) -> PackedColumn:
+        """The column so far; the values still being collected are copied (a snapshot stays
+        as it is while parsing goes on), or packed once parsing is over."""
+        blocks = list(self._blocks)
+        if self._fill:
+            tail = self._tail[:self._fill]
+            blocks.append(_pack(tail, list(self._hint)) if closed
+                          else (self._fill, _RAW, None, 0, tail.copy()))
+        return PackedColumn(self.dtype, tuple(blocks))
+
+
+COLUMNS = ("iteration", "train_iters", "consumed_samples", "global_batch_size", "skipped_iters",
+           "nan_iters", "segment", "offset", "elapsed_ms", "time_s", "tflops_reported", "lm_loss",
+           "loss_scale", "grad_norm", "energy_j", "power_w")
+
+
 class IterationTable:
-    """All iteration records as parallel numpy arrays (ints: -1 = unknown; floats: NaN)."""
+    """All iteration records as parallel columns (ints: -1 = unknown; floats: NaN). Reading a
+    column attribute gives a read-only numpy array, decoded on first use and kept; `blocks()`
+    reads columns a block at a time without decoding them whole (`metrics.job_metrics` without
+    the series)."""
 
     iteration: np.ndarray
     train_iters: np.ndarray
@@ -70,8 +322,46 @@ class IterationTable:
     energy_j: np.ndarray  # J per iteration per GPU as the log printed it (2025 on, --log-energy)
     power_w: np.ndarray  # W per GPU as the log printed it
 
+    __slots__ = ("_cache", "_cols", "_n")
+
+    def __init__(self, **columns: np.ndarray | PackedColumn) -> None:
+        if set(columns) != set(COLUMNS):
+            raise TypeError(f"IterationTable needs the columns {', '.join(COLUMNS)}")
+        cols = {k: c if isinstance(c, PackedColumn) else PackedColumn.of(np.asarray(c))
+                for k, c in columns.items()}
+        lens = {len(c) for c in cols.values()}
+        if len(lens) != 1:
+            raise ValueError("IterationTable columns differ in length")
+        self._cols = cols
+        self._cache: dict[str, np.ndarray] = {}
+        self._n = lens.pop()
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("_") or name not in COLUMNS:
+            raise AttributeError(name)
+        arr = self._cache.get(name)
+        if arr is None:
+            arr = self._cache[name] = self._cols[name].array()
+        return arr
+
     def __len__(self) -> int:
-        return int(self.iteration.shape[0])
+        return self._n
+
+    def column(self, name: str) -> PackedColumn:
+        return self._cols[name]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed record values."""
+        return sum(c.nbytes for c in self._cols.values())
+
+    def blocks(self, *names: str) -> Iterator[tuple[int, tuple[np.ndarray, ...]]]:
+        """(index of the first record, the columns' values) a block of records at a time, in
+        record order; the arrays are read-only and valid until the next block."""
+        start = 0
+        for vals in zip(*(self._cols[k].pieces() for k in names), strict=True):
+            yield start, vals
+            start += int(vals[0].shape[0])
 
     def record(self, i: int) -> IterationRecord:
         def opt(col: np.ndarray) -> int | None:

@@ -8,6 +8,10 @@ Public API (used by `slurmpod mfu` and the accounting hooks):
   version to store with the figures.
 - `JobMetrics.to_json(series=False)` (full record), `JobMetrics.headline()` (a few keys, for a
   job comment).
+- `job_metrics(..., series=False)`: the same figures, bit for bit, without the per-record
+  series (`JobMetrics.series` is None), read block by block from the packed records in memory
+  independent of their number (`slurmpod mfu` without `--series`); `exactstats` gives numpy's
+  percentiles, medians, means and sums without the whole arrays.
 
 Definitions (docs/accounting.md has the derivations):
 - tokens/s = global_batch_size × seq_length / iteration time.
@@ -43,7 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from slurmpod.accounting import exactstats
 from slurmpod.accounting.logparse import LogSummary
+from slurmpod.accounting.logrecords import Segment
 
 SCHEMA = "slurmpod.mfu/1"
 FlopsFn = Callable[[int], float]
@@ -146,7 +152,7 @@ class JobMetrics:
     allocated_gpu_s: float | None
     goodput: float | None
     segments: tuple[SegmentInfo, ...]
-    series: IterationSeries
+    series: IterationSeries | None  # None: computed with series=False
 
     def headline(self) -> dict[str, Any]:
         """A few numbers for a job comment (compact, versioned)."""
@@ -171,6 +177,8 @@ class JobMetrics:
                 val = [{k: _num(v) for k, v in asdict(x).items()} for x in val]
             out[key] = _num(val)
         if series:
+            if self.series is None:
+                raise ValueError("these metrics were computed without the per-record series")
             out["series"] = self.series.to_json()
         return out
 
@@ -225,22 +233,10 @@ def _covered(it: np.ndarray, seg: np.ndarray, starts: dict[int, int | None],
     return np.maximum(cov, 1)
 
 
-def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,
-                *, seq_length: int | None, default_global_batch_size: int | None = None,
-                flops_formula: str = "injected", warmup_iters: int = DEFAULT_WARMUP_ITERS,
-                job_start_s: float | None = None, job_end_s: float | None = None,
-                allocated_gpu_s: float | None = None) -> JobMetrics:
-    """Metrics for one job. Times are log-clock seconds (logparse.epoch_to_log_clock)."""
-    if n_gpus < 1:
-        raise ValueError("n_gpus must be >= 1")
-    if not peak_tflops > 0 and peak_tflops == peak_tflops:  # NaN: no peak, no MFU
-        raise ValueError("peak_tflops must be > 0")
-    tab = summary.iterations
-    it, seg = tab.iteration, tab.segment
-    n = len(tab)
-    segs = summary.segments
-
-    # Where each launch started: the checkpoint it loaded; 0 for a fresh first launch.
+def _launch_starts(segs: tuple[Segment, ...]) -> tuple[dict[int, int | None],
+                                                        dict[int, int | None]]:
+    """Where each launch started (the checkpoint it loaded; 0 for a fresh first launch) and
+    its --log-interval, by segment index."""
     starts: dict[int, int | None] = {}
     interval: dict[int, int | None] = {}
     for s in segs:
@@ -250,6 +246,103 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         starts[s.index] = start
         li = (s.args or {}).get("log_interval")
         interval[s.index] = li if isinstance(li, int) and li > 0 else None
+    return starts, interval
+
+
+@dataclass
+class _Figures:
+    """What the per-record pass (either way) gives the rest of job_metrics."""
+
+    first_iteration: int | None
+    last_iteration: int | None
+    train_iters: int | None
+    steady_fallback: bool
+    stats: dict[str, Stats | None]  # iter_time_ms, tokens_per_s, ... (JobMetrics field names)
+    reported_ratio: float | None
+    flops_per_iteration: float | None
+    productive_s: float
+    lost_s: float
+    lost_iters: int
+    resume: dict[int, int]
+    seg_lost: dict[int, tuple[int, float]]  # segment -> (lost iterations, lost seconds)
+    first_time_s: float | None  # the first finite record time
+    first_back_s: float | None  # that record's iteration time × iterations covered
+    stalls: tuple[CheckpointStall, ...]
+    series: IterationSeries | None
+
+
+def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,
+                *, seq_length: int | None, default_global_batch_size: int | None = None,
+                flops_formula: str = "injected", warmup_iters: int = DEFAULT_WARMUP_ITERS,
+                job_start_s: float | None = None, job_end_s: float | None = None,
+                allocated_gpu_s: float | None = None, series: bool = True) -> JobMetrics:
+    """Metrics for one job. Times are log-clock seconds (logparse.epoch_to_log_clock).
+
+    `series=False` leaves out the per-record series (`JobMetrics.series` is None) and reads the
+    records block by block instead (`_lean`): memory independent of the number of records
+    beyond the packed records themselves; every figure bit for bit the same."""
+    if n_gpus < 1:
+        raise ValueError("n_gpus must be >= 1")
+    if not peak_tflops > 0 and peak_tflops == peak_tflops:  # NaN: no peak, no MFU
+        raise ValueError("peak_tflops must be > 0")
+    n = len(summary.iterations)
+    segs = summary.segments
+    starts, interval = _launch_starts(segs)
+    per_record = _full if series else _lean
+    f = per_record(summary, flops_fn, peak_tflops, n_gpus, seq_length,
+                   default_global_batch_size, warmup_iters, starts, interval)
+
+    # Time to first iteration.
+    ttfi, ref = _time_to_first(summary, job_start_s, f.first_time_s)
+
+    # Wall and goodput.
+    start_ref = job_start_s
+    if start_ref is None and segs and segs[0].launch_time_s is not None:
+        start_ref = segs[0].launch_time_s
+    if start_ref is None and summary.first_time_s is not None:
+        # A log fragment: the first record's own interval began before its line was printed.
+        start_ref = summary.first_time_s
+        if f.first_time_s is not None and f.first_back_s is not None:
+            start_ref = min(start_ref, float(f.first_time_s - f.first_back_s))
+    end_ref = job_end_s if job_end_s is not None else summary.last_time_s
+    wall = end_ref - start_ref if start_ref is not None and end_ref is not None else None
+    if allocated_gpu_s is None and wall is not None and wall > 0:
+        allocated_gpu_s = wall * n_gpus
+    goodput = (f.productive_s * n_gpus / allocated_gpu_s
+               if allocated_gpu_s and allocated_gpu_s > 0 else None)
+
+    stalls = f.stalls
+    seg_info = tuple(
+        SegmentInfo(index=s.index, cause=s.cause, resumed_from=f.resume.get(s.index, starts.get(
+            s.index)), first_iteration=s.first_iteration, last_iteration=s.last_iteration,
+            n_records=s.n_records, lost_iters=f.seg_lost.get(s.index, (0, 0.0))[0],
+            lost_s=f.seg_lost.get(s.index, (0, 0.0))[1])
+        for s in segs)
+    st = f.stats
+    return JobMetrics(
+        schema=SCHEMA, flops_formula=flops_formula, peak_tflops=float(peak_tflops),
+        n_gpus=int(n_gpus), seq_length=seq_length, flops_per_iteration=f.flops_per_iteration,
+        n_records=n, first_iteration=f.first_iteration, last_iteration=f.last_iteration,
+        train_iters=f.train_iters, restarts=summary.restarts,
+        warmup_iters=warmup_iters, steady_fallback=f.steady_fallback,
+        iter_time_ms=st["iter_time_ms"], tokens_per_s=st["tokens_per_s"],
+        tflops_per_gpu=st["tflops_per_gpu"], mfu=st["mfu"], tflops_reported=st["tflops_reported"],
+        energy_j=st["energy_j"], power_w=st["power_w"],
+        reported_ratio=f.reported_ratio, time_to_first_iteration_s=ttfi,
+        time_to_first_iteration_ref=ref,
+        checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
+        productive_s=f.productive_s, lost_s=f.lost_s, lost_iters=f.lost_iters, wall_s=wall,
+        allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=f.series)
+
+
+def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,
+          seq_length: int | None, default_global_batch_size: int | None, warmup_iters: int,
+          starts: dict[int, int | None], interval: dict[int, int | None]) -> _Figures:
+    """The per-record arrays, whole (the series); the reference `_lean` must match."""
+    tab = summary.iterations
+    it, seg = tab.iteration, tab.segment
+    n = len(tab)
+    segs = summary.segments
     cov = _covered(it, seg, starts, interval)
     lo = it - cov  # record covers iterations (lo, it]
 
@@ -306,68 +399,327 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         tflops_reported=tab.tflops_reported, power_w=tab.power_w, steady=steady)
 
     st = steady
-    t_stats, r_stats = Stats.of(tflops[st]), Stats.of(tab.tflops_reported[st])
     both = st & np.isfinite(tflops) & np.isfinite(tab.tflops_reported)
     ratio = (float(np.median(tflops[both]) / np.median(tab.tflops_reported[both]))
              if both.any() and np.median(tab.tflops_reported[both]) > 0 else None)
     steady_gbs = gbs[st & np.isfinite(gbs)]
     fpi = (float(flops_fn(int(np.median(steady_gbs)))) if flops_fn is not None and steady_gbs.size
            else None)
-
-    productive_s = float(np.sum(elapsed_s * (cov - lost)))
-    lost_s = float(np.sum(elapsed_s * lost))
-
-    # Time to first iteration.
-    ttfi, ref = _time_to_first(summary, job_start_s)
-
-    # Wall and goodput.
-    start_ref = job_start_s
-    if start_ref is None and segs and segs[0].launch_time_s is not None:
-        start_ref = segs[0].launch_time_s
-    if start_ref is None and summary.first_time_s is not None:
-        # A log fragment: the first record's own interval began before its line was printed.
-        first_t = tab.time_s[np.isfinite(tab.time_s)]
-        start_ref = summary.first_time_s
-        if first_t.size:
-            k = int(np.flatnonzero(np.isfinite(tab.time_s))[0])
-            start_ref = min(start_ref, float(first_t[0] - elapsed_s[k] * cov[k]))
-    end_ref = job_end_s if job_end_s is not None else summary.last_time_s
-    wall = end_ref - start_ref if start_ref is not None and end_ref is not None else None
-    if allocated_gpu_s is None and wall is not None and wall > 0:
-        allocated_gpu_s = wall * n_gpus
-    goodput = (productive_s * n_gpus / allocated_gpu_s
-               if allocated_gpu_s and allocated_gpu_s > 0 else None)
-
-    stalls = _stalls(summary)
-    seg_info = tuple(
-        SegmentInfo(index=s.index, cause=s.cause, resumed_from=resume.get(s.index, starts.get(
-            s.index)), first_iteration=s.first_iteration, last_iteration=s.last_iteration,
-            n_records=s.n_records, lost_iters=int(lost[seg == s.index].sum()),
-            lost_s=float(np.sum((elapsed_s * lost)[seg == s.index])))
-        for s in segs)
-    return JobMetrics(
-        schema=SCHEMA, flops_formula=flops_formula, peak_tflops=float(peak_tflops),
-        n_gpus=int(n_gpus), seq_length=seq_length, flops_per_iteration=fpi, n_records=n,
+    finite_t = np.flatnonzero(np.isfinite(tab.time_s))
+    k = int(finite_t[0]) if finite_t.size else None
+    return _Figures(
         first_iteration=int(it[0]) if n else None, last_iteration=int(it.max()) if n else None,
         train_iters=int(tab.train_iters[-1]) if n and tab.train_iters[-1] >= 0 else None,
-        restarts=summary.restarts,
-        warmup_iters=warmup_iters, steady_fallback=fallback,
-        iter_time_ms=Stats.of(tab.elapsed_ms[st]), tokens_per_s=Stats.of(tokens[st]),
-        tflops_per_gpu=t_stats, mfu=Stats.of(mfu[st]), tflops_reported=r_stats,
-        energy_j=Stats.of(tab.energy_j[st]), power_w=Stats.of(tab.power_w[st]),
-        reported_ratio=ratio, time_to_first_iteration_s=ttfi, time_to_first_iteration_ref=ref,
-        checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
-        productive_s=productive_s, lost_s=lost_s, lost_iters=int(lost.sum()), wall_s=wall,
-        allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=series)
+        steady_fallback=fallback,
+        stats={"iter_time_ms": Stats.of(tab.elapsed_ms[st]), "tokens_per_s": Stats.of(tokens[st]),
+               "tflops_per_gpu": Stats.of(tflops[st]), "mfu": Stats.of(mfu[st]),
+               "tflops_reported": Stats.of(tab.tflops_reported[st]),
+               "energy_j": Stats.of(tab.energy_j[st]), "power_w": Stats.of(tab.power_w[st])},
+        reported_ratio=ratio, flops_per_iteration=fpi,
+        productive_s=float(np.sum(elapsed_s * (cov - lost))),
+        lost_s=float(np.sum(elapsed_s * lost)), lost_iters=int(lost.sum()), resume=resume,
+        seg_lost={s.index: (int(lost[seg == s.index].sum()),
+                            float(np.sum((elapsed_s * lost)[seg == s.index]))) for s in segs},
+        first_time_s=float(tab.time_s[k]) if k is not None else None,
+        first_back_s=float(elapsed_s[k] * cov[k]) if k is not None else None,
+        stalls=_stalls(summary), series=series)
 
 
-def _time_to_first(summary: LogSummary, job_start_s: float | None) -> tuple[float | None,
-                                                                            str | None]:
-    times = summary.iterations.time_s
-    finite = np.flatnonzero(np.isfinite(times))
-    if finite.size == 0:
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+_STAT_COLUMNS = {"iter_time_ms": "elapsed_ms", "tflops_reported": "tflops_reported",
+                 "energy_j": "energy_j", "power_w": "power_w"}
+
+
+def _median_of_counts(counts: dict[int, int]) -> int:
+    """int(np.median(values)) of integer values given as value -> count."""
+    vals = sorted(counts)
+    cum = np.cumsum([counts[v] for v in vals])
+    m = int(cum[-1])
+
+    def at(r: int) -> int:
+        return vals[int(np.searchsorted(cum, r, side="right"))]
+
+    mid = [at(m // 2)] if m % 2 else [at(m // 2 - 1), at(m // 2)]
+    return int(np.median(np.array(mid, dtype=np.int64)))
+
+
+def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,
+          seq_length: int | None, default_global_batch_size: int | None, warmup_iters: int,
+          starts: dict[int, int | None], interval: dict[int, int | None]) -> _Figures:
+    """`_full` without per-record arrays: the packed records are read block by block, a few
+    times over (the structure of each launch; lost work and the warm-up rule; then the
+    statistics, `exactstats`), each pass computing per block exactly what `_full` computes
+    per element. Memory: the warm-up mask (1 bit per record) and a block's arrays."""
+    tab = summary.iterations
+    segs = summary.segments
+    n = len(tab)
+
+    # Pass 1: the first record of each run of one segment, records per segment, and (for a
+    # launch that does not say its --log-interval) the iterations between its records.
+    first_idx: list[int] = []
+    first_it: list[int] = []
+    first_seg: list[int] = []
+    seg_n: dict[int, int] = {}
+    no_interval = {s.index for s in segs if not interval.get(s.index)}
+    rest: dict[int, dict[int, int]] = {}
+    prev_it = prev_seg = 0
+    it_max: int | None = None
+    it_first: int | None = None
+    for a, (it, seg) in tab.blocks("iteration", "segment"):
+        k = it.shape[0]
+        first = np.empty(k, dtype=bool)
+        first[0] = a == 0 or seg[0] != prev_seg
+        first[1:] = seg[1:] != seg[:-1]
+        fi = np.flatnonzero(first)
+        first_idx.extend((fi + a).tolist())
+        first_it.extend(it[fi].tolist())
+        first_seg.extend(seg[fi].tolist())
+        for v, c in zip(*np.unique(seg, return_counts=True), strict=True):
+            seg_n[int(v)] = seg_n.get(int(v), 0) + int(c)
+        if no_interval:
+            prev = np.empty_like(it)
+            prev[0] = prev_it
+            prev[1:] = it[:-1]
+            nf = ~first
+            d, sv = (it - prev)[nf], seg[nf]
+            for v in set(np.unique(sv).tolist()) & no_interval:
+                h = rest.setdefault(v, {})
+                for x, c in zip(*np.unique(d[sv == v], return_counts=True), strict=True):
+                    h[int(x)] = h.get(int(x), 0) + int(c)
+        top = int(it.max())
+        it_max = top if it_max is None else max(it_max, top)
+        if it_first is None:
+            it_first = int(it[0])
+        prev_it, prev_seg = int(it[-1]), int(seg[-1])
+
+    # Iterations covered by each first record (`_covered`), the launch of each segment.
+    first_cov: list[int] = []
+    lo_first: dict[int, int] = {}  # lo of a segment's first record
+    first_of: dict[int, int] = {}  # index of that record
+    for k, itk, sv in zip(first_idx, first_it, first_seg, strict=True):
+        start = starts.get(sv)
+        if start is not None and itk > start:
+            c = itk - start
+        elif interval.get(sv):
+            c = int(interval[sv] or 1)
+        else:
+            c = _median_of_counts(rest[sv]) if rest.get(sv) else 1
+        c = max(c, 1)
+        first_cov.append(c)
+        if sv not in first_of:
+            first_of[sv] = k
+            lo_first[sv] = itk - c
+    resume: dict[int, int] = {}
+    for s in segs:
+        if s.index == 0 or s.first_iteration is None:
+            continue
+        r = starts.get(s.index)
+        if r is None:
+            r = lo_first[s.index] if s.index in lo_first else s.first_iteration - 1
+        resume[s.index] = r
+    n_tab = max([*seg_n, *(s.index for s in segs), -1]) + 2
+    later_min = np.full(n_tab, _INT64_MAX, dtype=np.int64)
+    for s_idx, r in resume.items():
+        later_min[:max(0, min(s_idx, n_tab))] = np.minimum(later_min[:max(0, min(s_idx, n_tab))],
+                                                           r)
+    thr = np.full(n_tab, _INT64_MIN, dtype=np.int64)  # lo below this: warm-up
+    excl: list[int] = []
+    for s in segs:
+        if s.index not in seg_n:
+            continue
+        base = starts.get(s.index)
+        if base is None:
+            base = lo_first[s.index] if s.start_seen else 0
+        thr[s.index] = base + warmup_iters
+        if s.start_seen:
+            excl.append(first_of[s.index])
+    fidx = np.asarray(first_idx, dtype=np.int64)
+    fcov = np.asarray(first_cov, dtype=np.int64)
+    excl_arr = np.asarray(sorted(excl), dtype=np.int64)
+
+    # Pass 2: lost work, productive time, the warm-up rule, the first timestamp.
+    productive = exactstats.PairwiseSum(n)
+    lost_total = exactstats.PairwiseSum(n)
+    seg_sum = {v: exactstats.PairwiseSum(c) for v, c in seg_n.items()}
+    seg_lost_iters = dict.fromkeys(seg_n, 0)
+    lost_iters = 0
+    steady_bits: list[np.ndarray] = []
+    n_steady = 0
+    first_time: float | None = None
+    first_back: float | None = None
+    prev_it = 0
+    for a, (it, seg, el, t) in tab.blocks("iteration", "segment", "elapsed_ms", "time_s"):
+        k = it.shape[0]
+        cov = np.empty(k, dtype=np.int64)
+        cov[0] = it[0] - prev_it
+        cov[1:] = it[1:] - it[:-1]
+        j0, j1 = np.searchsorted(fidx, (a, a + k)).tolist()
+        cov[fidx[j0:j1] - a] = fcov[j0:j1]
+        np.maximum(cov, 1, out=cov)
+        lo = it - cov
+        lost = np.clip(it - np.maximum(lo, later_min[seg]), 0, cov)
+        steady = lo >= thr[seg]
+        e0, e1 = np.searchsorted(excl_arr, (a, a + k)).tolist()
+        steady[excl_arr[e0:e1] - a] = False
+        steady_bits.append(np.packbits(steady))
+        n_steady += int(np.count_nonzero(steady))
+        elapsed_s = el / 1000.0
+        productive.add(elapsed_s * (cov - lost))
+        lost_s = elapsed_s * lost
+        lost_total.add(lost_s)
+        lost_iters += int(lost.sum())
+        if seg[0] == seg[-1] and (seg == seg[0]).all():
+            v = int(seg[0])
+            seg_sum[v].add(lost_s)
+            seg_lost_iters[v] += int(lost.sum())
+        else:
+            for v in np.unique(seg).tolist():
+                m = seg == v
+                seg_sum[v].add(lost_s[m])
+                seg_lost_iters[v] += int(lost[m].sum())
+        if first_time is None:
+            fin = np.flatnonzero(np.isfinite(t))
+            if fin.size:
+                j = int(fin[0])
+                first_time, first_back = float(t[j]), float(elapsed_s[j] * cov[j])
+        prev_it = int(it[-1])
+    fallback = bool(n) and n_steady == 0
+
+    # Passes 3...: the statistics of the steady records (`Stats.of` of each `_full` array).
+    stat_cols = {name: tab.column(col) for name, col in _STAT_COLUMNS.items()}
+
+    def printed(name: str) -> bool:  # a column of NaN has no statistics to read
+        c = stat_cols[name].constant()
+        return c is None or bool(np.isfinite(c))
+
+    jobs: dict[str, exactstats.Exact] = {name: exactstats.Exact() for name in _STAT_COLUMNS
+                                         if printed(name)}
+    if seq_length:
+        jobs["tokens_per_s"] = exactstats.Exact()
+    if flops_fn is not None:
+        jobs["tflops_per_gpu"] = exactstats.Exact()
+        jobs["mfu"] = exactstats.Exact()
+        jobs["gbs"] = exactstats.Exact(total=False)  # the median steady batch size
+        if printed("tflops_reported"):  # slurmpod ÷ Megatron, over records with both
+            jobs["both_tflops"] = exactstats.Exact(total=False)
+            jobs["both_reported"] = exactstats.Exact(total=False)
+    flops_of: dict[float, float] = {}
+
+    def values(b: int, cols: tuple[np.ndarray, ...], live: list[str]) -> dict[str, np.ndarray]:
+        """Block b's values of each live statistic, as `_full` has them."""
+        el, gb, rep, en, pw = cols
+        k = el.shape[0]
+        st = (np.ones(k, dtype=bool) if fallback
+              else np.unpackbits(steady_bits[b], count=k).view(bool))
+        out: dict[str, np.ndarray] = {}
+        for name, col in (("iter_time_ms", el), ("tflops_reported", rep), ("energy_j", en),
+                          ("power_w", pw)):
+            if name in live:
+                v = col[st]
+                out[name] = v[np.isfinite(v)]
+        if not {"tokens_per_s", "tflops_per_gpu", "mfu", "gbs", "both_tflops"} & set(live):
+            return out
+        elapsed_s = el / 1000.0
+        gbs = gb.astype(np.float64)
+        if default_global_batch_size:
+            gbs = np.where(gbs > 0, gbs, float(default_global_batch_size))
+        gbs[gbs <= 0] = np.nan
+        if "gbs" in live:
+            v = gbs[st]
+            out["gbs"] = v[np.isfinite(v)]
+        if "tokens_per_s" in live:
+            v = (gbs * seq_length / elapsed_s)[st]
+            out["tokens_per_s"] = v[np.isfinite(v)]
+        if flops_fn is None or not {"tflops_per_gpu", "mfu", "both_tflops"} & set(live):
+            return out
+        flops = np.full(k, np.nan)
+        known = np.isfinite(gbs)
+        sizes, inverse = np.unique(gbs[known], return_inverse=True)
+        for b in sizes.tolist():
+            if b not in flops_of:
+                flops_of[b] = float(np.array([flops_fn(int(b))], dtype=np.float64)[0])
+        flops[known] = np.array([flops_of[b] for b in sizes.tolist()], dtype=np.float64)[inverse]
+        tflops = flops / (elapsed_s * n_gpus) / 1e12
+        if "tflops_per_gpu" in live:
+            v = tflops[st]
+            out["tflops_per_gpu"] = v[np.isfinite(v)]
+        if "mfu" in live:
+            v = (tflops / peak_tflops)[st]
+            out["mfu"] = v[np.isfinite(v)]
+        if "both_tflops" in live or "both_reported" in live:
+            both = st & np.isfinite(tflops) & np.isfinite(rep)
+            out["both_tflops"] = tflops[both]
+            out["both_reported"] = rep[both]
+        return out
+
+    cols = ("elapsed_ms", "global_batch_size", "tflops_reported", "energy_j", "power_w")
+    alias: dict[str, str] = {}
+    first_pass = True
+    while any(j.active for j in jobs.values()):
+        live = [name for name, j in jobs.items() if j.active]
+        for b, (_, block) in enumerate(tab.blocks(*cols)):
+            got = values(b, block, live)
+            for name in live:
+                jobs[name].feed(got[name])
+        if first_pass:
+            first_pass = False
+            for name, j in jobs.items():
+                j.want(exactstats.median_ranks(j.m) if name in ("gbs", "both_tflops",
+                                                                 "both_reported")
+                       else exactstats.percentile_ranks(j.m))
+            both = jobs.get("both_tflops")
+            if (both is not None and jobs["tflops_per_gpu"].m == both.m
+                    == jobs["tflops_reported"].m):
+                # The same records: their order statistics are those of the two columns.
+                for name, other in (("both_tflops", "tflops_per_gpu"),
+                                    ("both_reported", "tflops_reported")):
+                    jobs[other].want(exactstats.median_ranks(both.m))
+                    alias[name] = other
+                    del jobs[name]
+                live = [name for name in live if name not in alias]
+        for name in live:
+            jobs[name].end_pass()
+
+    def job(name: str) -> exactstats.Exact | None:
+        return jobs.get(alias.get(name, name))
+
+    def stats(name: str) -> Stats | None:
+        j = job(name)
+        if j is None or j.m == 0:
+            return None
+        p10, p50, p90 = exactstats.percentiles(j.m, j.at)
+        total = j.total if j.total is not None else 0.0
+        return Stats(j.m, p50, p10, p90, float(total / j.m))
+
+    ratio = fpi = None
+    bt, br = job("both_tflops"), job("both_reported")
+    if bt is not None and br is not None and bt.m:
+        med_rep = exactstats.median(br.m, br.at)
+        if med_rep > 0:
+            ratio = float(exactstats.median(bt.m, bt.at) / med_rep)
+    if flops_fn is not None and jobs["gbs"].m:
+        g = jobs["gbs"]
+        fpi = float(flops_fn(int(exactstats.median(g.m, g.at))))
+    last_ti = tab.column("train_iters").last()
+    return _Figures(
+        first_iteration=it_first, last_iteration=it_max,
+        train_iters=int(last_ti) if n and last_ti >= 0 else None, steady_fallback=fallback,
+        stats={name: stats(name) for name in ("iter_time_ms", "tokens_per_s", "tflops_per_gpu",
+                                               "mfu", "tflops_reported", "energy_j", "power_w")},
+        reported_ratio=ratio, flops_per_iteration=fpi, productive_s=productive.result(),
+        lost_s=lost_total.result(), lost_iters=lost_iters, resume=resume,
+        seg_lost={s.index: (seg_lost_iters[s.index], seg_sum[s.index].result())
+                  if s.index in seg_n else (0, 0.0) for s in segs},
+        first_time_s=first_time, first_back_s=first_back, stalls=_lean_stalls(summary),
+        series=None)
+
+
+def _time_to_first(summary: LogSummary, job_start_s: float | None, first: float | None,
+                   ) -> tuple[float | None, str | None]:
+    """`first`: the first finite record time."""
+    if first is None:
         return None, None
-    first = float(times[finite[0]])
     if job_start_s is not None:
         return first - job_start_s, "job_start"
     seg0 = summary.segments[0] if summary.segments else None
@@ -398,6 +750,54 @@ def _stalls(summary: LogSummary) -> tuple[CheckpointStall, ...]:
                 gap = tab.time_s[b] - tab.time_s[a] - tab.elapsed_ms[b] / 1000.0 * iters
                 if math.isfinite(gap) and gap > 0:
                     out.append(CheckpointStall(c.iteration, c.segment, float(gap), "gap"))
+    return tuple(out)
+
+
+def _lean_stalls(summary: LogSummary) -> tuple[CheckpointStall, ...]:
+    """`_stalls`, reading the records block by block: for each untimed save, the last record
+    of its segment before it and the first after it (by byte offset)."""
+    gaps = [j for j, c in enumerate(summary.checkpoints)
+            if c.timer_s is None and (c.start_time_s is None or c.end_time_s is None)]
+    found: dict[int, list[Any]] = {j: [None, None] for j in gaps}  # j -> [before, after]
+    if gaps:
+        by_seg: dict[int, list[int]] = {}
+        for j in gaps:
+            by_seg.setdefault(summary.checkpoints[j].segment, []).append(j)
+        tab = summary.iterations
+        for _, (off, seg, it, t, el) in tab.blocks("offset", "segment", "iteration", "time_s",
+                                                   "elapsed_ms"):
+            for v in set(np.unique(seg).tolist()) & set(by_seg):
+                rows = np.flatnonzero(seg == v)
+                o = off[rows]
+                ordered = bool(np.all(o[1:] > o[:-1]))
+                for j in by_seg[v]:
+                    co = summary.checkpoints[j].offset
+                    if ordered:
+                        p = int(np.searchsorted(o, co, side="left"))
+                        before = rows[p - 1] if p else None
+                        q = int(np.searchsorted(o, co, side="right"))
+                        after = rows[q] if q < rows.shape[0] else None
+                    else:
+                        lt, gt = np.flatnonzero(o < co), np.flatnonzero(o > co)
+                        before = rows[lt[-1]] if lt.size else None
+                        after = rows[gt[0]] if gt.size else None
+                    if before is not None:  # a later block's record comes later
+                        found[j][0] = (it[before], t[before])
+                    if after is not None and found[j][1] is None:
+                        found[j][1] = (it[after], t[after], el[after])
+    out: list[CheckpointStall] = []
+    for j, c in enumerate(summary.checkpoints):
+        if c.timer_s is not None:
+            out.append(CheckpointStall(c.iteration, c.segment, c.timer_s, "timer"))
+        elif c.start_time_s is not None and c.end_time_s is not None:
+            out.append(CheckpointStall(c.iteration, c.segment, c.end_time_s - c.start_time_s,
+                                       "timestamps"))
+        elif found[j][0] is not None and found[j][1] is not None:
+            (it_a, t_a), (it_b, t_b, el_b) = found[j]
+            iters = max(1, int(it_b - it_a))
+            gap = t_b - t_a - el_b / 1000.0 * iters
+            if math.isfinite(gap) and gap > 0:
+                out.append(CheckpointStall(c.iteration, c.segment, float(gap), "gap"))
     return tuple(out)
 
 

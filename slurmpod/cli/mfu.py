@@ -180,7 +180,8 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     if args is None:
         # No model: what the log itself says (iteration times, Megatron's own TFLOP/s, power).
         m = job_metrics(summary, None, peak, n_gpus or 1, seq_length=None,
-                        flops_formula="none", warmup_iters=warmup_iters)
+                        flops_formula="none", warmup_iters=warmup_iters,
+                        series=series and as_json)
         if as_json:
             from slurmpod.cli.output import emit_json
 
@@ -206,7 +207,7 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
 
     m = job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
                     default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
-                    warmup_iters=warmup_iters)
+                    warmup_iters=warmup_iters, series=series and as_json)
     # FP8 runs: MFU against the BF16 dense peak (the usual convention) and, labelled, the FP8
     # one; the site's, so only with the site's peak.
     peak_fp8 = (_fp8_peak(site_obj, node_type) if peak_tflops is None and _fp8_run(args)

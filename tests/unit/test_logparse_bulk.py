@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmpod.accounting.logparse import LogParser, parse_log
+from slurmpod.accounting.logrecords import COLUMNS
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 LOGS = DATA / "logs"
@@ -34,7 +35,7 @@ def _parse(data: bytes, *, bulk: bool, chunks: list[int] | None = None) -> objec
 
 def _same(a: object, b: object) -> None:
     ta, tb = a.iterations, b.iterations  # type: ignore[attr-defined]
-    for k in ta.__dataclass_fields__:
+    for k in COLUMNS:
         x, y = getattr(ta, k), getattr(tb, k)
         assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True), k
     for k in ("segments", "checkpoints", "progress", "n_rejected", "n_duplicates",
