@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +269,7 @@ class EpilogOptions:
     site_gpu: Callable[[str], SiteGpu | None] | None = None  # nodelist -> the site's GPU
     track_all: bool = False
     admin_comment: str = "auto"  # auto | never | always (ADMIN_COMMENT_MODES)
+    gpu_run: Callable[[list[str], float], tuple[int, str, str]] | None = None  # telemetry tools
 
 
 def run_epilog(
@@ -310,6 +311,7 @@ def run_epilog(
             conf = slurm_conf or env.get("SLURM_CONF") or slurmctld_conf()
             run = local_runner(conf)
             deliver = slurm_deliver(run)
+            opts = replace(opts, gpu_run=run)
             show_job = show_job or (lambda jid: scontrol_job(run, jid))
             admin_now = admin_now or (lambda jid: current_admin_comment(run, jid))
         _epilog(env, spool, deliver, summarise, opts, now, show_job, admin_now, sleep)
@@ -378,8 +380,11 @@ def _epilog(env: Mapping[str, str], spool: Spool, deliver: Deliver,
             log.warning("job %s: log %s unreadable: %s", job_id, log_path, exc)
     summary.setdefault("gpus", job.get("alloc_gpus"))
     summary["attempt"] = job["restart"]
+    gpu_part = _gpu_telemetry(job, env, log_path, summary, opts)
     admin = hooks.build_admin_comment(summary)
     record = build_record(job, log_path, read_info, summary, series, admin, now())
+    if gpu_part:
+        record["gpu"] = gpu_part
     try:
         path = spool.write_record(job_id, job["restart"], record)
         log.info("job %s: record %s, admin comment %s", job_id, path, admin)
@@ -415,6 +420,29 @@ def _summarise(got: StreamedRead, job: dict[str, Any], job_id: str, log_path: st
     except Exception as exc:  # a parser bug must not cost the record
         log.exception("job %s: summarising %s failed", job_id, log_path)
         return {"err": f"summary-{type(exc).__name__}"}, {}
+
+
+def _gpu_telemetry(job: dict[str, Any], env: Mapping[str, str], log_path: str,
+                   summary: dict[str, Any], opts: EpilogOptions) -> dict[str, Any] | None:
+    """GPU figures from the site's tools or the job's monitor (slurmpod.telemetry.collect):
+    `summary["gpu"]`, and the per-GPU part of the record returned."""
+    from slurmpod.telemetry.collect import collect_for_epilog
+
+    gpu: SiteGpu | None = job.get("site_gpu")
+
+    def read(path: str, uid: int, cap: int) -> bytes:
+        return b"".join(read_job_file(path, uid, head_bytes=cap, tail_bytes=0).chunks())
+
+    got, part, tried = collect_for_epilog(job, env, opts.gpu_run, log_path=log_path,
+                                          model=gpu.model if gpu else None, read_file=read,
+                                          path_env=env.get("PATH"))
+    if got is not None:
+        summary["gpu"] = got
+    if tried:
+        log.info("job %s: GPU telemetry %s; not measured by %s", job.get("job_id"),
+                 got.get("src") if got else "none",
+                 ", ".join(f"{k} ({v})" for k, v in tried.items()))
+    return part
 
 
 def _trusted_facts(job: dict[str, Any], job_id: str,

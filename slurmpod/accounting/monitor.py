@@ -97,6 +97,8 @@ class MonitorState:
     updates: int = 0
     failures: int = 0
     last_comment: str | None = None
+    last_t: float | None = None  # `t` of the Comment last written
+    last_gpu: dict[str, Any] | None = None  # GPU figures last written (telemetry.comment)
 
 
 def parse_chunk(data: bytes, state: MonitorState) -> None:
@@ -163,6 +165,7 @@ class MonitorIO:
     job_running: Callable[[str], bool | None]  # None: could not tell
     sleep: Callable[[float], bool]  # returns True when woken early (stop requested)
     now: Callable[[], float] = time.time
+    sampler: Any = None  # slurmpod.telemetry.sampler.Sampler: the GPUs, sampled each interval
 
 
 def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float = 180.0,
@@ -186,8 +189,9 @@ def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float 
         params: JobParams = job_params(initial, state.args, gpus=gpus_hint, peak=peak_hint,
                                        trust_comment=True)
         live = state.window.figures(params)
-        if live.get("iter") is not None:
-            _update(job_id, base_comment, live, state, io)
+        gpu = _sample_gpus(io.sampler, log_path)
+        if live.get("iter") is not None or gpu:
+            _update(job_id, base_comment, live, state, io, gpu)
         cycles += 1
         if stop.is_set() or (max_cycles is not None and cycles >= max_cycles):
             break
@@ -203,17 +207,45 @@ def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float 
     return state
 
 
-def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
-            state: MonitorState, io: MonitorIO) -> None:
+def _sample_gpus(sampler: Any, log_path: str) -> dict[str, Any] | None:
+    """One GPU sample; the compact summary for the Comment, the series beside the log.
+    Never raises: GPU telemetry is optional (docs/telemetry.md)."""
+    if sampler is None:
+        return None
+    from slurmpod.telemetry import comment as tcomment
+
     try:
-        text = hooks.build_comment(base_comment, live, now_s=io.now())
+        sampler.sample()
+        tel = sampler.telemetry()
+        summary = tel.summary() if tel is not None else None
+        if tel is None or summary is None:
+            return None
+        with contextlib.suppress(OSError):
+            tcomment.write_series(log_path, tel.record_part())
+        return tcomment.compact(summary)
+    except Exception as exc:
+        log.warning("GPU telemetry: %r", exc)
+        return None
+
+
+def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
+            state: MonitorState, io: MonitorIO, gpu: Mapping[str, Any] | None = None) -> None:
+    try:
         figures = hooks.build_comment(base_comment, live)
+        # Unchanged figures (no new iteration: a hang, a long checkpoint) are not rewritten, so
+        # `t` stays the time of the last progress and shows how stale the figures are; new GPU
+        # figures alone are written with that same `t`.
+        progressed = figures != state.last_comment
+        if not progressed and (not gpu or gpu == state.last_gpu):
+            return
+        t = io.now() if progressed or state.last_t is None else state.last_t
+        text = hooks.build_comment(base_comment, live, now_s=t)
+        if gpu:
+            from slurmpod.telemetry.comment import with_gpu
+
+            text = with_gpu(text, gpu)
     except ValueError as exc:
         log.error("job %s: comment does not fit: %s", job_id, exc)
-        return
-    # Unchanged figures (no new iteration: a hang, a long checkpoint) are not rewritten, so `t`
-    # stays the time of the last progress and shows how stale the figures are.
-    if figures == state.last_comment:
         return
     try:
         io.set_comment(job_id, text)
@@ -222,7 +254,7 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
         log.warning("job %s: comment update failed: %s", job_id, exc)
         return
     state.updates += 1
-    state.last_comment = figures
+    state.last_comment, state.last_t, state.last_gpu = figures, t, dict(gpu) if gpu else None
     log.info("job %s: comment %s", job_id, text)
 
 

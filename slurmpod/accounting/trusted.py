@@ -100,6 +100,7 @@ class SiteGpu:
     gpus_per_node: int
     peak_tflops: float  # dense BF16
     peak_fp8: float | None
+    model: str | None = None  # gres Type (catalog key): the telemetry's power and memory bounds
 
 
 def site_gpu(nodelist: str, site: Site, inventory: Inventory) -> SiteGpu | None:
@@ -115,7 +116,8 @@ def site_gpu(nodelist: str, site: Site, inventory: Inventory) -> SiteGpu | None:
         return None
     name = types.pop()
     nt = site.node_types[name]
-    return SiteGpu(name, nt.gpus, nt.gpu.peak_tflops_bf16, nt.gpu.peak_tflops_fp8)
+    return SiteGpu(name, nt.gpus, nt.gpu.peak_tflops_bf16, nt.gpu.peak_tflops_fp8,
+                   nt.gpu.model)
 
 
 def allocated_gpus(slurm: SlurmJob | None, job: Mapping[str, object],

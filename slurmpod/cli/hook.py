@@ -35,6 +35,15 @@ def _site_gpu_resolver(site: str | None) -> Any:
     return lambda nodelist: site_gpu(nodelist, s, inv)
 
 
+def _gpu_sampler() -> Any:
+    """nvidia-smi sampling of the job's GPUs on this node (bounded: 10 s per call)."""
+    from slurmpod.telemetry.runner import run
+    from slurmpod.telemetry.sampler import Sampler, job_gpu_ids
+
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    return Sampler(run, node=node, ids=job_gpu_ids(os.environ))
+
+
 @click.group()
 def hook() -> None:
     """Accounting hooks: live MFU in the job's Comment, final summary in its AdminComment."""
@@ -52,8 +61,12 @@ def hook() -> None:
 @click.option("--site", help="Site file or built-in name, for the GPU peak.")
 @click.option("--parent-pid", type=int, help="Exit when this process ends (default: parent).")
 @click.option("--max-cycles", type=click.IntRange(min=1), hidden=True)
+@click.option("--gpu-telemetry/--no-gpu-telemetry", default=True, show_default=True,
+              envvar="SLURMPOD_MONITOR_GPUS",
+              help="Sample this node's GPUs with nvidia-smi each interval (docs/telemetry.md).")
 def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: float | None,
-            site: str | None, parent_pid: int | None, max_cycles: int | None) -> None:
+            site: str | None, parent_pid: int | None, max_cycles: int | None,
+            gpu_telemetry: bool) -> None:
     """Follow the job's log; every interval set its Comment to live MFU (Comment v1 JSON)."""
     import logging
 
@@ -102,7 +115,8 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
     stop = threading.Event()
     mon.install_signal_handlers(stop)
     io = mon.MonitorIO(get_comment=get_comment, set_comment=backend.update_comment,
-                       job_running=job_running, sleep=stop.wait)
+                       job_running=job_running, sleep=stop.wait,
+                       sampler=_gpu_sampler() if gpu_telemetry else None)
     state = mon.run_monitor(job_id, path, io, interval_s=interval_s, peak_hint=peak,
                             parent_pid=ppid, stop=stop, max_cycles=max_cycles)
     logging.getLogger("slurmpod.hook.monitor").info(

@@ -201,3 +201,93 @@ def read_gpu_summary(record: Any) -> dict[str, Any] | None:
     gpus = summary.get("gpus") if isinstance(summary, Mapping) else None
     doc = summary.get("gpu") if isinstance(summary, Mapping) else None
     return clean_gpu_summary(doc, max_gpus=gpus if isinstance(gpus, int) and gpus > 0 else None)
+
+
+# Per-GPU entry of record["gpu"]["gpus"]: key -> (lo, hi) or None for the model's bounds.
+_GPU_ENTRY_PCT = ("util", "sm", "tensor", "mem_util")
+
+
+def clean_gpu_entry(doc: Any, *, model: str | None = None) -> dict[str, Any] | None:
+    """One checked entry of `record["gpu"]["gpus"]`; out-of-range values dropped."""
+    if not isinstance(doc, Mapping):
+        return None
+    out: dict[str, Any] = {}
+    node = doc.get("node")
+    if isinstance(node, str) and 0 < len(node) <= 64 and node.isprintable():
+        out["node"] = node
+    idx = in_range(doc.get("index"), 0, 4096)
+    if idx is not None and idx == int(idx):
+        out["index"] = int(idx)
+    uuid = doc.get("uuid")
+    if isinstance(uuid, str) and len(uuid) <= 64 and uuid.isprintable():
+        out["uuid"] = uuid
+    for key in _GPU_ENTRY_PCT:
+        v = in_range(doc.get(key), 0.0, 100.0)
+        if v is not None:
+            out[key] = v
+    p_hi = power_limit_w(model) * POWER_SLACK
+    bounds = {"mem_gib": hbm_limit_gib(model), "mem_total_gib": HBM_UNKNOWN_GIB,
+              "power_w": p_hi, "power_max_w": p_hi, "temp_max_c": 130.0, "sm_mhz": 10000.0,
+              "mem_mhz": 20000.0, "span_s": MAX_SPAN_S}
+    for key, hi in bounds.items():
+        v = in_range(doc.get(key), 0.0, hi)
+        if v is not None:
+            out[key] = v
+    span = out.get("span_s")
+    e = in_range(doc.get("energy_j"), 0.0, p_hi * span * 1.01 + 1.0 if span else 0.0)
+    if e is not None:
+        out["energy_j"] = e
+    x = in_range(doc.get("xid"), 0, MAX_XID)
+    if x is not None:
+        out["xid"] = int(x)
+    return out if set(out) - {"node", "index", "uuid", "span_s"} else None
+
+
+
+
+
+def clean_series(doc: Any, *, model: str | None = None) -> dict[str, Any] | None:
+    """`record["gpu"]["series"]` checked: shapes (≤ 2 × MAX_SERIES_POINTS times, ≤
+    MAX_SERIES_KEYS keys, one row per key of one value per time) and every value's range; a
+    value out of range becomes None. None when the shape is wrong."""
+    if not isinstance(doc, Mapping):
+        return None
+    t, keys = doc.get("t"), doc.get("keys")
+    if not isinstance(t, list) or not isinstance(keys, list) or not t:
+        return None
+    if len(t) > 2 * MAX_SERIES_POINTS or len(keys) > MAX_SERIES_KEYS:
+        return None
+    times = [finite(x) for x in t]
+    if any(x is None or x < 0 for x in times):
+        return None
+    if not all(isinstance(k, str) and 0 < len(k) <= 80 and k.isprintable() for k in keys):
+        return None
+    out: dict[str, Any] = {"t": times, "keys": list(keys)}
+    bounds = {"util": 100.0, "power_w": power_limit_w(model) * POWER_SLACK,
+              "mem_gib": hbm_limit_gib(model)}
+    for name, hi in bounds.items():
+        rows = doc.get(name)
+        if rows is None:
+            continue
+        if not isinstance(rows, list) or len(rows) > len(keys) or not all(
+                isinstance(r, list) and len(r) == len(times) for r in rows):
+            return None
+        out[name] = [[in_range(v, 0.0, hi) for v in r] for r in rows]
+    return out
+
+
+def clean_record_part(doc: Any, *, model: str | None = None) -> dict[str, Any] | None:
+    """`record["gpu"]` checked (report side): per-GPU entries and the series."""
+    if not isinstance(doc, Mapping):
+        return None
+    out: dict[str, Any] = {}
+    gpus = doc.get("gpus")
+    if isinstance(gpus, list):
+        cleaned = [c for g in gpus[:MAX_GPUS_LISTED]
+                   if (c := clean_gpu_entry(g, model=model)) is not None]
+        if cleaned:
+            out["gpus"] = cleaned
+    series = clean_series(doc.get("series"), model=model)
+    if series is not None:
+        out["series"] = series
+    return out or None
