@@ -60,8 +60,11 @@ def test_job_text_report(fake_sacct: Path) -> None:
     assert "SUs 2 (min 1): su1, su2" in out and "MFU          10.0 % (p10 9.0 %, p90 11.0 %)" in out
     assert "[warn] the job spans 2 SUs" in out
     argv = fake_sacct.read_text().splitlines()
-    assert argv[0].endswith("--duplicates --allocations --jobs=102") and len(argv) == 2
+    assert argv[0].endswith("--duplicates --allocations --jobs=102") and len(argv) == 3
     assert argv[1].endswith("--format=JobID,Submit,Start,End,ElapsedRaw,State --jobs=102")
+    # the usage query (step rows) fails in this stand-in: "not measured", never an error
+    assert "TRESUsageInTot" in argv[2] and "--allocations" not in argv[2]
+    assert "CPU, memory, time: not measured" in out and "GPU util     not measured" in out
 
 
 def test_job_json_and_unknown_job(fake_sacct: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,12 +131,13 @@ def test_html_is_self_contained_with_plots(fake_sacct: Path, tmp_path: Path) -> 
     res = run("103", "--html", str(out), "--site", "sandbox")
     assert res.exit_code == 0, res.output
     html = out.read_text()
-    assert html.count('src="data:image/png;base64,') == 4  # run, histogram, timeline, map
+    for plot in ("plot-mfu", "plot-step", "plot-hist", "plot-attempts", "plot-placement"):
+        assert f'<svg id="{plot}"' in html  # inline SVG plots
     assert "http://" not in html and "https://" not in html and "<script" not in html
     assert 'id="plot-placement"' in html and "restarts" in html
     fl = tmp_path / "f.html"
     assert run("--since", "7d", "--html", str(fl)).exit_code == 0
-    assert fl.read_text().count('src="data:image/png;base64,') == 2
+    assert '<svg id="plot-fleet-mfu"' in fl.read_text()
 
 
 def test_html_escapes_job_names(fake_sacct: Path, tmp_path: Path) -> None:

@@ -1,0 +1,224 @@
+"""What the HTML job report shows beyond `JobReport`: the run's name and parallel layout, the
+job script's record of how each attempt ended, GPU telemetry, and the typical MFU band.
+
+`job_extras` is the I/O edge (it reads the head of the job's log and the attempt record through
+the same safe readers as the report's notes); `extras_from` and the helpers are pure. Everything
+here is shown, never computed with: the job wrote the log and the attempt record, so their
+values only appear as text or as words from fixed sets (`slurmpod.runs.attempts.ENDS`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Megatron-LM argument names (the `--- arguments ---` dump, core_v0.12+) shown as the layout, in
+# this order, with the label the report uses.
+LAYOUT_ARGS = (
+    ("tensor_model_parallel_size", "TP"), ("pipeline_model_parallel_size", "PP"),
+    ("virtual_pipeline_model_parallel_size", "VPP"), ("context_parallel_size", "CP"),
+    ("expert_model_parallel_size", "EP"), ("expert_tensor_parallel_size", "ETP"),
+    ("data_parallel_size", "DP"),
+)
+MODEL_ARGS = (
+    ("num_layers", "layers"), ("hidden_size", "hidden size"),
+    ("num_attention_heads", "attention heads"), ("num_query_groups", "query groups"),
+    ("ffn_hidden_size", "FFN hidden size"), ("num_experts", "experts"),
+    ("moe_router_topk", "experts per token"), ("seq_length", "sequence length"),
+    ("global_batch_size", "global batch"), ("micro_batch_size", "micro batch"),
+    ("recompute_granularity", "recompute"),
+)
+LOG_HEAD_BYTES = 4 << 20
+MAX_GPU_W = 2000.0  # above any GPU's board power (B200 1,000 W, GB300 1,400 W): a bad sample
+MAX_GPUS_PER_NODE = 72  # an NVL72 tray set reported as one "node" is the widest case
+MAX_TEXT = 80  # a job-written value longer than this is cut (it is only ever shown)
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """GPU time series per node for the heatmaps, and the job's energy.
+
+    `t`: seconds since the job's first sample; `util`/`power`: one row per entry of `rows`
+    (a node, or node/GPU), one value per `t` (None: not measured)."""
+
+    rows: tuple[str, ...] = ()
+    t: tuple[float, ...] = ()
+    util: tuple[tuple[float | None, ...], ...] = ()  # %
+    power: tuple[tuple[float | None, ...], ...] = ()  # W
+    energy_j: float | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class JobExtras:
+    run: str | None = None  # the run spec's name (slurmpod's submit Comment)
+    layout: tuple[tuple[str, str], ...] = ()  # (label, value)
+    model: tuple[tuple[str, str], ...] = ()
+    precision: str | None = None
+    script_attempts: tuple[Any, ...] = ()  # slurmpod.runs.attempts.Attempt
+    telemetry: Telemetry | None = None
+    typical: tuple[float, float, str] | None = None  # MFU band lo, hi, what it is
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _text(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= MAX_TEXT else s[:MAX_TEXT - 1] + "…"
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def layout_of(args: Mapping[str, Any] | None, gpus: int = 0) -> tuple[
+        tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], str | None]:
+    """(layout, model, precision) rows from Megatron's argument dump; DP is derived from the
+    job's GPUs when Megatron did not print it (it prints `data_parallel_size` since 2020)."""
+    if not args:
+        return (), (), None
+    lay: list[tuple[str, str]] = []
+    for key, label in LAYOUT_ARGS:
+        v = args.get(key)
+        if v is None and key == "data_parallel_size" and gpus:
+            tp, pp, cp = (_num(args.get(k)) or 1 for k in (
+                "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "context_parallel_size"))
+            if tp * pp * cp and gpus % int(tp * pp * cp) == 0:
+                v = gpus // int(tp * pp * cp)
+        if v is None or (label in ("VPP", "CP", "EP", "ETP") and _num(v) in (None, 1)):
+            continue
+        lay.append((label, _text(v)))
+    model = tuple((label, f"{int(v):,}" if isinstance(v, int) and not isinstance(v, bool)
+                   else _text(v)) for key, label in MODEL_ARGS
+                  if (v := args.get(key)) is not None)
+    prec = ("FP8 (" + _text(args.get("fp8")) + ")" if args.get("fp8")
+            else "BF16" if args.get("bf16") else "FP16" if args.get("fp16") else None)
+    return tuple(lay), model, prec
+
+
+def telemetry_of(doc: Any) -> Telemetry | None:
+    """The spool record's `telemetry` section, read defensively: per node, sample times and
+    per-GPU utilisation (%) and power (W); the job's energy (J). Out-of-range values (a
+    utilisation outside 0-100 %, a negative power) are dropped, not drawn."""
+    if not isinstance(doc, Mapping):
+        return None
+    nodes = doc.get("nodes")
+    rows: list[str] = []
+    util: list[tuple[float | None, ...]] = []
+    power: list[tuple[float | None, ...]] = []
+    t_ref: tuple[float, ...] = ()
+    if isinstance(nodes, Mapping):
+        for name in sorted(nodes)[:256]:
+            node = nodes[name]
+            if not isinstance(node, Mapping):
+                continue
+            ts = [_num(x) for x in node.get("t") or []]
+            if not ts or any(x is None for x in ts):
+                continue
+            t_ref = t_ref or tuple(x - ts[0] for x in ts)  # type: ignore[operator]
+            rows.append(_text(name))
+            util.append(_per_node(node.get("util"), len(ts), 100.0, False)[:len(t_ref)])
+            power.append(_per_node(node.get("power_w"), len(ts), MAX_GPU_W, True)[:len(t_ref)])
+    energy = _num(doc.get("energy_j"))
+    if energy is not None and energy < 0:
+        energy = None
+    if not rows and energy is None:
+        return None
+    return Telemetry(tuple(rows), t_ref, tuple(util), tuple(power), energy,
+                     _text(doc.get("source") or ""))
+
+
+def _per_node(values: Any, n: int, hi: float, node_sum: bool) -> tuple[float | None, ...]:
+    """A node's value per sample: a number (the node's), or a list per GPU (averaged over the
+    GPUs; power summed, since the node draws all of them). Values outside 0..hi per GPU (a node
+    total: 0..hi x MAX_GPUS_PER_NODE) are not measured."""
+    lo = 0.0
+    if not isinstance(values, list):
+        return (None,) * n
+    out: list[float | None] = []
+    for v in values[:n]:
+        if isinstance(v, list):
+            got = [x for x in (_num(y) for y in v) if x is not None and lo <= x <= hi]
+            if not got:
+                out.append(None)
+            elif node_sum:
+                out.append(sum(got))
+            else:
+                out.append(sum(got) / len(got))
+        else:
+            x = _num(v)
+            top = hi * MAX_GPUS_PER_NODE if node_sum else hi
+            out.append(x if x is not None and lo <= x <= top else None)
+    return tuple(out) + (None,) * (n - len(out))
+
+
+def typical_band(rows: Iterable[Any], size_class: str | None) -> tuple[float, float] | None:
+    """GPU-hour-weighted 25th-75th percentile MFU of the fleet's jobs of this size class
+    (`fleet.JobRow`s; implausible ones left out); None below 5 jobs."""
+    pairs = sorted((r.mfu, r.gpu_hours) for r in rows
+                   if r.mfu is not None and not r.implausible and r.gpu_hours > 0
+                   and (size_class is None or r.size_class == size_class))
+    if len(pairs) < 5:
+        return None
+    total = sum(w for _, w in pairs)
+    out = []
+    for q in (0.25, 0.75):
+        acc = 0.0
+        for v, w in pairs:
+            acc += w
+            if acc >= q * total:
+                out.append(v)
+                break
+    return (out[0], out[1]) if len(out) == 2 else None
+
+
+def extras_from(record: Mapping[str, Any] | None, *, log_head: bytes = b"",
+                script_attempts: Sequence[Any] = (), gpus: int = 0,
+                typical: tuple[float, float, str] | None = None) -> JobExtras:
+    """Pure: the extras of a job from its spool record and the head of its log."""
+    rec = record if isinstance(record, Mapping) else {}
+    comment = rec.get("comment") if isinstance(rec.get("comment"), Mapping) else {}
+    run = comment.get("run") if isinstance(comment.get("run"), str) else None
+    args = None
+    if log_head:
+        from slurmpod.accounting.logparse import parse_log
+
+        try:
+            args = parse_log(io.BytesIO(log_head)).args
+        except (ValueError, OverflowError):
+            args = None
+    lay, model, prec = layout_of(args, gpus)
+    return JobExtras(run=_text(run) if run else None, layout=lay, model=model, precision=prec,
+                     script_attempts=tuple(script_attempts),
+                     telemetry=telemetry_of(rec.get("telemetry")), typical=typical)
+
+
+def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,
+               typical: tuple[float, float, str] | None = None) -> JobExtras:
+    """The extras of a job, reading its log's head and attempt record when this user may (the
+    epilog's safe reader: no symlink, FIFO, device or other user's file; bounded)."""
+    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
+    from slurmpod.runs.local import attempts_of_log
+
+    rec = record if isinstance(record, Mapping) else {}
+    log = rec.get("log") if isinstance(rec.get("log"), Mapping) else {}
+    job = rec.get("job") if isinstance(rec.get("job"), Mapping) else {}
+    path, uid = str(log.get("path") or ""), job.get("uid")
+    head = b""
+    atts: Sequence[Any] = ()
+    if path and not log.get("refused") and isinstance(uid, int):
+        try:
+            head = read_job_file(path, uid, head_bytes=LOG_HEAD_BYTES, tail_bytes=0).head
+        except (UnsafeFileError, OSError):
+            head = b""
+        atts = attempts_of_log(path) or ()
+    return extras_from(rec, log_head=head, script_attempts=atts, gpus=gpus, typical=typical)
