@@ -38,9 +38,10 @@ def size_bytes(value: str) -> float | None:
 
 def parse_steps(text: str, sep: str = "|") -> Telemetry | None:
     """Rows of `sacct -P -n --format=JobID,TRESUsageInAve,TRESUsageInMax,ConsumedEnergyRaw,
-    ElapsedRaw -j ID`: the job's GPU utilisation (mean over the steps that have it, weighted by
-    their elapsed time), the most GPU memory of any step, and the allocation's energy."""
-    util_sum = util_w = 0.0
+    ElapsedRaw -j ID`: the job's GPU utilisation (mean over its srun steps, else the batch
+    step, weighted by their elapsed time), the most GPU memory of any step, and the
+    allocation's energy."""
+    utils: list[tuple[bool, float, float]] = []  # (srun step?, util, elapsed)
     mem_max: float | None = None
     energy: float | None = None
     span = 0.0
@@ -68,11 +69,15 @@ def parse_steps(text: str, sep: str = "|") -> Telemetry | None:
         except ValueError:
             u = None
         if u is not None and 0 <= u <= 100 and elapsed > 0:
-            util_sum += u * elapsed
-            util_w += elapsed
+            utils.append((job.rsplit(".", 1)[1].isdigit(), u, elapsed))
         b = size_bytes(m.get("gres/gpumem", "")) if "gres/gpumem" in m else None
         if b is not None and b >= 0:
             mem_max = max(mem_max or 0.0, b)
+    # The batch step spans the job: when srun steps ran, they did the GPU work and the batch
+    # step's 0 % would only dilute theirs (steps may also overlap: no weighting across kinds).
+    chosen = [(u, e) for srun, u, e in utils if srun] or [(u, e) for _, u, e in utils]
+    util_w = sum(e for _, e in chosen)
+    util_sum = sum(u * e for u, e in chosen)
     if util_w == 0 and mem_max is None:
         return None  # Slurm did not measure the GPUs (no gpu plugin or TRES not tracked)
     g = GpuStat(util=util_sum / util_w if util_w else None,
