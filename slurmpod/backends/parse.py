@@ -515,3 +515,75 @@ def partition_max_time(parts: dict[str, tuple[bool, int | None]],
         partition = next((name for name, (dflt, _) in parts.items() if dflt), None)
     entry = parts.get(partition) if partition is not None else None
     return entry[1] if entry else None
+
+
+# -- sacct usage fields (seff-style efficiency) ---------------------------------------------
+#
+# One job's usage, step rows included: the allocation row's TotalCPU is the sum of its steps'
+# only without --allocations (with -X, 22.05.8 and 24.11.5 print 00:00:00, checked on the
+# sandbox), and MaxRSS / TRESUsageIn* exist only on step rows. No field here is job-controlled
+# text, but the query still takes its own delimiter and the JobID … JobIDRaw frame
+# (`sacct_rows`). Recorded outputs: tests/data/report/usage-22.05/, usage-24.11/.
+
+USAGE_FIELDS: tuple[str, ...] = (
+    "JobID", "State", "ElapsedRaw", "TimelimitRaw", "AllocCPUS", "TotalCPU", "CPUTimeRAW",
+    "ReqMem", "MaxRSS", "NNodes", "NTasks", "AllocTRES", "ReqTRES", "TRESUsageInTot",
+    "TRESUsageInMax", "ConsumedEnergyRaw", "JobIDRaw",
+)
+# sacct's unit suffixes (convert_num_unit, powers of 1024); a bare number is the base unit.
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)")
+# ReqMem: `4000M` (21.08 on: the job's total, from ReqTRES mem), `16Gn` / `16Gc` (up to 20.11:
+# per node / per CPU).
+_REQ_MEM = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)([nc]?)")
+# TotalCPU / UserCPU: `MM:SS.mmm`, `HH:MM:SS`, `D-HH:MM:SS` (sacct's _elapsed_time: the
+# milliseconds are dropped once there are hours).
+_CPU_TIME = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.(\d+))?")
+
+
+def size_bytes(text: str) -> int | None:
+    """A sacct size (`322100K`, `4000M`, `1.50G`, `1718104`) -> bytes; None when empty or not
+    a size. A bare number is bytes (TRESUsageIn's `fs/disk=1718104`)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def req_mem(text: str) -> tuple[int | None, str]:
+    """ReqMem -> (bytes, per): per is "job" (21.08+: the whole job, e.g. 500G for 2 nodes of
+    250G), "node" (`16Gn`) or "cpu" (`16Gc`); (None, "") when unset or not a size."""
+    m = _REQ_MEM.fullmatch(text.strip())
+    if m is None:
+        return None, ""
+    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    return value, {"n": "node", "c": "cpu"}.get(m.group(3), "job")
+
+
+def cpu_time_s(text: str) -> float | None:
+    """TotalCPU (`00:05.918`, `01:02:03`, `2-03:04:05`) -> seconds; None when not a time."""
+    m = _CPU_TIME.fullmatch(text.strip())
+    if m is None:
+        return None
+    d, h, mi, s, frac = m.groups()
+    if h is None and d is not None:  # `D-MM:SS` is not a form sacct prints
+        return None
+    secs = int(d or 0) * 86400 + int(h or 0) * 3600 + int(mi) * 60 + int(s)
+    return secs + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def time_limit_raw_s(text: str) -> int | None:
+    """TimelimitRaw (whole minutes) -> seconds; None for UNLIMITED, Partition_Limit (no limit
+    of the job's own), empty or anything else."""
+    t = text.strip()
+    return int(t) * 60 if t.isdigit() else None
+
+
+def tres_values(text: str) -> dict[str, str]:
+    """`cpu=00:00:03,energy=0,gres/gpuutil=87,mem=322100K` -> {name: value text}."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, eq, val = item.partition("=")
+        if eq and key:
+            out[key] = val
+    return out

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from slurmpod.model.site import Inventory
     from slurmpod.report.fleet import FleetReport, JobRow
     from slurmpod.report.model import JobReport, LogHints
-    from slurmpod.report.sacct import SacctJob
+    from slurmpod.report.sacct import SacctJob, Usage
 
 _JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
 _SINCE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")
@@ -189,7 +189,8 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None, *,
                   with_series: bool, hints: bool = False, progress: bool = False,
-                  typical_mfu: dict[str, float] | None = None) -> list[JobReport]:
+                  typical_mfu: dict[str, float] | None = None,
+                  usage: dict[str, Usage] | None = None) -> list[JobReport]:
     """One report per job. Without the series (a fleet) each job's compact summary is read
     instead of its record: 10,000 full records are ~330 MB of JSON, their summaries ~12 MB."""
     from slurmpod.report.model import build_job_report
@@ -201,7 +202,8 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
         return build_job_report(sj, spool_record=rec, inventory=inventory,
                                 log_hints=log_hints(rec) if hints else None,
                                 typical_mfu=typical_mfu, with_series=with_series,
-                                with_notes=with_series)
+                                with_notes=with_series,
+                                usage=(usage or {}).get(sj.record.job_id))
 
     with _no_cyclic_gc():
         if progress and len(jobs) >= PROGRESS_MIN_JOBS:
@@ -352,6 +354,19 @@ def _load(selection: list[str]) -> list[SacctJob]:
     return jobs_from_text(records, attempts, delim)
 
 
+def load_usage(job_id: str) -> dict[str, Usage]:
+    """The job's seff-style usage (every step row); {} when sacct cannot give it: the report
+    then says "not measured" rather than failing."""
+    from slurmpod.backends.parse import sacct_delimiter
+    from slurmpod.report.sacct import parse_usage, usage_argv
+
+    delim = sacct_delimiter()
+    try:
+        return parse_usage(_sacct(usage_argv(job_id, delim)), delim)
+    except (SlurmError, UsageError):
+        return {}
+
+
 def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
          prom_file: Path | None, site: str | None, spool: Path,
          typical_since: str | None = None) -> None:
@@ -363,16 +378,21 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
                          hint="check the id; a job appears in sacct a few seconds after "
                               "submission")
     typical = None
+    fleet = None
     if typical_since:
         window = [f"--starttime={slurm_since(typical_since)}", "--endtime=now", "--allusers"]
-        typical = fleet_of(_load(window), spool, window=typical_since,
-                           progress=True).typical_mfu
+        fleet = fleet_of(_load(window), spool, window=typical_since, progress=True)
+        typical = fleet.typical_mfu
     inv = _inventory(site)
-    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True, typical_mfu=typical)
+    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True, typical_mfu=typical,
+                         usage=load_usage(job_id))
     if html_file is not None:
+        from slurmpod.report.extras import page_extras
         from slurmpod.report.html import job_html
 
-        _write(html_file, job_html(r, generated=_now()), "HTML report")
+        rec = read_spool_record(_spool_paths(spool, compact=False).get(r.job.job_id))
+        _write(html_file, job_html(r, generated=_now(), extras=page_extras(r, rec, fleet)),
+               "HTML report")
     if prom_file is not None:
         from slurmpod.report.prom import job_exposition
 

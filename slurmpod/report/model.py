@@ -33,7 +33,7 @@ from slurmpod.accounting import plausible
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.site import Inventory
 from slurmpod.report.placement import Placement, placement_of
-from slurmpod.report.sacct import SacctJob
+from slurmpod.report.sacct import SacctJob, Usage
 
 LOSS_CAUSES = ("startup", "checkpoint", "restarts", "other")
 SPIKE_FACTOR = 1.5  # an iteration this many times the median is a spike (straggler, hiccup)
@@ -143,9 +143,68 @@ class Note:
     level: str  # "warn" | "info"
     code: str
     text: str
+    fix: str = ""  # what to change (a Slurm option, a setting), when there is one
 
     def to_json(self) -> dict[str, str]:
-        return {"level": self.level, "code": self.code, "text": self.text}
+        return {"level": self.level, "code": self.code, "text": self.text, "fix": self.fix}
+
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """seff/jobstats figures of one job: Slurm's usage (CPU, memory, time), the GPUs'
+    telemetry and energy. None anywhere means "not measured", never zero.
+
+    GPU figures: the telemetry summary the epilog stored (`slurmpod.telemetry.schema`, checked
+    by `read_gpu_summary`), else Slurm's gres/gpuutil and gres/gpumem from the usage query.
+    Energy, best first: the GPUs' own (telemetry), the nodes' (Slurm's ConsumedEnergyRaw, when
+    an acct_gather_energy plugin is configured), Megatron's `--log-energy` figures × the
+    iterations logged. Energy per token needs a Megatron job's tokens."""
+
+    usage: Usage | None
+    gpu: Mapping[str, Any] | None = None  # the checked telemetry summary
+    energy_j: float | None = None
+    energy_src: str | None = None  # "gpu:<how>" | "slurm" | "megatron-log"
+    energy_per_token_j: float | None = None
+
+    @property
+    def gpu_src(self) -> str | None:
+        if self.gpu is not None:
+            return str(self.gpu.get("src") or "telemetry")
+        u = self.usage
+        if u is not None and (u.gpu_util_pct is not None or u.gpu_mem_bytes is not None):
+            return "sacct"
+        return None
+
+    @property
+    def gpu_util_pct(self) -> float | None:
+        if self.gpu is not None:
+            return _f(self.gpu.get("util"))
+        return self.usage.gpu_util_pct if self.usage else None
+
+    @property
+    def gpu_mem_gib(self) -> float | None:
+        if self.gpu is not None:
+            return _f(self.gpu.get("mem_gib"))
+        u = self.usage
+        return u.gpu_mem_bytes / GIB if u and u.gpu_mem_bytes is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        g = dict(self.gpu) if self.gpu is not None else {}
+        return {
+            "slurm": self.usage.to_json() if self.usage else None,
+            "gpu": {"source": self.gpu_src, "util_pct": self.gpu_util_pct,
+                    "mem_gib": self.gpu_mem_gib, "mem_total_gib": _f(g.get("mem_total_gib")),
+                    "idle_gpus": g.get("idle_gpus"), "sm_pct": _f(g.get("sm")),
+                    "tensor_pct": _f(g.get("tensor")), "power_w": _f(g.get("power_w")),
+                    "power_max_w": _f(g.get("power_max_w")),
+                    "temp_max_c": _f(g.get("temp_max_c")), "xid": g.get("xid"),
+                    "xid_codes": g.get("xid_codes"), "trust": g.get("trust")},
+            "energy_j": self.energy_j, "energy_source": self.energy_src,
+            "energy_per_token_j": self.energy_per_token_j,
+        }
 
 
 @dataclass(frozen=True)
@@ -164,6 +223,8 @@ class JobReport:
     # Why these figures cannot be right (plausible.reasons); such a job is shown, labelled,
     # and left out of every fleet aggregate.
     implausible: tuple[str, ...] = ()
+    # seff/jobstats figures; a job report only (a fleet report does not query step usage).
+    efficiency: Efficiency | None = None
 
     @property
     def queue_s(self) -> float | None:
@@ -214,6 +275,8 @@ class JobReport:
             "stability": self.stability.to_json() if self.stability else None,
             "notes": [n.to_json() for n in self.notes],
         }
+        if self.efficiency is not None:
+            out["efficiency"] = self.efficiency.to_json()
         if series:
             out["series"] = self.series
         return out
@@ -454,7 +517,8 @@ def params_estimate(fig: Figures, gpus: int) -> float | None:
 def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = None,
                      inventory: Inventory | None = None, log_hints: LogHints | None = None,
                      typical_mfu: Mapping[str, float] | None = None,
-                     with_series: bool = True, with_notes: bool = True) -> JobReport:
+                     with_series: bool = True, with_notes: bool = True,
+                     usage: Usage | None = None) -> JobReport:
     from slurmpod.report.rules import notes_for
 
     job = sj.record
@@ -491,5 +555,47 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
                            fig, len(elapsed) > 1 or fig.log_restarts > 0))
     if not with_notes:
         return report
+    report = replace(report, efficiency=efficiency_of(report, usage, spool_record))
+    eff = report.efficiency
+    if status == "no-training-log" and eff is not None and (eff.usage or eff.gpu):
+        # Not a Megatron job (or no log): the seff/jobstats part is the report.
+        report = replace(report, status_text=text.replace(
+            "identity and placement only", "efficiency from Slurm and the GPUs, no MFU"))
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
     return replace(report, notes=tuple(notes))
+
+
+def efficiency_of(report: JobReport, usage: Usage | None,
+                  spool_record: Mapping[str, Any] | None) -> Efficiency:
+    """The job's efficiency figures (the Efficiency docstring says where each comes from)."""
+    from slurmpod.telemetry.schema import read_gpu_summary
+
+    gpu = read_gpu_summary(spool_record) if spool_record is not None else None
+    f = report.figures
+    # Tokens the job trained: tokens/s (steady state, whole job) × its productive time.
+    tokens = (f.tokens_per_s * f.productive_s
+              if f.tokens_per_s and f.productive_s and f.productive_s > 0 else None)
+    energy = src = per_token = None
+    if gpu is not None and _f(gpu.get("energy_j")):
+        energy, src = float(gpu["energy_j"]), f"gpu:{gpu.get('energy_src') or 'telemetry'}"
+    elif usage is not None and usage.energy_j:
+        energy, src = usage.energy_j, "slurm"
+    if energy is not None and tokens:
+        per_token = energy / tokens
+    log_j = _log_energy_j(spool_record)
+    if log_j is not None and report.gpus and f.tokens_per_s and f.iter_ms and f.iter_ms.median:
+        # Megatron's --log-energy: J per iteration per GPU (steady-state median).
+        tokens_per_iter = f.tokens_per_s * f.iter_ms.median / 1000.0
+        if per_token is None and tokens_per_iter > 0:
+            per_token = log_j * report.gpus / tokens_per_iter
+        if energy is None and tokens and tokens_per_iter > 0:
+            # over the iterations trained: productive time / iteration time
+            energy, src = log_j * report.gpus * tokens / tokens_per_iter, "megatron-log"
+    return Efficiency(usage=usage, gpu=gpu, energy_j=energy, energy_src=src,
+                      energy_per_token_j=per_token)
+
+
+def _log_energy_j(record: Mapping[str, Any] | None) -> float | None:
+    m = ((record or {}).get("summary") or {}).get("metrics") or {}
+    d = _dist(m.get("energy_j")) if isinstance(m, Mapping) else None
+    return d.median if d and d.median and d.median > 0 else None

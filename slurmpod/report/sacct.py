@@ -30,14 +30,22 @@ from typing import Any
 from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
+    USAGE_FIELDS,
+    cpu_time_s,
     exit_of,
+    gpus_from_tres,
     is_job_id,
     load_json,
     num,
     parse_sacct_json,
     parse_sacct_parsable,
+    req_mem,
     sacct_json_job_id,
+    sacct_rows,
+    size_bytes,
     state_of,
+    time_limit_raw_s,
+    tres_values,
 )
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord
@@ -208,3 +216,137 @@ def jobs_from_text(records_text: str, attempts_text: str,
     attempts = parse_attempts(attempts_text, delimiter or RECORDED_NARROW_DELIMITER)
     return [SacctJob(r, tuple(attempts.get(r.job_id, ())))
             for r in parse_sacct_parsable(records_text, delimiter=delimiter or SACCT_DELIMITER)]
+
+
+# -- usage (seff-style efficiency of one job) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What Slurm measured of one job's latest attempt (sacct without --duplicates shows only
+    that one, as seff does). None means "not measured", never zero.
+
+    Memory: the peak of the job is the largest step's sum over its tasks of each task's peak
+    RSS (`TRESUsageInTot` mem; the batch script and the srun steps run one after the other in
+    the usual job, so steps are not added up), falling back to MaxRSS (one task's peak) where a
+    step has no TRES usage. jobacct_gather samples every JobAcctGatherFrequency (default 30 s),
+    so a shorter spike can be missed. Requested memory is ReqMem for the whole job."""
+
+    job_id: str
+    state: str
+    elapsed_s: int
+    limit_s: int | None  # None: UNLIMITED or the partition's
+    alloc_cpus: int
+    req_cpus: int | None  # ReqTRES cpu (what the job asked; an exclusive node allocates more)
+    cpu_s: float | None  # TotalCPU: user + system time of every step
+    cpu_alloc_s: int | None  # CPUTimeRAW: AllocCPUS × elapsed
+    req_mem_bytes: int | None
+    alloc_mem_bytes: int | None  # AllocTRES mem (an exclusive node gets all of it)
+    mem_peak_bytes: int | None
+    n_nodes: int
+    gpus: int
+    steps: int  # steps with usage figures (0 while the first step runs: Slurm stores a step's
+    # usage when it ends)
+    gpu_util_pct: float | None = None  # Slurm's gres/gpuutil (NVML, last poll), per GPU
+    gpu_mem_bytes: int | None = None  # largest gres/gpumem of a task
+    energy_j: float | None = None  # ConsumedEnergyRaw (acct_gather_energy), when configured
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        if self.cpu_s is None or not self.cpu_alloc_s or not self.steps:
+            return None
+        return self.cpu_s / self.cpu_alloc_s
+
+    @property
+    def mem_efficiency(self) -> float | None:
+        if self.mem_peak_bytes is None or not self.req_mem_bytes:
+            return None
+        return self.mem_peak_bytes / self.req_mem_bytes
+
+    @property
+    def time_fraction(self) -> float | None:
+        return self.elapsed_s / self.limit_s if self.limit_s else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"elapsed_s": self.elapsed_s, "time_limit_s": self.limit_s,
+                "time_fraction": self.time_fraction, "alloc_cpus": self.alloc_cpus,
+                "req_cpus": self.req_cpus,
+                "cpu_s": self.cpu_s, "cpu_alloc_s": self.cpu_alloc_s,
+                "cpu_efficiency": self.cpu_efficiency, "req_mem_bytes": self.req_mem_bytes,
+                "alloc_mem_bytes": self.alloc_mem_bytes, "mem_peak_bytes": self.mem_peak_bytes,
+                "mem_efficiency": self.mem_efficiency, "n_nodes": self.n_nodes,
+                "gpus": self.gpus, "steps_measured": self.steps,
+                "gpu_util_pct": self.gpu_util_pct, "gpu_mem_bytes": self.gpu_mem_bytes,
+                "energy_j": self.energy_j}
+
+
+def usage_argv(job_id: str, delimiter: str) -> list[str]:
+    """The usage query of one job: every step row (no --allocations: see backends.parse)."""
+    return ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}",
+            f"--format={','.join(USAGE_FIELDS)}", f"--jobs={job_id}"]
+
+
+def _digits(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _usage_of(row: Mapping[str, str], steps: Sequence[Mapping[str, str]]) -> Usage:
+    req, per = req_mem(row.get("ReqMem", ""))
+    n_nodes = _digits(row.get("NNodes", "")) or 0
+    alloc_cpus = _digits(row.get("AllocCPUS", "")) or 0
+    if req is not None and per == "node":
+        req *= max(n_nodes, 1)
+    elif req is not None and per == "cpu":
+        req *= max(alloc_cpus, 1)
+    alloc = tres_values(row.get("AllocTRES", ""))
+    peak: int | None = None
+    gpu_mem: int | None = None
+    util_sum = util_gpus = 0.0
+    measured = 0
+    for s in steps:
+        tot = tres_values(s.get("TRESUsageInTot", ""))
+        mx = tres_values(s.get("TRESUsageInMax", ""))
+        step_mem = size_bytes(tot.get("mem", "")) or size_bytes(s.get("MaxRSS", ""))
+        if step_mem is None and not tot:
+            continue  # still running: Slurm stores a step's usage when it ends
+        measured += 1
+        if step_mem is not None:
+            peak = max(peak or 0, step_mem)
+        g = size_bytes(mx.get("gres/gpumem", ""))
+        if g is not None:
+            gpu_mem = max(gpu_mem or 0, g)
+        # gpu_nvml adds the SM utilisation of every GPU a task uses; Tot adds the tasks.
+        util = tot.get("gres/gpuutil", "")
+        step_gpus = gpus_from_tres(s.get("AllocTRES", ""))
+        if util.isdigit() and step_gpus:
+            util_sum += int(util)
+            util_gpus += step_gpus
+    util_pct = util_sum / util_gpus if util_gpus else None
+    energy = _digits(row.get("ConsumedEnergyRaw", ""))
+    return Usage(
+        job_id=row["JobID"], state=str(state_of(row.get("State", ""))),
+        elapsed_s=_digits(row.get("ElapsedRaw", "")) or 0,
+        limit_s=time_limit_raw_s(row.get("TimelimitRaw", "")), alloc_cpus=alloc_cpus,
+        req_cpus=_digits(tres_values(row.get("ReqTRES", "")).get("cpu", "")),
+        cpu_s=cpu_time_s(row.get("TotalCPU", "")),
+        cpu_alloc_s=_digits(row.get("CPUTimeRAW", "")),
+        req_mem_bytes=req, alloc_mem_bytes=size_bytes(alloc.get("mem", "")),
+        mem_peak_bytes=peak, n_nodes=n_nodes, gpus=gpus_from_tres(row.get("AllocTRES", "")),
+        steps=measured,
+        # A sum over GPUs above 100 % per GPU is not a reading (range check, as telemetry's).
+        gpu_util_pct=util_pct if util_pct is not None and 0 <= util_pct <= 100 else None,
+        gpu_mem_bytes=gpu_mem,
+        # 0 is what sacct prints without an energy plugin (AcctGatherEnergyType=none).
+        energy_j=float(energy) if energy else None)
+
+
+def parse_usage(text: str, delimiter: str) -> dict[str, Usage]:
+    """The usage query's output -> job id -> its latest attempt's Usage."""
+    jobs: dict[str, tuple[dict[str, str], list[dict[str, str]]]] = {}
+    for row in sacct_rows(text, USAGE_FIELDS, delimiter):
+        base, dot, _ = row["JobID"].partition(".")
+        if not dot:
+            jobs[base] = (row, [])
+        elif base in jobs:
+            jobs[base][1].append(row)
+    return {jid: _usage_of(row, steps) for jid, (row, steps) in jobs.items()}

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slurmpod.report.fleet import FleetReport, Group, JobRow
-from slurmpod.report.model import LOSS_CAUSES, Dist, JobReport
+from slurmpod.report.model import LOSS_CAUSES, Dist, Efficiency, JobReport
 from slurmpod.textfmt import table
 
 
@@ -91,9 +91,91 @@ def job_text(r: JobReport) -> str:
         out += ["", f"Iteration-time stability: median {num(s.median_ms)} ms, cv {pct(s.cv)}, "
                     f"spread p10-p90 {pct(s.spread)}, {s.spikes} spike(s)"
                 + (f", worst {s.max_ratio:.2f}x median" if s.max_ratio else "")]
+    if r.efficiency is not None:
+        out += ["", *efficiency_lines(r.efficiency, r)]
     if r.notes:
-        out += ["", "Notes"] + [f"  [{n.level}] {n.text}" for n in r.notes]
+        out += ["", "Notes"]
+        for n in r.notes:
+            out.append(f"  [{n.level}] {n.text}")
+            if n.fix:
+                out.append(f"         fix: {n.fix}")
     return "\n".join(out) + "\n"
+
+
+NOT_MEASURED = "not measured"
+
+
+def size(n_bytes: float | None) -> str:
+    """Bytes in binary units, 3 significant digits: 314 MiB, 3.91 GiB."""
+    if n_bytes is None or not math.isfinite(n_bytes):
+        return NOT_MEASURED
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def energy(j: float | None) -> str:
+    if j is None or not math.isfinite(j):
+        return NOT_MEASURED
+    kwh = j / 3.6e6
+    return f"{kwh:.3g} kWh ({j:.3g} J)" if kwh >= 0.01 else f"{j:.3g} J"
+
+
+def efficiency_lines(e: Efficiency, r: JobReport) -> list[str]:
+    """seff-style lines: CPU, memory, time, GPUs, energy; "not measured" where nothing was."""
+    u = e.usage
+    out = ["Efficiency (Slurm accounting of the latest attempt"
+           + (f"; GPUs: {e.gpu_src}" if e.gpu_src else "") + ")"]
+    if u is None:
+        out.append("  CPU, memory, time: not measured (sacct's usage query gave nothing)")
+    else:
+        if u.cpu_efficiency is None:
+            cpu = NOT_MEASURED + (" yet (Slurm stores a step's usage when it ends)"
+                                  if r.job.state.is_active else "")
+        else:
+            cpu = (f"{pct(u.cpu_efficiency)} of {u.alloc_cpus} cores x {dur(u.elapsed_s)} "
+                   f"(CPU time {dur(u.cpu_s)})")
+        out.append(f"  CPU          {cpu}")
+        if u.mem_peak_bytes is None:
+            mem = NOT_MEASURED
+        elif u.req_mem_bytes:
+            mem = (f"{size(u.mem_peak_bytes)} peak of {size(u.req_mem_bytes)} requested "
+                   f"({pct(u.mem_efficiency)})")
+        else:
+            mem = f"{size(u.mem_peak_bytes)} peak (no memory request)"
+        out.append(f"  memory       {mem}")
+        limit = "no limit" if u.limit_s is None else (
+            f"{pct(u.time_fraction)} of the {dur(u.limit_s)} limit")
+        out.append(f"  time         {dur(u.elapsed_s)}, {limit}")
+    util = e.gpu_util_pct
+    g = e.gpu or {}
+    if util is None:
+        out.append(f"  GPU util     {NOT_MEASURED}")
+    else:
+        extra = ""
+        if g.get("util_min") is not None:
+            extra += f", lowest GPU {g['util_min']:.1f} %"
+        if g.get("idle_gpus"):
+            extra += f", {g['idle_gpus']} idle"
+        if g.get("sm") is not None:
+            extra += f", SM active {g['sm']:.1f} %"
+        if g.get("tensor") is not None:
+            extra += f", tensor {g['tensor']:.1f} %"
+        out.append(f"  GPU util     {util:.1f} % mean{extra}")
+    gmem = e.gpu_mem_gib
+    total = g.get("mem_total_gib")
+    out.append("  GPU memory   " + (NOT_MEASURED if gmem is None else
+                                    f"{gmem:.3g} GiB peak" + (f" of {total:.3g} GiB"
+                                                              if total else "")))
+    if g.get("power_w") is not None:
+        out.append(f"  GPU power    {g['power_w']:.0f} W mean per GPU"
+                   + (f", max {g['power_max_w']:.0f} W" if g.get("power_max_w") else "")
+                   + (f", hottest {g['temp_max_c']:.0f} C" if g.get("temp_max_c") else ""))
+    out.append(f"  energy       {energy(e.energy_j)}"
+               + (f" ({e.energy_src})" if e.energy_src else "")
+               + (f", {e.energy_per_token_j:.3g} J/token" if e.energy_per_token_j else ""))
+    return out
 
 
 def _group_rows(groups: Sequence[Group]) -> list[list[str]]:
