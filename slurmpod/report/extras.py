@@ -222,3 +222,19 @@ def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,
             head = b""
         atts = attempts_of_log(path) or ()
     return extras_from(rec, log_head=head, script_attempts=atts, gpus=gpus, typical=typical)
+
+
+def page_extras(r: Any, record: Mapping[str, Any] | None, fleet: Any = None) -> JobExtras:
+    """The extras of a job report `r` (`JobReport`); with a fleet report (`--typical-since`),
+    the MFU band is the middle half of that fleet's jobs of the same model-size class."""
+    from slurmpod.report.rules import size_class
+
+    typical = None
+    if fleet is not None:
+        cls = size_class(r.params_b)
+        band = typical_band(fleet.rows, cls)
+        if band is not None:
+            what = f"{cls} models" if cls else "jobs"
+            typical = (band[0], band[1],
+                       f"middle half of this fleet's {what} since {fleet.window}")
+    return job_extras(record, gpus=r.gpus, typical=typical)
