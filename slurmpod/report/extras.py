@@ -32,23 +32,20 @@ MODEL_ARGS = (
     ("recompute_granularity", "recompute"),
 )
 LOG_HEAD_BYTES = 4 << 20
-MAX_GPU_W = 2000.0  # above any GPU's board power (B200 1,000 W, GB300 1,400 W): a bad sample
-MAX_GPUS_PER_NODE = 72  # an NVL72 tray set reported as one "node" is the widest case
 MAX_TEXT = 80  # a job-written value longer than this is cut (it is only ever shown)
 
 
 @dataclass(frozen=True)
 class Telemetry:
-    """GPU time series per node for the heatmaps, and the job's energy.
+    """GPU time series per node for the heatmaps.
 
     `t`: seconds since the job's first sample; `util`/`power`: one row per entry of `rows`
-    (a node, or node/GPU), one value per `t` (None: not measured)."""
+    (a node, or node:GPU), one value per `t` (None: not measured); power is per GPU."""
 
     rows: tuple[str, ...] = ()
     t: tuple[float, ...] = ()
     util: tuple[tuple[float | None, ...], ...] = ()  # %
     power: tuple[tuple[float | None, ...], ...] = ()  # W
-    energy_j: float | None = None
     source: str = ""
 
 
@@ -105,60 +102,42 @@ def layout_of(args: Mapping[str, Any] | None, gpus: int = 0) -> tuple[
     return tuple(lay), model, prec
 
 
-def telemetry_of(doc: Any) -> Telemetry | None:
-    """The spool record's `telemetry` section, read defensively: per node, sample times and
-    per-GPU utilisation (%) and power (W); the job's energy (J). Out-of-range values (a
-    utilisation outside 0-100 %, a negative power) are dropped, not drawn."""
-    if not isinstance(doc, Mapping):
+def telemetry_of(doc: Any, summary: Any = None) -> Telemetry | None:
+    """The heatmap rows of a spool record's `gpu` part (`slurmpod.telemetry.schema`: checked by
+    `clean_record_part`, so a value out of range is None, never drawn). Per-GPU keys
+    (`node:index`) are averaged per node; a one-node job keeps one row per GPU."""
+    from slurmpod.telemetry.schema import clean_record_part
+
+    part = clean_record_part(doc)
+    series = (part or {}).get("series")
+    if not series:
         return None
-    nodes = doc.get("nodes")
-    rows: list[str] = []
-    util: list[tuple[float | None, ...]] = []
-    power: list[tuple[float | None, ...]] = []
-    t_ref: tuple[float, ...] = ()
-    if isinstance(nodes, Mapping):
-        for name in sorted(nodes)[:256]:
-            node = nodes[name]
-            if not isinstance(node, Mapping):
-                continue
-            ts = [_num(x) for x in node.get("t") or []]
-            if not ts or any(x is None for x in ts):
-                continue
-            t_ref = t_ref or tuple(x - ts[0] for x in ts)  # type: ignore[operator]
-            rows.append(_text(name))
-            util.append(_per_node(node.get("util"), len(ts), 100.0, False)[:len(t_ref)])
-            power.append(_per_node(node.get("power_w"), len(ts), MAX_GPU_W, True)[:len(t_ref)])
-    energy = _num(doc.get("energy_j"))
-    if energy is not None and energy < 0:
-        energy = None
-    if not rows and energy is None:
-        return None
-    return Telemetry(tuple(rows), t_ref, tuple(util), tuple(power), energy,
-                     _text(doc.get("source") or ""))
+    keys = [str(k) for k in series["keys"]]
+    t = [float(x) for x in series["t"]]
+    nodes = list(dict.fromkeys(k.split(":", 1)[0] for k in keys))
+    by_node = len(nodes) > 1 and len(nodes) < len(keys)
+    rows = nodes if by_node else keys
+
+    def grouped(name: str) -> tuple[tuple[float | None, ...], ...]:
+        data = series.get(name) or []
+        out = []
+        for row in rows:
+            members = [data[i] for i, k in enumerate(keys) if i < len(data)
+                       and (k.split(":", 1)[0] == row if by_node else k == row)]
+            col = []
+            for j in range(len(t)):
+                got = [m[j] for m in members if m[j] is not None]
+                col.append(sum(got) / len(got) if got else None)
+            out.append(tuple(col))
+        return tuple(out)
+
+    src = summary.get("src") if isinstance(summary, Mapping) else None
+    return Telemetry(tuple(_text(r) for r in rows), tuple(x - t[0] for x in t),
+                     grouped("util"), grouped("power_w"), SOURCE_TEXT.get(src, ""))
 
 
-def _per_node(values: Any, n: int, hi: float, node_sum: bool) -> tuple[float | None, ...]:
-    """A node's value per sample: a number (the node's), or a list per GPU (averaged over the
-    GPUs; power summed, since the node draws all of them). Values outside 0..hi per GPU (a node
-    total: 0..hi x MAX_GPUS_PER_NODE) are not measured."""
-    lo = 0.0
-    if not isinstance(values, list):
-        return (None,) * n
-    out: list[float | None] = []
-    for v in values[:n]:
-        if isinstance(v, list):
-            got = [x for x in (_num(y) for y in v) if x is not None and lo <= x <= hi]
-            if not got:
-                out.append(None)
-            elif node_sum:
-                out.append(sum(got))
-            else:
-                out.append(sum(got) / len(got))
-        else:
-            x = _num(v)
-            top = hi * MAX_GPUS_PER_NODE if node_sum else hi
-            out.append(x if x is not None and lo <= x <= top else None)
-    return tuple(out) + (None,) * (n - len(out))
+SOURCE_TEXT = {"dcgm": "DCGM job statistics", "prometheus": "the DCGM exporter (Prometheus)",
+               "sacct": "Slurm's accounting", "nvidia-smi": "nvidia-smi, sampled in the job"}
 
 
 def typical_band(rows: Iterable[Any], size_class: str | None) -> tuple[float, float] | None:
@@ -199,7 +178,8 @@ def extras_from(record: Mapping[str, Any] | None, *, log_head: bytes = b"",
     lay, model, prec = layout_of(args, gpus)
     return JobExtras(run=_text(run) if run else None, layout=lay, model=model, precision=prec,
                      script_attempts=tuple(script_attempts),
-                     telemetry=telemetry_of(rec.get("telemetry")), typical=typical)
+                     telemetry=telemetry_of(rec.get("gpu"), (rec.get("summary") or {}).get("gpu")),
+                     typical=typical)
 
 
 def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,

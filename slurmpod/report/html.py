@@ -248,16 +248,28 @@ def verdict_of(r: JobReport) -> Verdict:
                        f"{len(warns)} thing{'s' if len(warns) > 1 else ''} to look at",
                        warns[0].text + more, fix)
     if r.status == "no-training-log":
-        return Verdict("muted", "No training figures",
-                       "no Megatron iterations were found for this job: only Slurm's figures, "
-                       "identity and placement are shown")
+        return Verdict("muted", "Nothing to flag",
+                       "not a training job slurmpod can read (no Megatron iterations): the "
+                       "figures are Slurm's and the GPUs'")
     return Verdict("good", "Healthy", "nothing to flag: MFU, goodput and stability are within "
                    "the usual ranges")
 
 
 def headline(r: JobReport, x: JobExtras) -> list[Tile]:
+    """The card's tiles: a training job's MFU, goodput, tokens/s per GPU and energy per token;
+    any other GPU job's seff/jobstats figures (GPU and CPU use, memory, time)."""
     f, loss = r.figures, r.loss
     gpus = r.gpus
+    eff = r.efficiency
+    e = eff.energy_j if eff else None
+    ept = eff.energy_per_token_j if eff else None
+    hours = Tile("GPU-hours", human(loss.allocated_gpu_s / 3600),
+                 f"{integer(gpus)} GPUs × {duration(loss.allocated_gpu_s / gpus)}" if gpus
+                 else "no GPUs in the allocation")
+    if not (f.has_training or f.source == "live_comment"):
+        return [*usage_tiles(r), Tile("Energy", energy(e), ENERGY_SRC.get(
+            eff.energy_src or "", "") if eff and e is not None else "not measured",
+            "" if e is not None else "muted"), hours]
     mfu = f.mfu.median if f.mfu else None
     band = x.typical or REFERENCE_BAND
     tone = "" if mfu is None else ("good" if mfu >= band[0] else "bad")
@@ -266,10 +278,6 @@ def headline(r: JobReport, x: JobExtras) -> list[Tile]:
     gp = loss.goodput
     tps = f.tokens_per_s
     per_gpu = tps / gpus if tps is not None and gpus else None
-    e = x.telemetry.energy_j if x.telemetry else None
-    tokens = (tps * loss.productive_gpu_s / gpus
-              if tps and loss.productive_gpu_s and gpus else None)
-    ept = e / tokens if e is not None and tokens else None
     return [
         Tile("MFU", pct(mfu), mfu_sub if mfu is not None else "no FLOPs figure", tone),
         Tile("Goodput", pct(gp), "productive / allocated GPU time" if gp is not None
@@ -280,10 +288,86 @@ def headline(r: JobReport, x: JobExtras) -> list[Tile]:
         Tile("Energy per token", per_token(ept),
              f"{energy(e)} in all" if e is not None else "not measured",
              "" if ept is not None else "muted"),
-        Tile("GPU-hours", human(loss.allocated_gpu_s / 3600),
-             f"{integer(gpus)} GPUs × {duration(loss.allocated_gpu_s / gpus)}" if gpus
-             else "no GPUs in the allocation"),
+        hours,
     ]
+
+
+ENERGY_SRC = {"slurm": "the nodes, from Slurm's energy accounting",
+              "megatron-log": "Megatron's energy log"}
+
+
+def usage_tiles(r: JobReport) -> list[Tile]:
+    """GPU utilisation, CPU efficiency, memory and time as seff/jobstats show them."""
+    eff = r.efficiency
+    u = eff.usage if eff else None
+    util = eff.gpu_util_pct if eff else None
+    idle = (eff.gpu or {}).get("idle_gpus") if eff else None
+    out = [Tile("GPU utilisation", DASH if util is None else f"{human(util)} %",
+                (f"{idle} idle GPU(s)" if idle else "mean over GPUs and time")
+                if util is not None else "not measured",
+                "muted" if util is None else "bad" if util < 50 or idle else "good")]
+    cpu = u.cpu_efficiency if u else None
+    out.append(Tile("CPU efficiency", pct(cpu), "CPU time / allocated CPU time" if cpu is not None
+                    else "not measured", "muted" if cpu is None else ""))
+    mem = u.mem_efficiency if u else None
+    out.append(Tile("Memory", pct(mem), f"{_gib(u.mem_peak_bytes)} peak of "
+                    f"{_gib(u.req_mem_bytes)} requested" if u and mem is not None
+                    else "not measured", "muted" if mem is None else ""))
+    tf = u.time_fraction if u else None
+    out.append(Tile("Time used", pct(tf), f"{duration(u.elapsed_s)} of "
+                    f"{duration(u.limit_s)}" if u and tf is not None else "no time limit known",
+                    "muted" if tf is None else ""))
+    return out
+
+
+def _gib(b: Any) -> str:
+    v = _ok(b)
+    return DASH if v is None else f"{human(v / 2**30)} GiB"
+
+
+def resource_rows(r: JobReport) -> list[tuple[str, str]]:
+    """The seff/jobstats table: every figure measured, "not measured" for the rest."""
+    eff = r.efficiency
+    if eff is None:
+        return []
+    u = eff.usage
+    g = eff.gpu or {}
+    nm = "not measured"
+    rows = [
+        ("GPU utilisation", f"{human(eff.gpu_util_pct)} % (from {eff.gpu_src})"
+         if eff.gpu_util_pct is not None else nm),
+    ]
+    if g.get("idle_gpus") is not None:
+        rows.append(("idle GPUs", integer(g.get("idle_gpus"))))
+    for key, label in (("sm", "SM activity"), ("tensor", "tensor-core activity")):
+        if g.get(key) is not None:
+            rows.append((label, f"{human(g[key])} %"))
+    rows.append(("GPU memory, peak", (f"{human(eff.gpu_mem_gib)} GiB"
+                 + (f" of {human(g['mem_total_gib'])} GiB" if g.get("mem_total_gib") else ""))
+                 if eff.gpu_mem_gib is not None else nm))
+    if g.get("power_w") is not None:
+        rows.append(("GPU power", f"{human(g['power_w'])} W mean per GPU"
+                     + (f", {human(g['power_max_w'])} W highest" if g.get("power_max_w")
+                        else "")))
+    if g.get("temp_max_c") is not None:
+        rows.append(("GPU temperature, highest", f"{human(g['temp_max_c'])} °C"))
+    if g.get("sm_mhz") is not None:
+        rows.append(("SM clock, mean", f"{integer(g['sm_mhz'])} MHz"))
+    if g.get("xid") is not None:
+        rows.append(("XID errors", integer(g["xid"]) + (f" (codes {g['xid_codes']})"
+                                                       if g.get("xid_codes") else "")))
+    rows.append(("energy", f"{energy(eff.energy_j)}" if eff.energy_j is not None else nm))
+    if u is not None:
+        rows += [
+            ("CPU efficiency", f"{pct(u.cpu_efficiency)} of {integer(u.alloc_cpus)} CPUs"
+             if u.cpu_efficiency is not None else nm),
+            ("memory, peak", f"{_gib(u.mem_peak_bytes)} of {_gib(u.req_mem_bytes)} requested "
+             f"({pct(u.mem_efficiency)})" if u.mem_efficiency is not None else nm),
+            ("time", f"{duration(u.elapsed_s)} of a {duration(u.limit_s)} limit "
+             f"({pct(u.time_fraction)})" if u.time_fraction is not None
+             else f"{duration(u.elapsed_s)} (no time limit known)"),
+        ]
+    return rows
 
 
 def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
@@ -296,11 +380,12 @@ def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
     tel = x.telemetry
     heat_util = heat_power = None
     if tel and tel.rows and tel.t:
-        heat_util = plots.heatmap("plot-gpu-util", "GPU utilisation per node (%)", tel.rows,
-                                  tel.t, tel.util, vmax=100.0, unit="%")
+        heat_util = plots.heatmap("plot-gpu-util", "GPU utilisation (%, mean over each node's "
+                                  "GPUs)", tel.rows, tel.t, tel.util, vmax=100.0, unit="%")
         pmax = max((v for row in tel.power for v in row if v is not None), default=0.0)
-        heat_power = plots.heatmap("plot-gpu-power", "GPU power per node (W)", tel.rows, tel.t,
-                                   tel.power, vmax=pmax, unit="W", colour=(231, 111, 81))
+        heat_power = plots.heatmap("plot-gpu-power", "GPU power (W, mean per GPU of each node)",
+                                   tel.rows, tel.t, tel.power, vmax=pmax, unit="W",
+                                   colour=(231, 111, 81))
     plot = {
         "mfu": plots.mfu_over_run(r.series, r.figures.peak_tflops, band=band),
         "step": plots.step_time(r.series, SPIKE_FACTOR),
@@ -314,6 +399,7 @@ def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
     }
     lost = [(CAUSE_TEXT[c], r.loss.by_cause_gpu_s.get(c, 0.0) / 3600) for c in LOSS_CAUSES]
     return {"r": r, "x": x, "tiles": headline(r, x), "verdict": verdict_of(r),
+            "resources": resource_rows(r),
             "attempts": rows, "plots": plot, "band": band, "lost": lost,
             "restarts": max(r.job.restarts, len(r.attempts) - 1)}
 

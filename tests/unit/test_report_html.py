@@ -84,14 +84,22 @@ def _series() -> dict[str, list[Any]]:
             "tflops": [round(0.41 * 989 * 4200.0 / v, 2) for v in ms]}
 
 
-def _telemetry() -> dict[str, Any]:
-    nodes = {}
-    for n in range(29, 61):
-        util = [[0.0] * 8 if k < 3 else [97.0 - (n % 5)] * 8 for k in range(60)]
-        power = [[110.0] * 8 if k < 3 else [640.0 + n] * 8 for k in range(60)]
-        nodes[f"dgx{n:04d}"] = {"t": [T0 + 300 + 60.0 * k for k in range(60)], "util": util,
-                                "power_w": power}
-    return {"source": "DCGM job statistics", "nodes": nodes, "energy_j": 3.9e9}
+def _gpu_part() -> dict[str, Any]:
+    """`record["gpu"]` as slurmpod.telemetry.schema stores it: more GPUs than MAX_SERIES_KEYS,
+    so one key per node (the mean over its GPUs), 60 one-minute samples."""
+    keys = [f"dgx{n:04d}" for n in range(29, 61)]
+    return {"series": {"t": [T0 + 9910 + 60.0 * k for k in range(60)], "keys": keys,
+                       "util": [[0.0 if k < 3 else 97.0 - (n % 5) for k in range(60)]
+                                for n in range(29, 61)],
+                       "power_w": [[110.0 if k < 3 else 640.0 + n for k in range(60)]
+                                   for n in range(29, 61)]}}
+
+
+GPU_SUMMARY = {"v": 1, "src": "dcgm", "trust": "site", "n": GPUS, "span_s": 23400.0,
+               "util": 94.1, "util_min": 92.0, "idle_gpus": 0, "sm": 71.5, "tensor": 38.2,
+               "mem_gib": 71.3, "mem_total_gib": 80.0, "power_w": 651.0, "power_max_w": 699.0,
+               "energy_j": 3.9e9, "energy_src": "dcgm", "temp_max_c": 79, "sm_mhz": 1980,
+               "xid": 0}
 
 
 def record() -> dict[str, Any]:
@@ -107,9 +115,10 @@ def record() -> dict[str, Any]:
                     "metrics": {"productive_s": 21000.0, "lost_s": 2100.0,
                                 "checkpoint_stall_s": 240.0,
                                 "mfu": {"median": 0.41, "p10": 0.39, "p90": 0.42},
-                                "checkpoint_stalls": [{"iteration": 2500, "duration_s": 40.0}]}},
+                                "checkpoint_stalls": [{"iteration": 2500, "duration_s": 40.0}]},
+                    "gpu": GPU_SUMMARY},
         "series": _series(),
-        "telemetry": _telemetry(),
+        "gpu": _gpu_part(),
     }
 
 
@@ -207,7 +216,7 @@ def test_headline_has_the_figures_people_ask_for() -> None:
     assert "965" in head  # 247,000 tokens/s / 256 GPUs = 964.8
     assert "247,000 tokens/s on 256 GPUs" in head
     # energy per token: 3.9e9 J / (247,000 tokens/s x 21,000 s) = 0.752 J/token; 1,083 kWh
-    assert "Energy per token 0.752 J 1.08 MWh in all" in head
+    assert "Energy per token 0.752 J 1.08 MWh in all" in head  # DCGM's energy
     assert "GPU-hours 1,664" in head  # 256 GPUs x 23,400 s = 1,664 GPU-h
     assert "thing" in head or "Healthy" in head  # the verdict is in the card
 
@@ -249,13 +258,39 @@ def test_mfu_plot_has_peak_line_and_band() -> None:
 
 def test_telemetry_missing_means_no_gpu_section_and_not_measured() -> None:
     rec = record()
-    del rec["telemetry"]
-    x = extras_from(rec, log_head=b"", gpus=GPUS)
-    html = job_html(job_report(), generated="now", extras=x)
+    del rec["gpu"]
+    del rec["summary"]["gpu"]
+    inv = load_site(resolve_site_path("dgx-h100-superpod")).inventory
+    r = build_job_report(sacct_job(), spool_record=rec, inventory=inv)
+    html = job_html(r, generated="now", extras=extras_from(rec, log_head=b"", gpus=GPUS))
     assert "plot-gpu-util" not in html and "gpu-telemetry" not in html
     text = " ".join(" ".join(_read(html).text).split())
     assert "Energy per token – not measured" in text
+    assert "GPU utilisation not measured" in text and "energy not measured" in text
     assert "not in the log" in text  # no argument dump: the layout says where it would be
+
+
+def test_resource_use_from_telemetry() -> None:
+    text = " ".join(" ".join(_read(page()).text).split())
+    sec = text[text.index("Resource use"):text.index("Where the GPU time went")]
+    for cell in ("GPU utilisation 94.1 % (from dcgm)", "SM activity 71.5 %",
+                 "tensor-core activity 38.2 %", "GPU memory, peak 71.3 GiB of 80 GiB",
+                 "GPU power 651 W mean per GPU, 699 W highest", "XID errors 0",
+                 "energy 1.08 MWh"):
+        assert cell in sec, cell
+    assert "Measured by DCGM job statistics." in text
+
+
+def test_a_non_training_gpu_job_gets_seff_tiles() -> None:
+    rec = {"v": 1, "summary": {"iters": 0, "err": "no-iterations", "gpus": GPUS,
+                               "gpu": GPU_SUMMARY}, "gpu": _gpu_part()}
+    r = build_job_report(sacct_job(), spool_record=rec)
+    html = job_html(r, generated="now", extras=extras_from(rec, gpus=GPUS))
+    text = " ".join(" ".join(_read(html).text).split())
+    head = text[:text.index("Model and layout")]
+    assert "GPU utilisation 94.1 %" in head and "CPU efficiency" in head
+    assert "Energy 1.08 MWh" in head and "MFU" not in head
+    assert "plot-gpu-util" in html and "plot-mfu" not in html
 
 
 def test_a_bare_report_without_extras_renders() -> None:
@@ -278,16 +313,19 @@ def test_verdicts() -> None:
     assert verdict_of(bad).tone == "bad"
 
 
-def test_telemetry_is_range_checked() -> None:
-    doc = {"nodes": {"n1": {"t": [0, 60, 120], "util": [[50, 250], [-5, 40], "x"],
-                            "power_w": [[700, 9000], [650, 650], None]}},
-           "energy_j": -3}
-    t = telemetry_of(doc)
-    assert t is not None and t.rows == ("n1",)
-    assert t.util[0] == (50.0, 40.0, None)  # 250 % and -5 % are not measurements
-    assert t.power[0] == (700.0, 1300.0, None)  # 9 kW for one GPU is not either
-    assert t.energy_j is None
-    assert telemetry_of("garbage") is None and telemetry_of({"nodes": 3}) is None
+def test_telemetry_series_is_range_checked_and_grouped_per_node() -> None:
+    doc = {"series": {"t": [T0, T0 + 60, T0 + 120], "keys": ["n1:0", "n1:1", "n2:0", "n2:1"],
+                      "util": [[50, 250, 40], [70, -5, 60], [10, 10, 10], [30, 30, None]],
+                      "power_w": [[700, 9000, 650]] * 4}}
+    t = telemetry_of(doc, {"src": "nvidia-smi"})
+    assert t is not None and t.rows == ("n1", "n2") and t.t == (0.0, 60.0, 120.0)
+    assert t.util[0] == (60.0, None, 50.0)  # 250 % and -5 % are not measurements
+    assert t.util[1] == (20.0, 20.0, 10.0)
+    assert t.power[0][1] is None  # 9 kW for one GPU is not either
+    assert t.source == "nvidia-smi, sampled in the job"
+    one = telemetry_of({"series": {"t": [T0], "keys": ["n1:0", "n1:1"], "util": [[5], [7]]}})
+    assert one is not None and one.rows == ("n1:0", "n1:1")  # one node: a row per GPU
+    assert telemetry_of("garbage") is None and telemetry_of({"series": {"t": "x"}}) is None
 
 
 def test_layout_derives_dp_and_cuts_long_values() -> None:
