@@ -315,6 +315,13 @@ def _rows_in_two(mine: list[SacctJob], theirs: list[SacctJob], index: dict[str, 
 @click.option("--typical-since", metavar="WINDOW",
               help="Job report: judge MFU against the fleet's typical MFU for the model's size "
                    "class over WINDOW (e.g. 30d) instead of the 35 % reference.")
+@click.option("--watch", is_flag=True,
+              help="Job report: refresh a running job's live figures with a progress line "
+                   "until it ends (Ctrl-C stops; without a terminal one line per refresh).")
+@click.option("--interval", type=click.FloatRange(1.0, 3600.0), default=10.0,
+              show_default=True, help="With --watch: seconds between refreshes.")
+@click.option("--count", type=click.IntRange(1, None),
+              help="With --watch: stop after this many refreshes.")
 @click.option("--site", help="Site file or built-in name, for placement "
                              "(default: $SLURMPOD_SITE, else dgx-h100-superpod).")
 @click.option("--spool", envvar="SLURMPOD_SPOOL",
@@ -323,7 +330,8 @@ def _rows_in_two(mine: list[SacctJob], theirs: list[SacctJob], index: dict[str, 
 def report(job_id: str | None, since: str | None, user: str | None, account: str | None,
            partition: str | None, as_json: bool, series: bool, with_jobs: bool, as_csv: bool,
            html_file: Path | None, prom_file: Path | None, typical_since: str | None,
-           site: str | None, spool: str | None) -> None:
+           watch: bool, interval: float, count: int | None, site: str | None,
+           spool: str | None) -> None:
     """Efficiency report of JOB_ID, or of every job since a time (--since)."""
     if (job_id is None) == (since is None):
         raise UsageError("give a JOB_ID or --since WINDOW (not both)",
@@ -335,11 +343,21 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
         if user or account or partition or as_csv or with_jobs:
             raise UsageError("--user/--account/--partition/--csv/--jobs are for the fleet "
                              "report (--since)")
+        if watch:
+            if as_json or html_file or prom_file or typical_since:
+                raise UsageError("--watch shows the report in the terminal: it takes no "
+                                 "--json, --html, --prometheus or --typical-since")
+            _watch(job_id, site, spool_dir, interval, count)
+            return
+        if count is not None:
+            raise UsageError("--count is for --watch")
         _job(job_id, as_json, series, html_file, prom_file, site, spool_dir, typical_since)
     else:
         if typical_since:
             raise UsageError("--typical-since is for a job report; a fleet report computes "
                              "the typical MFU over its own window")
+        if watch or count is not None:
+            raise UsageError("--watch is for one running job (slurmpod report JOBID --watch)")
         _fleet(str(since), user, account, partition, as_json, with_jobs, as_csv, html_file,
                prom_file, spool_dir)
 
@@ -448,3 +466,88 @@ def _fleet_out(fl: FleetReport, as_json: bool, with_jobs: bool, as_csv: bool,
         from slurmpod.report.text import fleet_text
 
         click.echo(fleet_text(fl), nl=False)
+
+
+LOG_TAIL_BYTES = 256 << 10  # the watch reads only the log's tail: the last iteration lines
+
+
+def _watch(job_id: str, site: str | None, spool: Path, interval: float,
+           count: int | None) -> None:
+    """`--watch`: the job report again every `interval` seconds (report/watch.py)."""
+    import time
+
+    from slurmpod.report.watch import Frame, Progress, watch
+
+    if not _JOB_ID.match(job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (123, 123_4 or 123+1)")
+    inv = _inventory(site)
+    log: list[tuple[str, int] | None] = []  # found once: (path, owner uid) or None
+
+    def fetch() -> Frame:
+        jobs = [sj for sj in _load([f"--jobs={job_id}"]) if sj.record.job_id == job_id]
+        if not jobs:
+            raise SlurmError(f"job {job_id} is not in Slurm's accounting",
+                             hint="check the id; a job appears in sacct a few seconds after "
+                                  "submission")
+        (r,) = build_reports(jobs, spool, inv, with_series=True, hints=False,
+                             usage=load_usage(job_id))
+        if not log:
+            log.append(_live_log(job_id) if r.job.state.is_active else None)
+        prog = _log_progress(*log[0]) if log[0] else None
+        if prog is None and r.figures.last_iter is not None:
+            prog = Progress(r.figures.last_iter, source="comment")
+        return Frame(r, prog, datetime.now().strftime("%H:%M:%S"))
+
+    out = click.get_text_stream("stdout")
+    rc = watch(fetch, out, interval_s=interval, count=count, tty=out.isatty(),
+               sleep=time.sleep)
+    if rc:
+        sys.exit(rc)
+
+
+def _live_log(job_id: str) -> tuple[str, int] | None:
+    """The running job's stdout file and owner, from `squeue --json` (JSON: no job text can
+    plant a field), expanded as slurmd does; None when squeue does not say."""
+    import json
+
+    from slurmpod.accounting.safeio import expand_output_pattern
+    from slurmpod.backends.cli import CliBackend
+    from slurmpod.transport.local import LocalRunner
+
+    if not job_id.isdigit():
+        return None  # array tasks and het components: their raw id differs
+    try:
+        text = CliBackend(LocalRunner(), timeout_s=30.0).query(
+            ["squeue", "--json", f"--jobs={job_id}"]).stdout
+        doc = json.loads(text)
+    except (CommandError, SlurmError, ValueError):
+        return None
+    for job in doc.get("jobs") or [] if isinstance(doc, dict) else []:
+        jid = job.get("job_id") if isinstance(job, dict) else None
+        jid = jid.get("number") if isinstance(jid, dict) else jid
+        if str(jid) != job_id:
+            continue
+        uid = job.get("user_id")
+        uid = uid.get("number") if isinstance(uid, dict) else uid
+        pattern, nodes = job.get("standard_output"), job.get("nodes")
+        if not isinstance(uid, int) or not isinstance(pattern, str):
+            return None
+        env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": str(job.get("name") or ""),
+               "SLURM_JOB_USER": str(job.get("user_name") or ""),
+               "SLURM_JOB_NODELIST": nodes if isinstance(nodes, str) else "",
+               "SLURM_JOB_WORK_DIR": str(job.get("current_working_directory") or "")}
+        return expand_output_pattern(pattern, env), uid
+    return None
+
+
+def _log_progress(path: str, uid: int) -> Any:
+    """Progress from the log's tail, read as the epilog reads logs (the job's own regular file,
+    no symlink, bounded); None when it cannot be read or holds no iteration yet."""
+    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
+    from slurmpod.report.watch import progress_from_log
+
+    try:
+        got = read_job_file(path, uid, head_bytes=0, tail_bytes=LOG_TAIL_BYTES)
+    except (UnsafeFileError, OSError):
+        return None
+    return progress_from_log(got.tail if got.truncated else got.head)
