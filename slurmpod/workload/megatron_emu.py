@@ -14,18 +14,22 @@ computed, not invented, and a resumed run continues exactly where the saved one 
 An emulated GPU cannot beat its peak: rank 0 measures this CPU's matmul rate at start, logs it
 with the site's peak, and paces every iteration to at least its model FLOPs per GPU at that peak,
 so MFU against the site's peak stays within 0-100 % (docs/workload.md, "Pacing").
-Only rank 0 computes and logs; other ranks (srun tasks) idle until it finishes, so 16 tasks on
-a 2-core machine stay light.
+Only rank 0 computes and logs; the other ranks (srun tasks) do no arithmetic, so 16 tasks on a
+2-core machine stay light, but every rank meets rank 0 once per iteration over TCP (a stand-in
+for the gradient all-reduce, `Collective`): one frozen rank stalls every rank's step and one
+dead rank fails it, as with NCCL (docs/workload.md, "Ranks").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -86,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--use-distributed-optimizer", action="store_true")
     a("--bf16", action="store_true")
     a("--fp16", action="store_true")
+    a("--distributed-timeout-minutes", type=float, default=10.0)
     a("--emu-peak-tflops", type=float, default=None, metavar="TFLOPS",
       help="peak of one emulated GPU to pace to (default: the emulated GPUs' peak in "
            "$SLURMPOD_SITE, which `slurmpod sandbox env` sets to the measured site)")
@@ -392,46 +397,236 @@ class _Signals:
         self.received = signum
 
 
+class PeerLost(Exception):
+    """A rank's connection closed in the middle of a collective (the process died)."""
+
+
+class CollectiveTimeout(Exception):
+    """No answer within --distributed-timeout-minutes (NCCL's watchdog would fire)."""
+
+
+def rendezvous_dir(args: argparse.Namespace,
+                   env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """Where rank 0 publishes its address: the checkpoint directory (every node sees it, as a
+    torch FileStore's file), else this user's private directory in TMPDIR (one-host runs)."""
+    return Path(args.save) if args.save else marker_dir(env)
+
+
 def marker_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """This user's private directory for step markers (the sandbox runs every "node" on one
-    machine, so the ranks of a step share TMPDIR)."""
+    """This user's private scratch directory (the sandbox runs every "node" on one machine)."""
     return Path(env.get("TMPDIR") or "/tmp") / f"megatron_emu-{os.getuid()}"
 
 
-def done_marker(dist: Dist, env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """Where rank 0 says it has finished, for the idle ranks of the same step."""
-    return marker_dir(env) / f"{dist.job_id}.{dist.step_id}.done"
+def rendezvous_file(where: Path, dist: Dist) -> Path:
+    return where / f".emu-rendezvous-{dist.job_id}.{dist.step_id}"
 
 
-def clean_markers(dist: Dist, max_age_s: float = 600.0) -> None:
-    """Rank 0, at its start: remove this step's marker from an earlier job of the same id (a
-    new sandbox numbers jobs from 1 again) and markers of steps long finished."""
-    d = marker_dir()
-    d.mkdir(mode=0o700, exist_ok=True)
-    now = time.time()
-    for m in d.glob("*.done"):
+def _node(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    return env.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+class Collective:
+    """Every iteration each rank sends rank 0 one line and waits for its answer, so the step of
+    every rank completes only when all ranks took part: the shape of a gradient all-reduce.
+
+    Rank 0 listens on an ephemeral port of MASTER_ADDR (127.0.0.1 by default; never a guessed
+    port) and publishes `addr port` in a rendezvous file; the others read it and connect, as
+    torch's file:// rendezvous does. After everyone joined the listening socket is closed, so a
+    relaunched step never meets the old one's port. A closed connection is a dead peer
+    (`PeerLost`); no line within the timeout is `CollectiveTimeout` (NCCL's watchdog)."""
+
+    def __init__(self, dist: Dist, where: Path, timeout_s: float,
+                 env: dict[str, str] | os._Environ[str] = os.environ) -> None:
+        self.dist = dist
+        self.file = rendezvous_file(where, dist)
+        self.timeout_s = timeout_s
+        self.env = env
+        self.peers: dict[int, tuple[socket.socket, Any, str]] = {}  # rank -> (sock, file, node)
+        self.sock: socket.socket | None = None
+        self.rfile: Any = None
+        self.server: socket.socket | None = None
+        self.start_iteration = 0
+
+    # rank 0 ----------------------------------------------------------------------------------
+    def listen(self) -> None:
+        host = self.env.get("MASTER_ADDR") or "127.0.0.1"
         try:
-            if m == done_marker(dist) or now - m.stat().st_mtime > max_age_s:
-                m.unlink()
+            self.server = socket.create_server((host, 0))
         except OSError:
-            pass
+            self.server = socket.create_server(("127.0.0.1", 0))
+        port = self.server.getsockname()[1]
+        from slurmpod.fsutil import write_atomic
+
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.file, f"{self.server.getsockname()[0]} {port} {os.getpid()}\n")
+
+    def accept_all(self, iteration: int) -> None:
+        """Wait for the other world_size - 1 ranks; tell each the iteration to start from."""
+        assert self.server is not None
+        self.server.settimeout(self.timeout_s)
+        try:
+            while len(self.peers) < self.dist.world_size - 1:
+                try:
+                    conn, _ = self.server.accept()
+                except TimeoutError:
+                    raise CollectiveTimeout(
+                        f"{self.dist.world_size - 1 - len(self.peers)} rank(s) did not join "
+                        f"within {self.timeout_s:g} s") from None
+                conn.settimeout(self.timeout_s)
+                fh = conn.makefile("rwb")
+                words = fh.readline().split()
+                if len(words) != 4 or words[0] != b"EMU1" or not words[1].isdigit():
+                    conn.close()  # not one of ours (a stray connection): ignore it
+                    continue
+                rank = int(words[1])
+                if not 0 < rank < self.dist.world_size or rank in self.peers:
+                    conn.close()
+                    continue
+                self.peers[rank] = (conn, fh, words[2].decode(errors="replace"))
+            for _, fh, _ in self.peers.values():
+                fh.write(b"%d\n" % iteration)
+                fh.flush()
+        finally:
+            self.server.close()
+            self.server = None
+            with contextlib.suppress(OSError):
+                self.file.unlink()
+
+    def node_of(self, rank: int) -> str:
+        return self.peers[rank][2] if rank in self.peers else "?"
+
+    def allreduce(self, iteration: int, stop: bool) -> bool:
+        """Rank 0: gather every rank's line for `iteration`, answer with the OR of the stop
+        flags (Megatron's exit-signal handler all-reduces its flag the same way)."""
+        any_stop = stop
+        for rank in sorted(self.peers):
+            _, fh, node = self.peers[rank]
+            try:
+                line = fh.readline()
+            except TimeoutError:
+                raise CollectiveTimeout(f"rank {rank} on {node} sent nothing for "
+                                        f"{self.timeout_s:g} s in iteration {iteration}") from None
+            except OSError as exc:
+                raise PeerLost(f"rank {rank} on {node}: {exc}") from None
+            if not line:
+                raise PeerLost(f"rank {rank} on {node} closed its connection")
+            words = line.split()
+            any_stop = any_stop or (len(words) == 2 and words[1] == b"1")
+        self._send_all(b"%d %d\n" % (iteration, 1 if any_stop else 0))
+        return any_stop
+
+    def finish(self) -> None:
+        """Rank 0 is done (trained, saved and exiting): release every rank."""
+        self._send_all(b"done\n")
+        self.close()
+
+    def _send_all(self, msg: bytes) -> None:
+        for rank, (_, fh, node) in sorted(self.peers.items()):
+            try:
+                fh.write(msg)
+                fh.flush()
+            except OSError as exc:
+                raise PeerLost(f"rank {rank} on {node}: {exc}") from None
+
+    # other ranks -------------------------------------------------------------------------------
+    def join(self, stopped: Callable[[], bool]) -> bool:
+        """Find rank 0's address and connect; False when stopped (a signal) before that."""
+        not_before = time.time() - 1.0  # a file of an earlier job with the same ids is stale
+        deadline = time.monotonic() + self.timeout_s
+        while not stopped():
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(f"rank 0 did not publish {self.file} within "
+                                        f"{self.timeout_s:g} s")
+            try:
+                if self.file.stat().st_mtime >= not_before:
+                    host, port, _ = self.file.read_text().split()
+                    sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
+                    fh = sock.makefile("rwb")
+                    fh.write(b"EMU1 %d %s %d\n" % (self.dist.rank, _node(self.env).encode(),
+                                                     os.getpid()))
+                    fh.flush()
+                    first = fh.readline()
+                    if first.strip().isdigit():
+                        self.sock, self.rfile = sock, fh
+                        self.start_iteration = int(first)
+                        return True
+                    sock.close()
+            except (OSError, ValueError):
+                pass  # not published yet, or the old file of a finished step: look again
+            time.sleep(0.05)
+        return False
+
+    def follow(self, stopped: Callable[[], bool]) -> int:
+        """A non-zero rank's training loop: one line per iteration until rank 0 says done.
+        Rank 0's death is a lost peer: like NCCL, wait (the step is ended by srun's
+        --kill-on-bad-exit or by hang detection), up to the timeout."""
+        fh = self.rfile
+        iteration = self.start_iteration
+        while True:
+            iteration += 1
+            try:
+                fh.write(b"%d %d\n" % (iteration, 1 if stopped() else 0))
+                fh.flush()
+                line = fh.readline()
+            except TimeoutError:
+                raise CollectiveTimeout(f"no answer from rank 0 for {self.timeout_s:g} s in "
+                                        f"iteration {iteration}") from None
+            except OSError as exc:
+                raise PeerLost(f"rank 0: {exc}") from None
+            if not line:
+                raise PeerLost("rank 0 closed its connection")
+            if line.strip() == b"done":
+                return 0
+            words = line.split()
+            if len(words) == 2 and words[1] == b"1":
+                continue  # stopping: rank 0 saves, then says done
+
+    def close(self) -> None:
+        for conn, fh, _ in self.peers.values():
+            with contextlib.suppress(OSError):
+                fh.close()
+                conn.close()
+        self.peers.clear()
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.rfile.close()
+                self.sock.close()
+            self.sock = None
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(OSError):
+                self.file.unlink()
 
 
-def idle_rank(dist: Dist, poll_s: float = 0.5) -> int:
-    """Non-zero ranks: sleep until rank 0 finishes or a signal arrives (no CPU used). A marker
-    older than this rank is another job's (ids repeat across sandboxes) and is ignored."""
+def lost_peer_wait(timeout_s: float, sig: _Signals) -> None:
+    """After a lost peer, block as a rank in a broken NCCL collective does, until srun ends the
+    step (a dead task with --kill-on-bad-exit), a signal, or the watchdog timeout."""
+    deadline = time.monotonic() + timeout_s
+    while sig.received is None and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 1.0))
+
+
+def other_rank(args: argparse.Namespace, dist: Dist) -> int:
+    """A non-zero rank: join rank 0's collective and take part in every iteration."""
     sig = _Signals()
     sig.install()
-    marker = done_marker(dist)
-    started = time.time() - 1.0
-    while sig.received is None:
-        try:
-            if marker.stat().st_mtime >= started:
-                break
-        except OSError:
-            pass
-        time.sleep(poll_s)
-    return 0
+    timeout_s = args.distributed_timeout_minutes * 60.0
+    coll = Collective(dist, rendezvous_dir(args), timeout_s)
+    try:
+        if not coll.join(lambda: sig.received is not None):
+            return 0  # ended before the step began
+        return coll.follow(lambda: sig.received is not None)
+    except PeerLost as exc:
+        print(f"megatron_emu: rank {dist.rank}: NCCL error: lost {exc}", file=sys.stderr,
+              flush=True)
+        lost_peer_wait(timeout_s, sig)
+        return 1
+    except CollectiveTimeout as exc:
+        print(f"megatron_emu: rank {dist.rank}: watchdog timeout: {exc}", file=sys.stderr,
+              flush=True)
+        return 1
+    finally:
+        coll.close()
 
 
 def report_env(dist: Dist, out: TextIO) -> None:
@@ -443,9 +638,29 @@ def report_env(dist: Dist, out: TextIO) -> None:
 
 
 def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout,
-          measure: Callable[[], PeakEstimate] | None = None) -> int:
+          measure: Callable[[], PeakEstimate] | None = None,
+          coll: Collective | None = None) -> int:
+    """Rank 0's run. With `coll` (world size > 1, already listening) every iteration ends in
+    its all-reduce; a lost peer or a collective timeout ends the run with exit 1, after a lost
+    peer only once srun or a signal ends the step (as NCCL)."""
+    try:
+        return _train(args, dist, out, measure, coll)
+    except PeerLost as exc:
+        print(f"megatron_emu: rank 0: NCCL error: lost {exc}", file=out, flush=True)
+        lost_peer_wait(args.distributed_timeout_minutes * 60.0, _LAST_SIGNALS)
+        return 1
+    except CollectiveTimeout as exc:
+        print(f"megatron_emu: rank 0: watchdog timeout: {exc}", file=out, flush=True)
+        return 1
+
+
+_LAST_SIGNALS = _Signals()
+
+
+def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
+           measure: Callable[[], PeakEstimate] | None, coll: Collective | None) -> int:
     t_start = time.monotonic()
-    sig = _Signals()
+    sig = _LAST_SIGNALS
     if args.exit_signal_handler:
         sig.install()
     print(arguments_dump(args), file=out, flush=True)
@@ -466,6 +681,8 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout,
         print(f"megatron_emu: failing at start with exit {args.emu_fail_at_start} (as asked)",
               file=out, flush=True)
         return int(args.emu_fail_at_start)
+    if coll is not None:
+        coll.accept_all(trainer.iteration)
     if save is not None:
         append_progress(save, dist, "Starting job")
     peak = emulated_peak(args.emu_peak_tflops)
@@ -507,6 +724,9 @@ def train(args: argparse.Namespace, dist: Dist, out: TextIO = sys.stdout,
     while trainer.iteration < args.train_iters:
         t_step = time.monotonic()
         loss, gnorm = trainer.step()
+        if coll is not None and coll.allreduce(trainer.iteration, sig.received is not None) \
+                and sig.received is None:
+            sig.received = signal.SIGTERM  # another rank was told to stop: stop together
         pace(t_step + min_s)  # an emulated GPU is never faster than its peak
         trainer.train_s += time.monotonic() - t_step
         job_flops += flops_iter
@@ -559,19 +779,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.emu_report_env:
         report_env(dist, sys.stdout)
     if dist.rank != 0:
-        return idle_rank(dist)
+        return other_rank(args, dist)
     args = finish_args(args, dist)
-    if dist.world_size > 1:
-        clean_markers(dist)
     if unknown:
         print(f"megatron_emu: ignoring arguments it does not model: {' '.join(unknown)}",
               flush=True)
+    coll = None
+    if dist.world_size > 1:
+        coll = Collective(dist, rendezvous_dir(args), args.distributed_timeout_minutes * 60.0)
+        coll.listen()  # before loading: the other ranks connect while rank 0 starts up
+    rc = 1
     try:
-        return train(args, dist)
+        rc = train(args, dist, coll=coll)
+        return rc
     finally:
-        if dist.world_size > 1:
-            marker_dir().mkdir(mode=0o700, exist_ok=True)
-            done_marker(dist).touch()
+        if coll is not None:
+            if rc == 0:
+                with contextlib.suppress(PeerLost):
+                    coll.finish()
+            coll.close()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The sandbox workload: Megatron's formats (checked with slurmpod's own Megatron log and
-argument parsers), real FLOPs, exact resume from checkpoints, SIGTERM save-and-exit, idle ranks."""
+argument parsers), real FLOPs, exact resume from checkpoints, SIGTERM save-and-exit, ranks
+that meet every iteration (a frozen rank stalls the step, a dead one fails it)."""
 
 from __future__ import annotations
 
@@ -197,40 +198,95 @@ def test_sigterm_saves_and_exits_then_resume_continues(tmp_path: Path) -> None:
     assert its == [saved + 1, saved + 2]
 
 
-def test_other_ranks_idle_until_rank0_finishes(tmp_path: Path) -> None:
-    env = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
-           "SLURM_JOB_ID": f"t{os.getpid()}", "SLURM_STEP_ID": "0", "TMPDIR": str(tmp_path),
-           "NCCL_IB_HCA": "mlx5_0,mlx5_1", "SLURMD_NODENAME": "gpu007", "SLURM_LOCALID": "1"}
-    proc = subprocess.Popen(emu_cmd("--train-iters", "5", "--emu-report-env"), env=env,
-                            stdout=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    assert proc.poll() is None  # still waiting, not training
-    marker = emu.done_marker(emu.Dist.from_env(env), env)
-    assert marker.parent.parent == tmp_path  # a private directory in TMPDIR
-    marker.parent.mkdir(exist_ok=True)
-    marker.touch()
-    out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0
-    assert out.strip() == ("megatron_emu: rank 1/2 node gpu007 local_rank 1 "
-                           "NCCL_IB_HCA=mlx5_0,mlx5_1")
+def rank_env(tmp_path: Path, rank: int, world: int, **extra: str) -> dict[str, str]:
+    return {**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world),
+            "SLURM_JOB_ID": f"t{os.getpid()}", "SLURM_STEP_ID": "0", "TMPDIR": str(tmp_path),
+            "SLURM_LOCALID": str(rank), "SLURMD_NODENAME": f"gpu00{rank}",
+            "MASTER_ADDR": "127.0.0.1", **extra}
 
 
-def test_an_old_marker_of_the_same_job_id_is_ignored(tmp_path: Path) -> None:
-    # A new sandbox numbers jobs from 1 again: a marker left by an earlier job 1 must not end
-    # the ranks of the new one at once.
-    env = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1",
-           "SLURM_STEP_ID": "0", "TMPDIR": str(tmp_path), "SLURM_LOCALID": "1"}
-    marker = emu.done_marker(emu.Dist.from_env(env), env)
-    marker.parent.mkdir()
-    marker.touch()
-    os.utime(marker, (time.time() - 3600, time.time() - 3600))
-    proc = subprocess.Popen(emu_cmd("--train-iters", "5"), env=env, stdout=subprocess.PIPE,
-                            text=True)
-    time.sleep(1.5)
-    assert proc.poll() is None  # the stale marker did not release it
-    marker.touch()
-    proc.communicate(timeout=10)
-    assert proc.returncode == 0
+def start_ranks(tmp_path: Path, world: int, *extra: str) -> list[subprocess.Popen[str]]:
+    """Rank 0 last, so the others already poll for its rendezvous file."""
+    procs = [subprocess.Popen(emu_cmd(*extra), env=rank_env(tmp_path, r, world),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world - 1, -1, -1)]
+    return procs[::-1]
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str) -> str:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if re.search(pattern, line):
+            return "".join(seen)
+    raise AssertionError(f"{pattern!r} never printed:\n{''.join(seen)}")
+
+
+def test_ranks_meet_every_iteration_and_finish_together(tmp_path: Path) -> None:
+    save = tmp_path / "ckpt"
+    procs = start_ranks(tmp_path, 4, "--train-iters", "6", "--save", str(save),
+                        "--emu-report-env")
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    assert [int(m) for m in re.findall(r"iteration\s+(\d+)/", outs[0])] == list(range(1, 7))
+    assert outs[1].strip() == "megatron_emu: rank 1/4 node gpu001 local_rank 1"
+    assert not list(save.glob(".emu-rendezvous-*"))  # removed once everyone joined
+
+
+def test_a_frozen_rank_stalls_every_rank_until_the_watchdog(tmp_path: Path) -> None:
+    # A 3-second collective timeout: the step can only end by the watchdog if the frozen
+    # rank really holds up rank 0 (an emulator that did not wait would train on and finish).
+    procs = start_ranks(tmp_path, 2, "--train-iters", "1000000", "--save", str(tmp_path / "c"),
+                        "--distributed-timeout-minutes", "0.05")
+    try:
+        read_until(procs[0], r"iteration\s+3/")
+        procs[1].send_signal(signal.SIGSTOP)
+        out = procs[0].communicate(timeout=60)[0]
+        assert procs[0].returncode == 1
+        assert "watchdog timeout: rank 1 on gpu001 sent nothing for 3 s" in out
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+
+
+def test_a_dead_rank_fails_the_step_and_the_others_wait_like_nccl(tmp_path: Path) -> None:
+    procs = start_ranks(tmp_path, 2, "--train-iters", "1000000", "--save", str(tmp_path / "c"),
+                        "--exit-signal-handler")
+    read_until(procs[0], r"iteration\s+3/")
+    procs[1].kill()
+    procs[1].wait()
+    read_until(procs[0], r"NCCL error: lost rank 1 on gpu001 closed its connection")
+    assert procs[0].poll() is None  # blocked, as NCCL would be, until srun ends the step
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].communicate(timeout=30)
+    assert procs[0].returncode == 1
+
+
+def test_sigterm_to_one_rank_stops_all_ranks_at_one_saved_iteration(tmp_path: Path) -> None:
+    save = tmp_path / "ckpt"
+    procs = start_ranks(tmp_path, 2, "--train-iters", "1000000", "--save", str(save),
+                        "--save-interval", "1000000", "--exit-signal-handler")
+    read_until(procs[0], r"iteration\s+3/")
+    procs[1].send_signal(signal.SIGTERM)  # Megatron all-reduces the exit flag
+    out = procs[0].communicate(timeout=60)[0]
+    procs[1].communicate(timeout=30)
+    assert [p.returncode for p in procs] == [0, 0]
+    saved = int((save / emu.TRACKER).read_text())
+    assert f"saving checkpoint at iteration {saved:7d}" in out
+    assert "exiting program after receiving SIGTERM." in out
+
+
+def test_a_stale_rendezvous_file_of_the_same_job_id_is_ignored(tmp_path: Path) -> None:
+    # A new sandbox numbers jobs from 1 again: an old file must not send rank 1 elsewhere.
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    dist = emu.Dist.from_env(rank_env(tmp_path, 1, 2))
+    old = emu.rendezvous_file(save, dist)
+    old.write_text("127.0.0.1 1 1\n")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    procs = start_ranks(tmp_path, 2, "--train-iters", "3", "--save", str(save))
+    assert [p.communicate(timeout=60) and p.returncode for p in procs] == [0, 0]
 
 
 # -- pacing: an emulated GPU is never faster than its peak -------------------------------------
