@@ -385,7 +385,7 @@ def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
         pmax = max((v for row in tel.power for v in row if v is not None), default=0.0)
         heat_power = plots.heatmap("plot-gpu-power", "GPU power (W, mean per GPU of each node)",
                                    tel.rows, tel.t, tel.power, vmax=pmax, unit="W",
-                                   colour=(231, 111, 81))
+                                   colour=plots.POWER_RGB)
     plot = {
         "mfu": plots.mfu_over_run(r.series, r.figures.peak_tflops, band=band),
         "step": plots.step_time(r.series, SPIKE_FACTOR),

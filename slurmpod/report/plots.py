@@ -25,6 +25,7 @@ PLACED_COLOUR = "#2a9d8f"
 RESTART_COLOUR = "#e63946"
 PEAK_COLOUR = "#6c757d"
 BAND_COLOUR = "#d8f3dc"
+POWER_RGB = (181, 23, 158)  # #b5179e: the power heatmap, a colour no other plot uses
 CAUSE_COLOURS = {"startup": "#f4a261", "checkpoint": PLACED_COLOUR, "restarts": RESTART_COLOUR,
                  "other": "#8d99ae"}
 END_COLOURS = {"completed": PLACED_COLOUR, "running": MFU_COLOUR, "timelimit": "#f4a261",
