@@ -54,13 +54,14 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from itertools import pairwise
 from typing import IO, Any
 
 import numpy as np
 
 from slurmpod.accounting.logrecords import (
+    COLUMNS,
     CheckpointSave,
     ColumnBuilder,
     IterationRecord,
@@ -439,8 +440,14 @@ def _pad_heap() -> None:
 class LogParser:
     """Incremental Megatron log parser: `feed(chunk)` ..., `summary()`, `close()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: Collection[str] | None = None) -> None:
+        """`columns`: the record columns to keep (`logrecords.COLUMNS`; default all). The
+        others are not stored and read as unknown (-1, NaN): `slurmpod mfu` keeps what
+        `metrics.job_metrics` reads (`metrics.COLUMNS_READ`), not the loss or the grad norm."""
         _pad_heap()
+        keep = set(COLUMNS if columns is None else columns)
+        if keep - set(COLUMNS):
+            raise ValueError(f"no such record column: {', '.join(sorted(keep - set(COLUMNS)))}")
         self._partial = b""
         self._skip_line = False  # inside an over-long line: drop it up to the next newline
         self._base = 0  # stream offset of the next byte fed
@@ -449,8 +456,8 @@ class LogParser:
         self._n_rejected = 0
         self._n_duplicates = 0
         self._closed = False
-        self._cols = {k: ColumnBuilder(np.int64) for k in _INT_COLS}
-        self._cols.update({k: ColumnBuilder(np.float64) for k in _FLOAT_COLS})
+        self._cols = {k: ColumnBuilder(np.int64, k in keep) for k in _INT_COLS}
+        self._cols.update({k: ColumnBuilder(np.float64, k in keep) for k in _FLOAT_COLS})
         self._rows: list[tuple[Any, ...]] = []  # careful-path records not yet in _cols
         self._segs: list[_Seg] = [_Seg(0, 0, "start", False)]
         self._saves: list[_Save] = []
@@ -1169,9 +1176,11 @@ class LogParser:
             last_time_s=self._last_time, complete=self._closed)
 
 
-def parse_log(source: IO[bytes] | Iterable[bytes | str]) -> LogSummary:
-    """Parse a whole log: a binary file object, or an iterable of lines."""
-    parser = LogParser()
+def parse_log(source: IO[bytes] | Iterable[bytes | str],
+              columns: Collection[str] | None = None) -> LogSummary:
+    """Parse a whole log: a binary file object, or an iterable of lines. `columns`: the
+    record columns to keep (default all, see `LogParser`)."""
+    parser = LogParser(columns)
     read = getattr(source, "read", None)
     if callable(read):
         while True:

@@ -237,14 +237,16 @@ class ColumnBuilder:
     """An append-only column while parsing: values go into a raw block, packed when it is
     full. Memory: the packed blocks and one raw block of BLOCK values."""
 
-    __slots__ = ("_blocks", "_fill", "_hint", "_tail", "dtype")
+    __slots__ = ("_blocks", "_dropped", "_fill", "_hint", "_tail", "dtype")
 
-    def __init__(self, dtype: type) -> None:
+    def __init__(self, dtype: type, keep: bool = True) -> None:
+        """keep=False: only count the values; the column reads as unknown (-1, NaN)."""
         self.dtype = np.dtype(dtype)
         self._blocks: list[_Block] = []
-        self._tail = np.empty(BLOCK, dtype=self.dtype)
+        self._tail = np.empty(BLOCK if keep else 0, dtype=self.dtype)
         self._fill = 0
         self._hint = [0, 0]
+        self._dropped: int | None = None if keep else 0
 
     def _seal(self) -> None:
         self._blocks.append(_pack(self._tail, self._hint))
@@ -253,6 +255,9 @@ class ColumnBuilder:
     def extend(self, v: np.ndarray | float) -> None:
         """Append a 1-D array of this dtype (or, with count 1, a scalar)."""
         v = np.asarray(v, dtype=self.dtype)
+        if self._dropped is not None:
+            self._dropped += v.size
+            return
         n, f = v.size, self._fill
         if f + n < BLOCK:  # the usual case: a chunk's records fit in the open block
             self._tail[f:f + n] = v
@@ -270,6 +275,9 @@ class ColumnBuilder:
 
     def fill(self, x: float, count: int) -> None:
         """Append `count` copies of x."""
+        if self._dropped is not None:
+            self._dropped += max(0, count)
+            return
         f = self._fill
         if f + count < BLOCK:
             self._tail[f:f + count] = x
@@ -286,6 +294,11 @@ class ColumnBuilder:
     def column(self, closed: bool) -> PackedColumn:
         """The column so far; the values still being collected are copied (a snapshot stays
         as it is while parsing goes on), or packed once parsing is over."""
+        if self._dropped is not None:  # unknown, in blocks that line up with the others'
+            one = np.array([-1 if self.dtype.kind == "i" else np.nan], dtype=self.dtype)
+            full, rest = divmod(self._dropped, BLOCK)
+            return PackedColumn(self.dtype, (*((BLOCK, _CONST, one, 0, None),) * full,
+                                             *(((rest, _CONST, one, 0, None),) if rest else ())))
         blocks = list(self._blocks)
         if self._fill:
             tail = self._tail[:self._fill]

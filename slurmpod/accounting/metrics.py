@@ -52,6 +52,10 @@ from slurmpod.accounting.logparse import LogSummary
 from slurmpod.accounting.logrecords import Segment
 
 SCHEMA = "slurmpod.mfu/1"
+# The record columns job_metrics reads (either way): a parse for it alone keeps only these
+# (logparse.parse_log(columns=...)).
+COLUMNS_READ = ("iteration", "train_iters", "global_batch_size", "segment", "offset",
+                "elapsed_ms", "time_s", "tflops_reported", "energy_j", "power_w")
 FlopsFn = Callable[[int], float]
 DEFAULT_WARMUP_ITERS = 10
 
@@ -801,5 +805,5 @@ def _lean_stalls(summary: LogSummary) -> tuple[CheckpointStall, ...]:
     return tuple(out)
 
 
-__all__ = ["DEFAULT_WARMUP_ITERS", "SCHEMA", "CheckpointStall", "FlopsFn", "IterationSeries",
-           "JobMetrics", "SegmentInfo", "Stats", "flops_fn_for", "job_metrics"]
+__all__ = ["COLUMNS_READ", "DEFAULT_WARMUP_ITERS", "SCHEMA", "CheckpointStall", "FlopsFn",
+           "IterationSeries", "JobMetrics", "SegmentInfo", "Stats", "flops_fn_for", "job_metrics"]

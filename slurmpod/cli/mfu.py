@@ -24,16 +24,21 @@ if TYPE_CHECKING:
 
 
 def _read_log(path: Path, attempt: int | None = None) -> Any:
-    from slurmpod.accounting.logparse import parse_log
+    from slurmpod.accounting.logparse import LogParser, parse_log
+    from slurmpod.accounting.metrics import COLUMNS_READ
 
     try:
         if attempt is None:
             with path.open("rb") as f:
-                return parse_log(f)
+                return parse_log(f, COLUMNS_READ)
         start, end = _attempt_range(path, attempt)
         with path.open("rb") as f:
             f.seek(start)
-            return parse_log(_chunks(f, end - start if end is not None else None))
+            # Pieces of the stream, not lines: parse_log would end each piece with a newline.
+            parser = LogParser(COLUMNS_READ)
+            for chunk in _chunks(f, end - start if end is not None else None):
+                parser.feed(chunk)
+            return parser.close()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the log: {exc.strerror}") from None
 

@@ -171,3 +171,30 @@ def test_a_long_log_costs_a_few_bytes_per_record() -> None:
     assert tab.nbytes / len(tab) < 12
     assert tab.elapsed_ms.tolist() == [float(line.split(b"(ms): ")[1].split(b" ")[0])
                                        for line in data.splitlines()]
+
+
+def test_columns_left_out_read_as_unknown_and_cost_nothing() -> None:
+    from slurmpod.accounting.metrics import COLUMNS_READ
+
+    path = ROOT / "tests" / "data" / "megatron" / "megatron-2024-restart.log"
+    full = parse_log(path.open("rb")).iterations
+    lean = parse_log(path.open("rb"), COLUMNS_READ).iterations
+    assert len(lean) == len(full) > 0
+    for k in COLUMNS:
+        if k in COLUMNS_READ:
+            assert _bits(getattr(lean, k)) == _bits(getattr(full, k)), k
+        else:
+            assert lean.column(k).nbytes < 16
+            unknown = getattr(lean, k)
+            assert (unknown == -1).all() if unknown.dtype.kind == "i" else np.isnan(unknown).all()
+    assert not np.isnan(full.lm_loss).all()
+    with pytest.raises(ValueError, match="no such record column: loss"):
+        parse_log([], ["loss"])
+
+
+def test_columns_left_out_line_up_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logrecords, "BLOCK", 8)
+    path = ROOT / "tests" / "data" / "megatron" / "megatron-2024-restart.log"
+    tab = parse_log(path.open("rb"), ["iteration", "segment"]).iterations
+    got = [(a, it.shape[0], ls.shape[0]) for a, (it, ls) in tab.blocks("iteration", "lm_loss")]
+    assert sum(k for _, k, _ in got) == len(tab) and all(k == m for _, k, m in got)

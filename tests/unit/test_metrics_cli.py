@@ -140,6 +140,26 @@ def test_attempt_reads_only_that_attempts_bytes(capsys: pytest.CaptureFixture[st
     assert both["n_records"] > whole["n_records"]
 
 
+def test_attempt_larger_than_a_read_loses_no_line(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    """An attempt of more than 4 MiB is read in pieces; a line cut between two pieces is one
+    line (it was read as two broken ones)."""
+    log = _two_attempts(tmp_path)
+    real = Path(MIXTRAL).read_bytes().splitlines(keepends=True)
+    body = [ln for ln in real if b" iteration " in ln and b"elapsed time" in ln]
+    tail = b"".join(body) * (5 * 2**20 // len(b"".join(body)) + 1)  # > 4 MiB of lines
+    with log.open("ab") as f:
+        f.write(tail)
+    whole = tmp_path / "attempt2.log"
+    whole.write_bytes(log.read_bytes()[len(b"slurmpod: job 7\n") + len(b"".join(real)):])
+    rc, out, err = _run(capsys, str(log), "--run", RUN, "--json", "--attempt", "2")
+    assert rc == 0, err
+    doc = json.loads(out)
+    ref = json.loads(_run(capsys, str(whole), "--run", RUN, "--json")[1])
+    assert doc["log_summary"]["n_rejected"] == ref["log_summary"]["n_rejected"] == 0
+    assert doc["n_records"] == ref["n_records"] and doc["mfu"] == ref["mfu"]
+
+
 def test_attempt_that_is_not_recorded_is_one_line(capsys: pytest.CaptureFixture[str],
                                                   tmp_path: Path) -> None:
     log = _two_attempts(tmp_path)
