@@ -77,10 +77,10 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
     fabric = _read_fabrics(fabric_files)
     report = check_fabric(site_obj, plan, fabric, rules)
     add_health(site_obj, plan, fabric, report, opts)
-    if nvlink_path is not None:
-        from slurmpod.fabric.nvlink import nvlink_cli
+    if nvlink_path is not None:  # merged, so --drain and --json cover the NVLink findings too
+        from slurmpod.fabric.nvlink import merge_nvlink
 
-        ctx.exit(nvlink_cli(site_obj, nvlink_path, report, limit, as_json))
+        merge_nvlink(site_obj, nvlink_path, report)
     ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
 
 
@@ -93,6 +93,11 @@ def _print_report(report: CheckReport, limit: int) -> None:
     if st["leaves_mixing_rails"]:
         click.echo(f"  SHARP rail invariant broken on {st['leaves_mixing_rails']} leaves (a leaf "
                    "must connect the same HCA rail of every server)")
+    if "nvlink_nodes_seen" in st:
+        click.echo(f"  NVLink: nodes {st['nvlink_nodes_seen']}/{st['nvlink_nodes_planned']} "
+                   f"seen, GPUs {st['nvlink_gpus_ready']}/{st['nvlink_gpus_seen']} joined the "
+                   f"fabric, domains {st['nvlink_domains_seen']}/{st['nvlink_domains_planned']} "
+                   "seen")
     for note in report.notes:
         click.echo(f"  note: {note}")
     if report.clean:

@@ -267,6 +267,15 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
     return report
 
 
+def merge_nvlink(site: Site, path: Path, ib_report: CheckReport) -> None:
+    """Add the NVLink check's findings and stats (`nvlink_*`) to an IB/LLDP report, so one
+    report (and one `--drain` list) covers every input."""
+    nv = check_nvlink(site, read_nvlink_input(path), str(path))
+    ib_report.findings.extend(nv.findings)
+    ib_report.stats.update({f"nvlink_{k}": v for k, v in nv.stats.items()})
+    ib_report.source = f"{ib_report.source} + {path}"
+
+
 def nvlink_cli(site: Site, path: Path, ib_report: CheckReport | None, limit: int,
                as_json: bool) -> int:
     """`topo check --nvlink`: run the check, merge it into the IB report if there is one,
