@@ -88,6 +88,24 @@ def _job_metrics(x: Exposition, reports: Iterable[JobReport]) -> None:
     lost = x.family("slurmpod_job_lost_gpu_seconds", "GPU-seconds that trained nothing, by "
                     "cause.")
     restarts = x.family("slurmpod_job_restarts", "Times the job was requeued or relaunched.")
+    # GPU telemetry and energy (JobReport.efficiency: a job report reads them, a fleet does not).
+    gutil = x.family("slurmpod_job_gpu_utilization_ratio", "Mean GPU utilisation of the job "
+                     "over its GPUs and run (telemetry, else Slurm's gres/gpuutil).")
+    gidle = x.family("slurmpod_job_idle_gpus", "GPUs of the job whose mean utilisation stayed "
+                     "under 5 %.")
+    gsm = x.family("slurmpod_job_gpu_sm_active_ratio", "Mean SM activity of the job's GPUs "
+                   "(DCGM).")
+    gten = x.family("slurmpod_job_gpu_tensor_active_ratio", "Mean tensor-pipe activity of the "
+                    "job's GPUs (DCGM).")
+    gmem = x.family("slurmpod_job_gpu_memory_used_bytes", "Most GPU memory used on any of the "
+                    "job's GPUs.")
+    gpow = x.family("slurmpod_job_gpu_power_watts", "Mean power per GPU of the job.")
+    gtemp = x.family("slurmpod_job_gpu_temperature_max_celsius", "Highest GPU temperature of "
+                     "the job.")
+    gxid = x.family("slurmpod_job_gpu_xid_errors", "XID errors seen on the job's GPUs.")
+    energy = x.family("slurmpod_job_energy_joules", "Energy of the job (its GPUs', else its "
+                      "nodes' from Slurm, else Megatron's log).")
+    ept = x.family("slurmpod_job_energy_per_token_joules", "Energy per trained token.")
     for r in reports:
         j = r.job
         base = {"job_id": j.job_id, "name": j.name, "user": j.user, "account": j.account,
@@ -106,6 +124,27 @@ def _job_metrics(x: Exposition, reports: Iterable[JobReport]) -> None:
             if cause in r.loss.by_cause_gpu_s:
                 lost.add({**base, "cause": cause}, r.loss.by_cause_gpu_s[cause])
         restarts.add(base, float(max(j.restarts, len(r.attempts) - 1)))
+        eff = getattr(r, "efficiency", None)
+        if eff is None:
+            continue
+        g = eff.gpu or {}
+        util = eff.gpu_util_pct
+        gutil.add(base, None if util is None else util / 100.0)
+        gidle.add(base, _num(g.get("idle_gpus")))
+        for fam, key in ((gsm, "sm"), (gten, "tensor")):
+            v = _num(g.get(key))
+            fam.add(base, None if v is None else v / 100.0)
+        mem = eff.gpu_mem_gib
+        gmem.add(base, None if mem is None else mem * 2**30)
+        gpow.add(base, _num(g.get("power_w")))
+        gtemp.add(base, _num(g.get("temp_max_c")))
+        gxid.add(base, _num(g.get("xid")))
+        energy.add(base, eff.energy_j)
+        ept.add(base, eff.energy_per_token_j)
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _group_metrics(x: Exposition, level: str, groups: Iterable[Group], window: str) -> None:
@@ -125,6 +164,18 @@ def _group_metrics(x: Exposition, level: str, groups: Iterable[Group], window: s
             lost.add({**base, "cause": cause}, g.lost.get(cause, 0.0) * 3600)
 
 
+def _by_partition(fleet: FleetReport) -> list[Group]:
+    """Per-partition sums over the plausible rows (the fleet's rules, as per user)."""
+    out: dict[str, Group] = {}
+    for row in fleet.rows:
+        if not row.implausible:
+            g = out.get(row.partition)
+            if g is None:
+                g = out[row.partition] = Group(row.partition)
+            g.add(row)
+    return [out[k] for k in sorted(out)]
+
+
 def job_exposition(reports: Iterable[JobReport]) -> str:
     x = Exposition()
     _job_metrics(x, reports)
@@ -139,6 +190,7 @@ def fleet_exposition(fleet: FleetReport, *, per_job: bool = False,
     run.add({"window": fleet.window}, float(fleet.n_running))
     _group_metrics(x, "user", fleet.by_user, fleet.window)
     _group_metrics(x, "account", fleet.by_account, fleet.window)
+    _group_metrics(x, "partition", _by_partition(fleet), fleet.window)
     if per_job:
         _job_metrics(x, reports)
     return x.render()
