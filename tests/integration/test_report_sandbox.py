@@ -292,11 +292,11 @@ def test_requeued_job_counts_both_attempts_and_the_redone_work(sandbox: Any,
 def test_job_without_training_log_is_identity_and_placement_only(sandbox: Any,
                                                                   jobs: Jobs) -> None:
     r = report_json(sandbox, jobs.nolog)
-    assert r["status"] == "no-training-log" and "identity and placement only" in r["status_text"]
+    assert r["status"] == "no-training-log" and "no MFU" in r["status_text"]
     assert r["figures"]["mfu"] is None and r["gpu_time"]["productive_gpu_hours"] is None
     assert r["placement"]["n_sus"] == 1 and r["job"]["n_gpus"] == 8
     text = slurmpod(sandbox, jobs.nolog).stdout
-    assert "identity and placement only" in text
+    assert "efficiency from Slurm and the GPUs, no MFU" in text
 
 
 def test_running_job_gets_a_partial_report(sandbox: Any, jobs: Jobs) -> None:
@@ -424,3 +424,69 @@ def test_html_renders_with_plots_in_chromium(sandbox: Any, jobs: Jobs) -> None:
     fimg = _screenshot(out / "fleet.html")
     assert fimg.std() > 0.05 and colour_pixels(fimg, "#457b9d") > 500  # MFU distribution
     assert colour_pixels(fimg, "#e63946") > 100  # restarts in lost GPU-hours over time
+
+
+BURN = ("import sys, time\n"
+        "b = bytearray(int(sys.argv[1]) << 20)\n"
+        "for i in range(0, len(b), 4096): b[i] = 1\n"
+        "t = time.time()\n"
+        "while time.time() - t < float(sys.argv[2]): pass\n")
+
+
+def test_plain_sbatch_job_gets_a_seff_style_report(sandbox: Any, jobs: Jobs) -> None:
+    """A job slurmpod never saw (plain `sbatch --wrap`): CPU efficiency, peak memory against
+    ReqMem, time against the limit, as Slurm measured them, and the verdicts with their fix."""
+    burn = jobs.work / "burn.py"
+    burn.write_text(BURN)
+    py = sys.executable
+    jid = sandbox.sbatch("-N1", "--gpus-per-node=2", "--mem=4000M", "--time=60",
+                         "--job-name=rep-plain", f"--output={jobs.work}/plain-%j.out", "--wrap",
+                         f"{py} {burn} 300 3; srun -n1 {py} {burn} 200 2")
+    sandbox.wait_job(jid)
+    r = report_json(sandbox, jid)
+    s = r["efficiency"]["slurm"]
+    # Slurm's own figures, read back directly (TotalCPU of the allocation row = its steps')
+    raw = sandbox.run(["sacct", "-n", "-P", "-j", jid, "-o",
+                       "JobID,TotalCPU,CPUTimeRAW,ElapsedRaw"]).stdout.splitlines()
+    row = next(line.split("|") for line in raw if line.startswith(f"{jid}|"))
+    mm, ss = row[1].split(":")
+    assert s["cpu_s"] == pytest.approx(int(mm) * 60 + float(ss))
+    assert s["cpu_alloc_s"] == int(row[2]) == s["alloc_cpus"] * int(row[3])
+    assert s["cpu_s"] >= 2.5 and s["cpu_efficiency"] == pytest.approx(s["cpu_s"] / int(row[2]))
+    # the batch step touched 300 MiB (the srun step 200 MiB): the peak, against 4000M
+    assert 300 << 20 <= s["mem_peak_bytes"] < 400 << 20 and s["req_mem_bytes"] == 4000 << 20
+    assert s["time_limit_s"] == 3600 and s["time_fraction"] == pytest.approx(
+        s["elapsed_s"] / 3600)
+    assert s["steps_measured"] == 2
+    notes = {n["code"]: n for n in r["notes"]}
+    assert notes["time-over-requested"]["fix"].startswith("request --time=0:15:00")
+    text = slurmpod(sandbox, jid).stdout
+    assert "Efficiency (Slurm accounting of the latest attempt" in text
+    assert "of 3.91 GiB requested" in text and "of the 1:00:00 limit" in text
+    assert "fix: request --time=0:15:00" in text
+    if r["efficiency"]["gpu"]["source"] is None:  # no telemetry for this job: said so
+        assert "GPU util     not measured" in text
+
+
+def test_watch_shows_progress_of_a_running_job(sandbox: Any, jobs: Jobs) -> None:
+    """Without a terminal: one line per refresh, with iterations / train_iters from the log."""
+    log = jobs.work / "watch.out"
+    jid = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8", "--job-name=rep-watch",
+                         f"--output={log}", "--wrap",
+                         _emu(jobs.work, "watch", 100000, " ".join(SLOWER)))
+    try:
+        sandbox.wait_running(jid)
+        wait_for(lambda: log.exists() and b" iteration " in log.read_bytes(), 60,
+                 "the first iteration line")
+        cp = slurmpod(sandbox, jid, "--watch", "--interval", "1", "--count", "2")
+        lines = cp.stdout.splitlines()
+        assert len(lines) == 2, cp.stdout
+        done = []
+        for line in lines:
+            m = re.search(r"job \d+  RUNNING  progress: \[[#.]{30}\] ([\d,]+) / 100,000 "
+                          r"iterations \(\d+\.\d %\) at [\d.e+]+ ms/iter, ETA ", line)
+            assert m is not None, line
+            done.append(int(m.group(1).replace(",", "")))
+        assert 1 <= done[0] <= done[1]
+    finally:
+        sandbox.cancel(jid)
