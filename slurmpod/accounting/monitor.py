@@ -8,6 +8,15 @@ job's length), and sets the job's Comment (Comment v1, see `hooks.build_comment`
 RUNNING, when the batch script that started it is gone, or on SIGTERM/SIGINT (the sbatch script's
 `stop_monitor`) after one last update. Failing updates are logged and retried next interval; the
 monitor never fails the job.
+
+Hang detection (`HangDetector`, docs/resilience-in-job.md): between Comment updates the monitor
+polls the log every `poll_s`. It follows the phases of each attempt from the lines the batch
+script and Megatron print (`slurmpod: attempt N: launching`, iteration lines, `saving
+checkpoint` / `successfully saved checkpoint`) and, when no iteration completes for
+max(k x the median logged step time x the iterations between log lines, a floor) while
+training, or for `setup_s` / `save_s` in the start-up or a save, calls `on_hang` once per
+attempt: the CLI records it in the run's attempts record and signals the batch shell (SIGUSR1),
+which dumps the ranks' stacks and ends the step.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -97,6 +107,7 @@ class MonitorState:
     updates: int = 0
     failures: int = 0
     last_comment: str | None = None
+    hangs: list[Hang] = field(default_factory=list)
     last_t: float | None = None  # `t` of the Comment last written
     last_gpu: dict[str, Any] | None = None  # GPU figures last written (telemetry.comment)
 
@@ -118,6 +129,115 @@ def parse_chunk(data: bytes, state: MonitorState) -> None:
     state.window.add(
         (int(it.iteration[i]), float(it.elapsed_ms[i]), int(it.global_batch_size[i]),
          float(it.tflops_reported[i])) for i in range(first, n))
+
+
+
+# k: how many median step times without an iteration make a hang (docs/resilience-in-job.md,
+# "Choosing k"). Megatron's healthy iterations vary by well under 2x in steady state (data
+# loader stalls, Python GC, a straggler); evaluation passes and checkpoint saves are longer but
+# are either phases (saves) or covered by the floor (eval_interval passes). nvidia-resiliency-
+# ext sizes its computed heartbeat timeouts with a safety factor of 5 over the longest observed
+# interval; 10 x the median leaves the same margin over a median-to-max spread of 2x.
+HANG_K = 10.0
+HANG_FLOOR_S = 300.0  # never less: an evaluation pass, a slow first iteration after a resume
+HANG_SETUP_S = 1800.0  # launch to first iteration (checkpoint load, NCCL init) = the collective
+HANG_SAVE_S = 1800.0  # timeout slurmpod gives Megatron (DISTRIBUTED_TIMEOUT_MIN)
+
+_EVENTS = re.compile(
+    rb"slurmpod: attempt (\d+): launching"
+    rb"|(saving checkpoint at iteration)"
+    rb"|(successfully saved checkpoint)"
+    rb"|(?:\bloading (?:distributed )?checkpoint)"
+    rb"| iteration +(\d+)/ *\d+ \|")
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    k: float = HANG_K
+    floor_s: float = HANG_FLOOR_S
+    setup_s: float = HANG_SETUP_S
+    save_s: float = HANG_SAVE_S
+
+
+@dataclass(frozen=True)
+class Hang:
+    """What the detector saw when it declared a hang (the attempts record keeps it)."""
+
+    attempt: int | None
+    phase: str  # setup | train | save
+    silent_s: float  # seconds since the last progress (iteration, save end, launch)
+    bound_s: float
+    iteration: int | None  # the last iteration logged
+    step_s: float | None  # median logged time per iteration
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "phase": self.phase, "silent_s": round(self.silent_s, 1),
+                "bound_s": round(self.bound_s, 1), "iteration": self.iteration,
+                "step_s": None if self.step_s is None else round(self.step_s, 4)}
+
+
+@dataclass
+class HangDetector:
+    """Phases of the current attempt from the log, and the hang decision. Pure: the caller
+    feeds chunks of complete lines with the time it read them."""
+
+    policy: HangPolicy = field(default_factory=HangPolicy)
+    attempt: int | None = None
+    phase: str = "setup"
+    since: float | None = None  # when the current phase began or last made progress
+    last_iteration: int | None = None
+    line_gap: int = 1  # iterations between two logged lines (Megatron's --log-interval)
+    reported: bool = False
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self.since is None:
+            self.since = now  # the monitor starts with the job: start-up counts from here
+        for m in _EVENTS.finditer(data):
+            if m.group(1) is not None:  # a new attempt: its start-up begins
+                self.attempt, self.phase, self.since = int(m.group(1)), "setup", now
+                self.reported = False
+                self.last_iteration = None
+            elif m.group(2) is not None:
+                self.phase, self.since = "save", now
+            elif m.group(3) is not None or m.group(4) is None:
+                # a save ended (back to training) or a checkpoint load (start-up goes on)
+                self.since = now
+                if m.group(3) is not None:
+                    self.phase = "train"
+            else:
+                it = int(m.group(4))
+                if self.last_iteration is not None and it > self.last_iteration:
+                    self.line_gap = it - self.last_iteration
+                self.last_iteration, self.phase, self.since = it, "train", now
+
+    def bound_s(self, step_s: float | None) -> float:
+        if self.phase == "setup":
+            return self.policy.setup_s
+        if self.phase == "save":
+            return self.policy.save_s
+        if step_s is None:
+            return max(self.policy.floor_s, self.policy.setup_s)
+        return max(self.policy.k * step_s * self.line_gap, self.policy.floor_s)
+
+    def check(self, now: float, step_s: float | None) -> Hang | None:
+        """A Hang the first time the current phase outlives its bound; None otherwise."""
+        if self.reported or self.since is None:
+            return None
+        bound = self.bound_s(step_s)
+        silent = now - self.since
+        if silent <= bound:
+            return None
+        self.reported = True
+        return Hang(self.attempt, self.phase, silent, bound, self.last_iteration, step_s)
+
+
+def median_step_s(state: MonitorState) -> float | None:
+    """Median logged time per iteration over the monitor's window, in seconds."""
+    rows = [r[1] for r in state.window.rows if r[1] > 0]
+    if not rows:
+        return None
+    rows.sort()
+    return rows[len(rows) // 2] / 1000.0
 
 
 def find_log(job_id: str, parent_pid: int | None,
@@ -166,43 +286,68 @@ class MonitorIO:
     sleep: Callable[[float], bool]  # returns True when woken early (stop requested)
     now: Callable[[], float] = time.time
     sampler: Any = None  # slurmpod.telemetry.sampler.Sampler: the GPUs, sampled each interval
+    on_hang: Callable[[Hang], None] | None = None  # None: no hang detection
+    monotonic: Callable[[], float] = time.monotonic
 
 
 def run_monitor(job_id: str, log_path: str, io: MonitorIO, *, interval_s: float = 180.0,
                 peak_hint: float | None = None, gpus_hint: int | None = None,
                 parent_pid: int | None = None, stop: threading.Event | None = None,
-                max_cycles: int | None = None) -> MonitorState:
-    """The monitor loop. Returns its final state (for tests and the exit log line)."""
+                max_cycles: int | None = None, poll_s: float | None = None,
+                hang_policy: HangPolicy | None = None) -> MonitorState:
+    """The monitor loop. Returns its final state (for tests and the exit log line).
+
+    Every `interval_s` it updates the Comment; with `io.on_hang` it also looks at the log every
+    `poll_s` (default: the interval) for a hang. A cycle is one look at the log."""
     stop = stop or threading.Event()
     state = MonitorState()
     tail = LogTail(log_path)
+    detector = HangDetector(hang_policy or HangPolicy()) if io.on_hang is not None else None
+    poll = min(poll_s or interval_s, interval_s) if detector is not None else interval_s
     base_comment = io.get_comment(job_id)
     initial = hooks.parse_initial_comment(base_comment)
     raw = hooks.decode_field(base_comment) or {}
     if "formula" in raw:
         initial["formula"] = raw["formula"]
     cycles = 0
+    next_update = io.monotonic()
     while True:
-        parse_chunk(tail.read_new(), state)
-        # The monitor runs as the job's user and reports the job's own view, so the Comment's
-        # GPUs and peak (rendered by slurmpod at submission) count here; the epilog's do not.
-        params: JobParams = job_params(initial, state.args, gpus=gpus_hint, peak=peak_hint,
-                                       trust_comment=True)
-        live = state.window.figures(params)
-        gpu = _sample_gpus(io.sampler, log_path)
-        if live.get("iter") is not None or gpu:
-            _update(job_id, base_comment, live, state, io, gpu)
+        chunk = tail.read_new()
+        parse_chunk(chunk, state)
+        if detector is not None:
+            t = io.monotonic()
+            detector.feed(chunk, t)
+            hang = detector.check(t, median_step_s(state))
+            if hang is not None:
+                state.hangs.append(hang)
+                log.warning("job %s: hang: %s", job_id, hang.to_json())
+                try:
+                    io.on_hang(hang)  # type: ignore[misc]
+                except Exception as exc:  # recording or signalling failed: say so, go on
+                    log.error("job %s: acting on the hang failed: %s", job_id, exc)
+        updated = io.monotonic() >= next_update or stop.is_set()
+        if updated:
+            next_update = io.monotonic() + interval_s
+            # The monitor runs as the job's user and reports the job's own view, so the
+            # Comment's GPUs and peak (rendered by slurmpod at submission) count here; the
+            # epilog's do not.
+            params: JobParams = job_params(initial, state.args, gpus=gpus_hint, peak=peak_hint,
+                                           trust_comment=True)
+            live = state.window.figures(params)
+            gpu = _sample_gpus(io.sampler, log_path)
+            if live.get("iter") is not None or gpu:
+                _update(job_id, base_comment, live, state, io, gpu)
         cycles += 1
         if stop.is_set() or (max_cycles is not None and cycles >= max_cycles):
             break
         if not parent_alive(parent_pid):
             log.info("job %s: the batch script is gone; last update done", job_id)
             break
-        running = io.job_running(job_id)
+        running = io.job_running(job_id) if updated else None  # Slurm asked once an interval
         if running is False:
             log.info("job %s is no longer running; monitor exits", job_id)
             break
-        if io.sleep(interval_s):  # woken by SIGTERM: one last look at the log, then exit
+        if io.sleep(poll):  # woken by SIGTERM: one last look at the log, then exit
             stop.set()
     return state
 
@@ -256,6 +401,15 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
     state.updates += 1
     state.last_comment, state.last_t, state.last_gpu = figures, t, dict(gpu) if gpu else None
     log.info("job %s: comment %s", job_id, text)
+
+
+def hang_record(job_id: str, hang: Hang, now_s: float) -> bytes:
+    """One line of the attempts record (format v1, docs/runs.md): {"event":"hang",...}."""
+    import json
+
+    doc = {"v": 1, "event": "hang", "job_id": job_id, "attempt": hang.attempt or 1,
+           "time": int(now_s), **{k: v for k, v in hang.to_json().items() if k != "attempt"}}
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

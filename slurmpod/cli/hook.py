@@ -64,10 +64,24 @@ def hook() -> None:
 @click.option("--gpu-telemetry/--no-gpu-telemetry", default=True, show_default=True,
               envvar="SLURMPOD_MONITOR_GPUS",
               help="Sample this node's GPUs with nvidia-smi each interval (docs/telemetry.md).")
+@click.option("--attempts", "attempts_path", type=click.Path(dir_okay=False),
+              help="The run's attempts record: turns hang detection on (a hang is recorded "
+                   "there and the batch script, --parent-pid, gets SIGUSR1).")
+@click.option("--hang-k", type=click.FloatRange(min=1.0), default=10.0, show_default=True,
+              help="A hang: no iteration for k x the median step time (at least --hang-floor-s).")
+@click.option("--hang-floor-s", type=click.FloatRange(min=1.0), default=300.0, show_default=True)
+@click.option("--hang-setup-s", type=click.FloatRange(min=1.0), default=1800.0,
+              show_default=True, help="Launch to first iteration.")
+@click.option("--hang-save-s", type=click.FloatRange(min=1.0), default=1800.0,
+              show_default=True, help="One checkpoint save.")
+@click.option("--poll-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds between looks at the log for a hang.")
 def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: float | None,
             site: str | None, parent_pid: int | None, max_cycles: int | None,
-            gpu_telemetry: bool) -> None:
-    """Follow the job's log; every interval set its Comment to live MFU (Comment v1 JSON)."""
+            gpu_telemetry: bool, attempts_path: str | None, hang_k: float, hang_floor_s: float,
+            hang_setup_s: float, hang_save_s: float, poll_s: float) -> None:
+    """Follow the job's log; every interval set its Comment to live MFU (Comment v1 JSON);
+    with --attempts, detect hangs (docs/resilience-in-job.md)."""
     import logging
 
     from slurmpod.accounting import monitor as mon
@@ -114,11 +128,28 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
 
     stop = threading.Event()
     mon.install_signal_handlers(stop)
+    def on_hang(hang: Any) -> None:
+        import signal
+        import time
+
+        assert attempts_path is not None
+        fd = os.open(attempts_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, mon.hang_record(job_id, hang, time.time()))
+        finally:
+            os.close(fd)
+        if ppid:
+            os.kill(ppid, signal.SIGUSR1)  # the batch script dumps stacks and ends the step
+
     io = mon.MonitorIO(get_comment=get_comment, set_comment=backend.update_comment,
                        job_running=job_running, sleep=stop.wait,
-                       sampler=_gpu_sampler() if gpu_telemetry else None)
+                       sampler=_gpu_sampler() if gpu_telemetry else None,
+                       on_hang=on_hang if attempts_path else None)
+    policy = mon.HangPolicy(k=hang_k, floor_s=hang_floor_s, setup_s=hang_setup_s,
+                            save_s=hang_save_s)
     state = mon.run_monitor(job_id, path, io, interval_s=interval_s, peak_hint=peak,
-                            parent_pid=ppid, stop=stop, max_cycles=max_cycles)
+                            parent_pid=ppid, stop=stop, max_cycles=max_cycles, poll_s=poll_s,
+                            hang_policy=policy)
     logging.getLogger("slurmpod.hook.monitor").info(
         "job %s: monitor done (%d updates, %d failed)", job_id, state.updates, state.failures)
 

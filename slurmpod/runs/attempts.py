@@ -7,6 +7,15 @@ One JSON object per line, appended by the batch script (format v1, docs/runs.md)
     {"v":1,"event":"end","job_id":"42","attempt":1,"restart":0,"time":1700003600,
      "end":"timelimit","rc":143,"iteration":1200,"progress":true,"failures":0,"max_restarts":3}
 
+and, from the resilience work (docs/resilience-in-job.md), between them:
+
+    {"v":1,"event":"hang","job_id":"42","attempt":1,"time":…,"phase":"train","silent_s":31.2,
+     "bound_s":30.0,"iteration":1180,"step_s":2.9}
+    {"v":1,"event":"health","job_id":"42","attempt":2,"time":…,"checked":["gpu001",…],
+     "failed":{"gpu003":"no answer"},"duration_s":1.4}
+    {"v":1,"event":"exclude","job_id":"42","attempt":1,"time":…,"node":"gpu002",
+     "evidence":"srun: task 9 Killed","action":"excluded"}
+
 The job owns the file, so it is read as hostile: a line that is not a JSON object with the
 required keys of the right types (a node died mid-write, or someone wrote garbage) is skipped
 and counted; optional values of the wrong type or out of range become None; strings and lists
@@ -28,7 +37,11 @@ MAX_PATH_CHARS = 4096
 MAX_ATTEMPT = 1_000_000
 MAX_EPOCH_S = 1 << 40
 MAX_OFFSET = 1 << 60
-ENDS = ("completed", "cancelled", "timelimit", "preempted", "node_fail", "failure", "requeued")
+ENDS = ("completed", "cancelled", "timelimit", "preempted", "node_fail", "failure", "requeued",
+        "hang")
+EVENTS = ("start", "end", "hang", "health", "exclude")
+EXCLUDE_ACTIONS = ("excluded", "drained", "not_excluded")
+MAX_TEXT = 512
 _JOB_ID = re.compile(r"^\d{1,12}(?:_\d{1,12})?(?:\+\d{1,6})?$")
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 
@@ -52,6 +65,9 @@ class Attempt:
     progress: bool | None = None
     failures: int | None = None
     max_restarts: int | None = None
+    hang: Mapping[str, Any] | None = None  # the monitor's hang record, if it declared one
+    health: Mapping[str, Any] | None = None  # the health gate before this attempt
+    excluded: tuple[Mapping[str, Any], ...] = ()  # nodes shed after it, with their evidence
 
     @property
     def ended(self) -> bool:
@@ -64,7 +80,8 @@ class Attempt:
             "log": self.log, "log_offset": self.log_offset, "log_end": self.log_end,
             "end": self.end, "rc": self.rc, "iteration": self.iteration,
             "progress": self.progress, "failures": self.failures,
-            "max_restarts": self.max_restarts,
+            "max_restarts": self.max_restarts, "hang": self.hang, "health": self.health,
+            "excluded": list(self.excluded),
         }
 
 
@@ -108,6 +125,16 @@ def _nodes(value: Any) -> tuple[str, ...]:
     return tuple(n for n in value[:MAX_NODES] if isinstance(n, str) and _HOST.match(n))
 
 
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < 1e9 else None
+
+
+def _text(value: Any) -> str | None:
+    return value[:MAX_TEXT] if isinstance(value, str) else None
+
+
 def parse_line(line: bytes | str) -> dict[str, Any] | None:
     """One line -> a checked event dict, or None when the line is not a v1 event."""
     if len(line) > MAX_LINE_BYTES:
@@ -120,7 +147,7 @@ def parse_line(line: bytes | str) -> dict[str, Any] | None:
         return None
     event, job_id = doc.get("event"), doc.get("job_id")
     attempt = _int(doc.get("attempt"), 1, MAX_ATTEMPT)
-    if event not in ("start", "end") or not isinstance(job_id, str) \
+    if event not in EVENTS or not isinstance(job_id, str) \
             or not _JOB_ID.match(job_id) or attempt is None:
         return None
     out: dict[str, Any] = {"event": event, "job_id": job_id, "attempt": attempt,
@@ -130,6 +157,26 @@ def parse_line(line: bytes | str) -> dict[str, Any] | None:
         out["nodes"] = _nodes(doc.get("nodes"))
         out["log"] = _path(doc.get("log"))
         out["log_offset"] = _int(doc.get("log_offset"))
+    elif event == "hang":
+        out["hang"] = {"phase": doc.get("phase") if doc.get("phase") in ("setup", "train", "save")
+                       else None, "silent_s": _num(doc.get("silent_s")),
+                       "bound_s": _num(doc.get("bound_s")), "step_s": _num(doc.get("step_s")),
+                       "iteration": _int(doc.get("iteration"), 0, MAX_OFFSET), "time": out["time"]}
+    elif event == "health":
+        failed = doc.get("failed")
+        out["health"] = {
+            "checked": list(_nodes(doc.get("checked"))),
+            "failed": {k: _text(v) for k, v in list(failed.items())[:MAX_NODES]
+                       if isinstance(k, str) and _HOST.match(k)} if isinstance(failed, dict)
+            else {},
+            "duration_s": _num(doc.get("duration_s"))}
+    elif event == "exclude":
+        node = doc.get("node")
+        if not isinstance(node, str) or not _HOST.match(node):
+            return None
+        action = doc.get("action")
+        out["exclude"] = {"node": node, "evidence": _text(doc.get("evidence")),
+                          "action": action if action in EXCLUDE_ACTIONS else None}
     else:
         end = doc.get("end")
         out["end"] = end if end in ENDS else ("unknown" if end is not None else None)
@@ -163,7 +210,13 @@ def parse_attempts(data: bytes | str | Iterable[bytes | str], *,
             continue
         key = (ev["job_id"], ev["attempt"])
         cur = found.get(key) or Attempt(job_id=ev["job_id"], attempt=ev["attempt"])
-        if ev["event"] == "start":
+        if ev["event"] == "hang":
+            cur = replace(cur, hang=ev["hang"])
+        elif ev["event"] == "health":
+            cur = replace(cur, health=ev["health"])
+        elif ev["event"] == "exclude":
+            cur = replace(cur, excluded=(*cur.excluded, ev["exclude"])[:MAX_NODES])
+        elif ev["event"] == "start":
             if cur.start_s is not None or cur.log_offset is not None:
                 continue  # a second start of the same attempt: the first one stands
             cur = replace(cur, restart=ev["restart"], start_s=ev["time"], nodes=ev["nodes"],
