@@ -357,7 +357,7 @@ def main() -> int:
     ap.add_argument("--no-old", action="store_true", help="skip the old path (minutes at 100k)")
     ap.add_argument("--sacct-json", action="store_true",
                     help="also time the first size as sacct --json")
-    ap.add_argument("--html", action="store_true", help="also time the fleet HTML (inline SVG plots)")
+    ap.add_argument("--html", action="store_true", help="also time the fleet HTML (SVG plots)")
     ap.add_argument("--template", type=Path,
                     help="a spool record to use instead of building one (--save-template)")
     ap.add_argument("--save-template", type=Path, help="write the built record here and exit")
