@@ -253,6 +253,13 @@ if [ "${SLURMPOD_CPU_BIND:-numactl}" = numactl ] && [ -n "$numa" ] \
          "CPU/memory binding (install numactl, or render with --cpu-bind slurm)" >&2
   fi
 fi
+note_pid() {
+  # "node pid step" of this rank's trainer, for the stack dump after a hang and to end the
+  # step (docs/resilience-in-job.md); the run directory is on a filesystem every node sees.
+  [ -n "${SLURMPOD_PIDS_DIR:-}" ] || return 0
+  echo "${SLURMD_NODENAME:-?} $1 ${SLURM_STEP_ID:-}" > "$SLURMPOD_PIDS_DIR/rank-$SLURM_PROCID" \
+    2>/dev/null || true
+}
 if [ "$SLURM_PROCID" = 0 ] && [ -n "${SLURMPOD_STEP_TERM_MARK:-}" ]; then
   # `scancel --signal=TERM JOBID` reaches the steps only: rank 0 notes it, so the batch shell
   # can tell a user's stop from the trainer's own exit. slurmstepd signals the trainer too;
@@ -260,6 +267,7 @@ if [ "$SLURM_PROCID" = 0 ] && [ -n "${SLURMPOD_STEP_TERM_MARK:-}" ]; then
   trap ': > "$SLURMPOD_STEP_TERM_MARK" 2>/dev/null; kill -TERM "$child" 2>/dev/null; :' TERM
   "$@" &
   child=$!
+  note_pid "$child"
   while :; do
     rc=0
     wait "$child" || rc=$?
@@ -267,5 +275,26 @@ if [ "$SLURM_PROCID" = 0 ] && [ -n "${SLURMPOD_STEP_TERM_MARK:-}" ]; then
     exit "$rc"
   done
 fi
+note_pid "$$"
 exec "$@"
+"""
+
+# Run after a hang, one task per node of the hung step (`srun --overlap`), as
+# `bash -c "$SLURMPOD_DUMP_SCRIPT" slurmpod-dump PIDS_DIR OUT_DIR`: for each of this node's ranks
+# one `slurmpod-dump: NODE rank R pid P state S` line (S from /proc: R, S, D, T stopped, Z, or
+# `gone`) and, where py-spy is installed, its Python stacks in OUT_DIR/rank-R.txt; then
+# `slurmpod-dump: NODE done`. slurmpod.resilience.shedding reads these lines.
+DUMP_SCRIPT = r"""node="${SLURMD_NODENAME:-$(hostname -s)}"
+for f in "$1"/rank-*; do
+  [ -e "$f" ] || continue
+  read -r n pid _ < "$f" || continue
+  [ "$n" = "$node" ] || continue
+  r="${f##*/rank-}"
+  st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+  echo "slurmpod-dump: $node rank $r pid $pid state ${st:-gone}"
+  if [ -n "$st" ] && command -v py-spy >/dev/null 2>&1; then
+    timeout 30 py-spy dump --pid "$pid" > "$2/rank-$r.txt" 2>&1 || true
+  fi
+done
+echo "slurmpod-dump: $node done"
 """

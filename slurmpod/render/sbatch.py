@@ -107,6 +107,14 @@ class RenderOptions:
     monitor: bool = True
     token: str = ""
     python: str | None = None  # interpreter the script runs `slurmpod hook monitor` with
+    # Resilience inside the job (docs/resilience-in-job.md); each may be overridden at submit
+    # time by the job's environment (SLURMPOD_HANG_K, …), so it is tunable per run.
+    hang_k: float = 10.0
+    hang_floor_s: float = 300.0
+    health_gate: bool = True
+    health_check: str | None = None  # a site's extra per-node check (an executable path)
+    shed_fraction: float = 0.02
+    drain_bad_nodes: bool = False
     # Megatron's --save-interval when [megatron] has none (submit: slurmpod.resilience.interval)
     save_interval: int | None = None
 
@@ -145,6 +153,19 @@ class SbatchContext:
     # runs; the template exports them as SLURMPOD_TRAINER_DIRS (trainer_dirs_env).
     container: bool = False
     trainer_dirs: tuple[str, ...] = ()
+    hang_k: float = 10.0
+    hang_floor_s: float = 300.0
+    hang_setup_s: float = 1800.0
+    health_gate: bool = True
+    health_check: str | None = None
+    shed_fraction: float = 0.02
+    drain_bad_nodes: bool = False
+    gpus_expected: int = 8
+    hcas_expected: str = ""  # compute HCAs the health gate checks (none for emulated GPUs)
+    hca_rate: str = ""  # e.g. "400 Gb/sec", when the site states it
+    checkpoint_free_bytes: int = 0
+    dump_script: str = ""
+    health_script: str = ""
 
     @property
     def trainer_dirs_env(self) -> str:
@@ -360,7 +381,21 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         monitor=opts.monitor, comment=comment, signal_lead_s=lead_s,
         save_on_cancel=opts.save_on_cancel, python=opts.python, imex=imex,
         container=container is not None, trainer_dirs=trainer_dirs,
+        hang_k=opts.hang_k, hang_floor_s=opts.hang_floor_s,
+        hang_setup_s=float(launch.DISTRIBUTED_TIMEOUT_MIN * 60), health_gate=opts.health_gate,
+        health_check=opts.health_check, shed_fraction=opts.shed_fraction,
+        drain_bad_nodes=opts.drain_bad_nodes, gpus_expected=gpn,
+        hcas_expected="" if nt.gpu.emulated else ",".join(hcas),
+        # two checkpoints' bytes: the one being written and the last good one
+        checkpoint_free_bytes=int(2 * plan.params_total * launch.CHECKPOINT_BYTES_PER_PARAM),
+        dump_script=launch.DUMP_SCRIPT, health_script=_health_script(),
     )
+
+
+def _health_script() -> str:
+    from slurmpod.resilience.health import NODE_CHECK
+
+    return NODE_CHECK
 
 
 def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
