@@ -486,10 +486,10 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
             prev[0] = prev_it
             prev[1:] = it[:-1]
             nf = ~first
-            d, sv = (it - prev)[nf], seg[nf]
-            for v in set(np.unique(sv).tolist()) & no_interval:
+            d, seg_nf = (it - prev)[nf], seg[nf]
+            for v in set(np.unique(seg_nf).tolist()) & no_interval:
                 h = rest.setdefault(v, {})
-                for x, c in zip(*np.unique(d[sv == v], return_counts=True), strict=True):
+                for x, c in zip(*np.unique(d[seg_nf == v], return_counts=True), strict=True):
                     h[int(x)] = h.get(int(x), 0) + int(c)
         top = int(it.max())
         it_max = top if it_max is None else max(it_max, top)
@@ -585,8 +585,8 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         if first_time is None:
             fin = np.flatnonzero(np.isfinite(t))
             if fin.size:
-                j = int(fin[0])
-                first_time, first_back = float(t[j]), float(elapsed_s[j] * cov[j])
+                kf = int(fin[0])
+                first_time, first_back = float(t[kf]), float(elapsed_s[kf] * cov[kf])
         prev_it = int(it[-1])
     fallback = bool(n) and n_steady == 0
 
@@ -632,7 +632,7 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         if "gbs" in live:
             v = gbs[st]
             out["gbs"] = v[np.isfinite(v)]
-        if "tokens_per_s" in live:
+        if "tokens_per_s" in live and seq_length:
             v = (gbs * seq_length / elapsed_s)[st]
             out["tokens_per_s"] = v[np.isfinite(v)]
         if flops_fn is None or not {"tflops_per_gpu", "mfu", "both_tflops"} & set(live):
@@ -668,10 +668,10 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
                 jobs[name].feed(got[name])
         if first_pass:
             first_pass = False
-            for name, j in jobs.items():
-                j.want(exactstats.median_ranks(j.m) if name in ("gbs", "both_tflops",
-                                                                 "both_reported")
-                       else exactstats.percentile_ranks(j.m))
+            for name, ex in jobs.items():
+                ex.want(exactstats.median_ranks(ex.m) if name in ("gbs", "both_tflops",
+                                                                   "both_reported")
+                        else exactstats.percentile_ranks(ex.m))
             both = jobs.get("both_tflops")
             if (both is not None and jobs["tflops_per_gpu"].m == both.m
                     == jobs["tflops_reported"].m):
