@@ -63,7 +63,7 @@ _PASSTHROUGH = "passthrough_args"
 MAX_JOB_NAME = 1024
 
 
-class JobSpec(Strict, kw_only=True):
+class JobSpec(Strict, frozen=True, kw_only=True):
     """`[job]`: what Slurm needs. Sizes in whole nodes; the site gives GPUs per node."""
 
     # slurmctld refuses a job name over 1024 characters (job_mgr.c `_test_strlen(name, 1024)`,
@@ -111,7 +111,7 @@ Dim = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 NonNegDim = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 
 
-class MegatronArgs(Strict, kw_only=True):
+class MegatronArgs(Strict, frozen=True, kw_only=True):
     """`[megatron]`: known keys typed; any other key kept in `passthrough_args` for the command
     line (`run_from_dict` splits them)."""
 
@@ -214,7 +214,7 @@ MEGATRON_FIELDS: tuple[str, ...] = tuple(
     k for k in MegatronArgs.__struct_fields__ if k not in (_GIVEN, _PASSTHROUGH))
 
 
-class RunSpec(Strict, kw_only=True):
+class RunSpec(Strict, frozen=True, kw_only=True):
     job: JobSpec = field(default_factory=JobSpec)
     megatron: MegatronArgs
 

@@ -29,7 +29,7 @@ from slurmpod.model.strict import (
 PciBusId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
 
 
-class Gpu(Strict, kw_only=True):
+class Gpu(Strict, frozen=True, kw_only=True):
     model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200")]
     name: Annotated[str, Meta(description="marketing name, e.g. 'H100 SXM5 80GB'")] = ""
     # A model in the GPU catalog (slurmpod.model.gpus: a100, h100, h200, b200, gb200, emu) fills
@@ -70,12 +70,12 @@ class Gpu(Strict, kw_only=True):
                 force_setattr(self, "name", spec.name)
 
 
-class PciDevice(Strict, kw_only=True):
+class PciDevice(Strict, frozen=True, kw_only=True):
     bus_id: PciBusId
     numa: NonNegInt
 
 
-class Hca(Strict, kw_only=True):
+class Hca(Strict, frozen=True, kw_only=True):
     device: Annotated[SlurmName, Meta(description="verbs device, e.g. mlx5_0")]
     rail: Annotated[int, Meta(ge=0, description="none for storage/management")] | None = None
     bus_id: PciBusId
@@ -91,7 +91,7 @@ class Hca(Strict, kw_only=True):
             raise ValueError(f"a {self.role} HCA has no rail: remove `rail`")
 
 
-class NodeType(Strict, kw_only=True):
+class NodeType(Strict, frozen=True, kw_only=True):
     gpus: Annotated[int, Meta(ge=1, le=72)] = 8
     gpu: Gpu
     # GPUs sharing one NVLink domain; 0 means the node (8 on DGX, 72 on NVL72).
@@ -172,7 +172,7 @@ SWITCH_CAGE_PORTS = {"QM9700": 2, "QM9790": 2, "Q3400": 2, "Q3400-RA": 2, "QM870
                      "QM8790": 1}
 
 
-class Fabric(Strict, kw_only=True):
+class Fabric(Strict, frozen=True, kw_only=True):
     kind: Literal["infiniband", "roce"] = "infiniband"
     rails: Annotated[int, Meta(ge=1, le=16)] = 8
     link_gbps: Annotated[int, Meta(gt=0)] = 400
@@ -228,7 +228,7 @@ class Fabric(Strict, kw_only=True):
             )
 
 
-class SuGroup(Strict, kw_only=True):
+class SuGroup(Strict, frozen=True, kw_only=True):
     node_type: str
     sus: Annotated[PosInt, Meta(description="scalable units of this shape")]
     nodes_per_su: PosInt
@@ -243,7 +243,7 @@ class SuGroup(Strict, kw_only=True):
         return self.nodes_per_su // self.nodes_per_rack
 
 
-class Naming(Strict, kw_only=True):
+class Naming(Strict, frozen=True, kw_only=True):
     hostname: str = "node{n:04d}"  # format with n, rack, slot, su (1-based)
     rack: str = "rack{rack:03d}"
     su: str = "su{su}"
@@ -264,7 +264,7 @@ PARTITION_KEYS = (
 )
 
 
-class Partition(Strict, kw_only=True):
+class Partition(Strict, frozen=True, kw_only=True):
     name: SlurmName
     default: bool = False
     max_time: Annotated[str, Meta(pattern=TIME_PATTERN)] = "INFINITE"
@@ -285,7 +285,7 @@ class Partition(Strict, kw_only=True):
                 raise ValueError(f"extra.{key}: {value!r} must be one word without '#' or '='")
 
 
-class SlurmTarget(Strict, kw_only=True):
+class SlurmTarget(Strict, frozen=True, kw_only=True):
     version: Annotated[str, Meta(pattern=r"^\d{2}\.\d{2}$")] = "24.11"
     cluster_name: SlurmName = "cluster"
     # auto: block for NVL72-class sites (domain > node), tree otherwise.
@@ -302,20 +302,20 @@ class SlurmTarget(Strict, kw_only=True):
         return int(major), int(minor)
 
 
-class Software(Strict, kw_only=True):
+class Software(Strict, frozen=True, kw_only=True):
     # The Megatron-LM release jobs run (a branch of NVIDIA/Megatron-LM); `[megatron]` keys it
     # has no argument for get a warning. The names are slurmpod/megatron/data/megatron_args.json's.
     megatron: Literal["core_r0.12", "core_r0.13", "core_r0.14", "main"] = "core_r0.14"
 
 
-class Storage(Strict, kw_only=True):
+class Storage(Strict, frozen=True, kw_only=True):
     # Sustained write bandwidth of the checkpoint filesystem for one job, GB/s: it sets how long
     # before the time limit a job is told to save (render/launch.py signal_lead). 20 GB/s is a
     # conservative figure for one job on a parallel filesystem (Lustre/GPFS/VAST class).
     checkpoint_write_gb_per_s: Annotated[float, Meta(gt=0, le=100_000)] = 20.0
 
 
-class Reliability(Strict, kw_only=True):
+class Reliability(Strict, frozen=True, kw_only=True):
     # Mean hours between interruptions of one node (any cause that ends a synchronous job on
     # it), used when slurmpod has no attempt history to measure it (docs/resilience.md). 6,300:
     # Meta's Llama 3 405B run saw 419 unexpected interruptions in 54 days on 16,384 H100 GPUs
@@ -324,12 +324,13 @@ class Reliability(Strict, kw_only=True):
     node_mtbf_hours: Annotated[float, Meta(gt=0, le=10_000_000)] = 6300.0
 
 
-class SiteInfo(Strict, kw_only=True):
+class SiteInfo(Strict, frozen=True, kw_only=True):
     name: SlurmName
     description: str = ""
 
 
-class Site(Strict, kw_only=True, dict=True):  # dict=True: room for the cached inventory
+# dict=True: room for the cached inventory.
+class Site(Strict, frozen=True, kw_only=True, dict=True):
     site: SiteInfo
     slurm: SlurmTarget = field(default_factory=SlurmTarget)
     node_types: dict[str, NodeType]

@@ -41,4 +41,5 @@ TIME_PATTERN = r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$"
 class Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Unknown keys are errors; instances are immutable. (msgspec applies `kw_only` only to the
     fields of the class that sets it: subclasses set it themselves, so that defaults and
-    required fields may mix in any order.)"""
+    required fields may mix in any order. `frozen` is inherited at run time, but each subclass
+    repeats it so that type checkers, which read it per class, see the fields as read-only.)"""
