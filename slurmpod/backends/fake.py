@@ -21,6 +21,7 @@ from slurmpod.backends.base import Script, wanted
 from slurmpod.errors import CommandError
 from slurmpod.model.hostlist import compress, expand
 from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
+from slurmpod.model.slurm_time import limit_minutes
 
 
 @dataclass
@@ -66,17 +67,6 @@ def _options(script_text: str, args: Sequence[str]) -> dict[str, str]:
         elif w in short:
             opts[short[w]] = next(it, "")
     return opts
-
-
-def _minutes(text: str) -> int | None:
-    if not text or text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    parts = [int(p) for p in text.split(":")]
-    if len(parts) == 1:
-        return parts[0]
-    if len(parts) == 2:
-        return parts[0]
-    return parts[0] * 60 + parts[1]
 
 
 class FakeBackend:
@@ -162,7 +152,10 @@ class FakeBackend:
         duration = sum(float(m.group(1)) for ln in body
                        if (m := re.fullmatch(r"sleep\s+(\d+(?:\.\d+)?)", ln)))
         last = re.fullmatch(r"exit\s+(\d+)", body[-1]) if body else None
-        limit = _minutes(opts.get("time", ""))
+        try:
+            limit = limit_minutes(opts["time"]) if opts.get("time") else None
+        except ValueError:
+            raise self._fail(argv, "Invalid --time specification") from None
         job = _Job(
             job_id=str(next(self._ids)), name=opts.get("job-name", "sbatch"), n_nodes=n_nodes,
             gpus_per_node=int(gpn) if gpn.isdigit() else 0, partition=partition,

@@ -31,6 +31,7 @@ from slurmpod.megatron.validate import (
     suggest_layout,
     with_fix,
 )
+from slurmpod.model.slurm_time import limit_minutes
 
 if TYPE_CHECKING:
     from slurmpod.megatron.placement import Placement
@@ -298,17 +299,10 @@ def _place(sa: _SiteArrays, c: ModelConfig, n_nodes: int) -> Placement:
                  moe=c.is_moe)
 
 
-def slurm_minutes(limit: str) -> float:
-    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) in minutes; INFINITE -> inf."""
-    if limit.upper() in ("INFINITE", "UNLIMITED"):
-        return math.inf
-    days, _, rest = limit.rpartition("-")
-    parts = [int(x) for x in rest.split(":")]
-    if days:
-        h, m, sec = [*parts, 0, 0][:3]
-    else:
-        h, m, sec = {1: (0, parts[0], 0), 2: (0, *parts)}.get(len(parts), tuple(parts[:3]))
-    return int(days or 0) * 1440 + h * 60 + m + sec / 60
+def _minutes(limit: str) -> float:
+    """A validated Slurm time (model.slurm_time.TIME_PATTERN) in minutes; no limit -> inf."""
+    minutes = limit_minutes(limit)
+    return math.inf if minutes is None else minutes
 
 
 def partition_errors(partition: str | None, time_limit: str, nodes: int, site: Site) -> list[str]:
@@ -333,7 +327,7 @@ def partition_errors(partition: str | None, time_limit: str, nodes: int, site: S
             out.append(f"job.nodes: partition {part.name} has {have} nodes, {nodes} requested: "
                        f"use at most {have} nodes" + (f" or partition {bigger[0]}" if bigger
                                                       else ""))
-    if slurm_minutes(time_limit) > slurm_minutes(part.max_time):
+    if _minutes(time_limit) > _minutes(part.max_time):
         out.append(f"job.time_limit: {time_limit} exceeds partition {part.name}'s MaxTime "
                    f"{part.max_time}: use time_limit = \"{part.max_time}\" or less")
     return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from slurmpod.errors import ConfigError
-from slurmpod.model.strict import TIME_PATTERN, Meta, Strict, field
+from slurmpod.model.strict import Meta, SlurmTime, Strict, field
 
 # Keys of [megatron] that slurmpod reads; misspellings of these get a "did you mean".
 KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
@@ -74,7 +74,7 @@ class JobSpec(Strict, frozen=True, kw_only=True):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time_limit: Annotated[str, Meta(pattern=TIME_PATTERN)] = "04:00:00"
+    time_limit: SlurmTime = "04:00:00"
     container_image: str | None = None
     container_mounts: list[str] = field(default_factory=list)
     # pyxis options (docs/submit.md "Containers"): workdir defaults to the run dir; name to

@@ -16,12 +16,12 @@ from functools import cached_property
 from typing import Annotated, Literal
 
 from slurmpod.model.strict import (
-    TIME_PATTERN,
     Meta,
     NonNegInt,
     PosFloat,
     PosInt,
     SlurmName,
+    SlurmTime,
     Strict,
     field,
 )
@@ -267,7 +267,7 @@ PARTITION_KEYS = (
 class Partition(Strict, frozen=True, kw_only=True):
     name: SlurmName
     default: bool = False
-    max_time: Annotated[str, Meta(pattern=TIME_PATTERN)] = "INFINITE"
+    max_time: SlurmTime = "INFINITE"
     sus: list[int] | Literal["all"] = "all"
     extra: dict[str, str] = field(default_factory=dict)  # more PartitionName options
 

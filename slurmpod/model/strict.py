@@ -17,13 +17,15 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, field
 
+from slurmpod.model.slurm_time import TIME_PATTERN
+
 __all__ = [
-    "TIME_PATTERN",
     "Meta",
     "NonNegInt",
     "PosFloat",
     "PosInt",
     "SlurmName",
+    "SlurmTime",
     "Strict",
     "field",
 ]
@@ -34,8 +36,9 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 # generate every artefact and divide MFU by infinity.
 PosFloat = Annotated[float, Meta(gt=0, le=sys.float_info.max)]
 SlurmName = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
-# Slurm time limits as sbatch --time and PartitionName MaxTime accept them.
-TIME_PATTERN = r"^(INFINITE|UNLIMITED|(\d+-)?\d+(:\d{2}){0,2})$"
+# A Slurm time limit as sbatch --time and PartitionName MaxTime accept it (model/slurm_time.py
+# parses and formats them).
+SlurmTime = Annotated[str, Meta(pattern=TIME_PATTERN)]
 
 
 class Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -31,7 +31,6 @@ from slurmpod.backends.parse import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
     USAGE_FIELDS,
-    cpu_time_s,
     exit_of,
     gpus_from_tres,
     is_job_id,
@@ -44,11 +43,11 @@ from slurmpod.backends.parse import (
     sacct_rows,
     size_bytes,
     state_of,
-    time_limit_raw_s,
     tres_values,
 )
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord
+from slurmpod.model.slurm_time import elapsed_s, time_limit_raw_s
 
 _log = logging.getLogger("slurmpod.sacct")
 # The delimiter of the recorded narrow queries (tests/data/report/): sacct's default.
@@ -328,7 +327,7 @@ def _usage_of(row: Mapping[str, str], steps: Sequence[Mapping[str, str]]) -> Usa
         elapsed_s=_digits(row.get("ElapsedRaw", "")) or 0,
         limit_s=time_limit_raw_s(row.get("TimelimitRaw", "")), alloc_cpus=alloc_cpus,
         req_cpus=_digits(tres_values(row.get("ReqTRES", "")).get("cpu", "")),
-        cpu_s=cpu_time_s(row.get("TotalCPU", "")),
+        cpu_s=elapsed_s(row.get("TotalCPU", "")),
         cpu_alloc_s=_digits(row.get("CPUTimeRAW", "")),
         req_mem_bytes=req, alloc_mem_bytes=size_bytes(alloc.get("mem", "")),
         mem_peak_bytes=peak, n_nodes=n_nodes, gpus=gpus_from_tres(row.get("AllocTRES", "")),

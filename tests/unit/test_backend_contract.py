@@ -207,3 +207,20 @@ def test_fake_time_limit_caps_duration() -> None:
     jid = fake.submit(batch_script("sleep 600", opts=["--time=1"]))
     now[0] += 61
     assert fake.accounting([jid])[jid].elapsed_s == 60
+
+
+@pytest.mark.parametrize(("limit", "capped_s"), [
+    ("1-00:00:00", 86400), ("1-02", 93600), ("0-00:02:30", 180), ("2:30", 180),
+    ("03:00:00", 10800), ("UNLIMITED", 200000)])
+def test_fake_reads_every_time_limit_form(limit: str, capped_s: int) -> None:
+    """`D-HH:MM:SS` used to crash the fake (int("1-00")); seconds round up as in Slurm."""
+    now = [0.0]
+    fake = FakeBackend(clock=lambda: now[0])
+    jid = fake.submit(batch_script("sleep 200000", opts=[f"--time={limit}"]))
+    now[0] += 200001
+    assert fake.accounting([jid])[jid].elapsed_s == capped_s
+
+
+def test_fake_refuses_a_bad_time_limit_as_sbatch_does() -> None:
+    with pytest.raises(SlurmError, match="Invalid --time specification"):
+        FakeBackend().submit(batch_script("sleep 1", opts=["--time=1:2:3:4"]))

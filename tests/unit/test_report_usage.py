@@ -14,10 +14,8 @@ import pytest
 
 from slurmpod.backends.parse import (
     USAGE_FIELDS,
-    cpu_time_s,
     req_mem,
     size_bytes,
-    time_limit_raw_s,
     tres_values,
 )
 from slurmpod.model.jobs import JobRecord, JobState
@@ -52,22 +50,6 @@ def test_sizes_as_sacct_prints_them(text: str, want: int | None) -> None:
     ("", (None, "")), ("16Gx", (None, ""))])
 def test_req_mem_forms(text: str, want: tuple[int | None, str]) -> None:
     assert req_mem(text) == want
-
-
-@pytest.mark.parametrize(("text", "want"), [
-    ("00:03.706", 3.706), ("00:00:00", 0.0), ("59:59.999", 3599.999), ("01:02:03", 3723.0),
-    ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5), ("", None), ("1-02:03", None),
-    ("abc", None), ("00:03.7x", None)])
-def test_total_cpu_forms(text: str, want: float | None) -> None:
-    got = cpu_time_s(text)
-    assert got == (pytest.approx(want) if want is not None else None)
-
-
-@pytest.mark.parametrize(("text", "want"), [
-    ("10", 600), ("60", 3600), ("UNLIMITED", None), ("Partition_Limit", None), ("", None),
-    ("-1", None)])
-def test_time_limit_raw(text: str, want: int | None) -> None:
-    assert time_limit_raw_s(text) == want
 
 
 def test_usage_query_is_framed_by_the_ids() -> None:
