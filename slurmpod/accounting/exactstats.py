@@ -258,7 +258,7 @@ def median(m: int, at: Mapping[int, float]) -> np.float64:
     """np.median of m values from their order statistics: numpy's mean of the middle one or
     two, done by numpy on those."""
     mid = [at[m // 2]] if m % 2 else [at[m // 2 - 1], at[m // 2]]
-    return np.median(np.array(mid, dtype=np.float64))  # type: ignore[return-value]
+    return np.median(np.array(mid, dtype=np.float64))
 
 
 __all__ = ["LEAF", "LIMIT", "Exact", "PairwiseSum", "keys", "median", "median_ranks",

@@ -157,10 +157,12 @@ _NAN = float("nan")
 _ROW_KEYS = ("consumed_samples", "elapsed_ms", "tflops_reported", "global_batch_size", "lm_loss",
              "loss_scale", "grad_norm", "skipped_iters", "nan_iters", "energy_j", "power_w")
 _ROW_INT = frozenset({"consumed_samples", "global_batch_size", "skipped_iters", "nan_iters"})
+# One record's _ROW_KEYS values, in that order (the middle arguments of `LogParser._accept`).
+_Row = tuple[int, float, float, int, float, float, float, int, int, float, float]
 _INT64_MAX = (1 << 63) - 1
 
 
-def _generic_fields(fields: bytes) -> tuple[tuple[Any, ...], tuple[bytes, ...]]:
+def _generic_fields(fields: bytes) -> tuple[_Row, tuple[bytes, ...]]:
     """Any layout: `key: value |` fields in any order; raises ValueError on a bad value.
     Returns the row (_ROW_KEYS) and the keys in line order (the layout)."""
     vals: dict[str, Any] = {}
@@ -788,6 +790,7 @@ class LogParser:
             keep = np.flatnonzero(ok)
             it, ti, t, offs = it[keep], ti[keep], t[keep], offs[keep]
             vals = {k: None if v is None else v[keep] for k, v in vals.items()}
+            el = el[keep]
             n = len(keep)
             if n == 0:
                 return
@@ -800,10 +803,12 @@ class LogParser:
         if not ((seg.last_iteration is None or it[0] > seg.last_iteration)
                 and (n == 1 or bool((it[1:] > it[:-1]).all()))):
             # a restart or a duplicate inside: record by record, as the careful path does
+            # (value when the line lacks the key, the column): int or float by key
+            given: list[tuple[Any, np.ndarray | None]] = [
+                (-1 if k in _ROW_INT else _NAN, vals[k]) for k in _ROW_KEYS]
             for j in range(n):
-                self._accept(int(it[j]), int(ti[j]), *(
-                    (-1 if k in _ROW_INT else _NAN) if vals[k] is None
-                    else vals[k][j].item() for k in _ROW_KEYS), float(t[j]), int(offs[j]))
+                row_j: _Row = tuple(missing if v is None else v[j].item() for missing, v in given)
+                self._accept(int(it[j]), int(ti[j]), *row_j, float(t[j]), int(offs[j]))
             return
         self._want_vocab = False
         if lay.timestamped:
@@ -812,7 +817,6 @@ class LogParser:
         if seg.first_iteration is None:
             seg.first_iteration = int(it[0])
         seg.last_iteration = int(it[-1])
-        el = vals["elapsed_ms"]
         seg.last_key = (int(it[-1]), float(el[-1]), float(t[-1]))
         seg.n_records += n
 
@@ -822,15 +826,15 @@ class LogParser:
 
         self._flush()
         cols = self._cols
-        for k, v in zip(_INT_COLS + _FLOAT_COLS, (
+        for k, values in zip(_INT_COLS + _FLOAT_COLS, (
                 it, ti, col("consumed_samples"), col("global_batch_size"), col("skipped_iters"),
-                col("nan_iters"), seg.index, offs, col("elapsed_ms"), t, col("tflops_reported"),
+                col("nan_iters"), seg.index, offs, el, t, col("tflops_reported"),
                 col("lm_loss"), col("loss_scale"), col("grad_norm"), col("energy_j"),
                 col("power_w")), strict=True):
-            if isinstance(v, np.ndarray):
-                cols[k].extend(v)
+            if isinstance(values, np.ndarray):
+                cols[k].extend(values)
             else:
-                cols[k].fill(v, n)
+                cols[k].fill(values, n)
 
     def _flush(self) -> None:
         """Careful-path records into the columns (they come one by one; batched here)."""
@@ -1027,8 +1031,10 @@ class LogParser:
         m = _SAVE_DONE.search(line)
         if m:
             it = int(m.group(1))
-            save = self._saves[-1] if self._saves else None
-            if save is None or save.iteration != it or save.segment != seg.index:
+            last = self._saves[-1] if self._saves else None
+            if last is not None and last.iteration == it and last.segment == seg.index:
+                save = last
+            else:
                 if len(self._saves) >= MAX_EVENTS:
                     return
                 save = _Save(it, seg.index, offset)  # the start line was lost or not printed
@@ -1189,7 +1195,7 @@ def parse_log(source: IO[bytes] | Iterable[bytes | str],
                 break
             parser.feed(chunk)
     else:
-        parser.feed_lines(source)  # type: ignore[arg-type]
+        parser.feed_lines(source)
     return parser.close()
 
 

@@ -150,7 +150,7 @@ def _unpack(b: _Block, dtype: np.dtype, out: np.ndarray | None = None) -> np.nda
         return out
     if kind == _RAW:
         if out is None:
-            return data  # type: ignore[no-any-return]
+            return data
         out[:] = data
         return out
     if kind == _STEP:

@@ -105,7 +105,7 @@ def compact_record(record: dict[str, Any]) -> dict[str, Any]:
     `COMPACT_METRICS`; the job's identity (sacct has it, the file name says which job and
     attempt), the log's details, the AdminComment text and the decoded Comment stay in the full
     record. JSON parsing is most of a fleet report's reading time, so every key costs."""
-    out = {k: record[k] for k in ("v", "attempt", "seq", "written") if k in record}
+    out: dict[str, Any] = {k: record[k] for k in ("v", "attempt", "seq", "written") if k in record}
     ser = record.get("series")
     if isinstance(ser, dict):
         its, ms = ser.get("iter"), ser.get("iter_ms")

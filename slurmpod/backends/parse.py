@@ -46,6 +46,11 @@ def _int(value: Any, default: int = 0) -> int:
     return default if n is None else int(n)
 
 
+def _int_or_none(value: Any) -> int | None:
+    n = num(value)
+    return None if n is None else int(n)
+
+
 def _str(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -74,8 +79,8 @@ def exit_of(value: Any) -> tuple[int, int]:
         return _int(code), _int(sig)
     if not isinstance(value, Mapping):
         return 0, 0
-    sig = value.get("signal") or {}
-    signal = _int(sig.get("signal_id", sig.get("id"))) if isinstance(sig, Mapping) else 0
+    sig_of = value.get("signal") or {}
+    signal = _int(sig_of.get("signal_id", sig_of.get("id"))) if isinstance(sig_of, Mapping) else 0
     return _int(value.get("return_code")), signal
 
 
@@ -207,7 +212,7 @@ def _step_from_json(step: Mapping[str, Any]) -> StepRecord:
         elapsed_s=_int(time_.get("elapsed")),
         nodes=_nodes(nodes.get("range")),
         n_nodes=_int(nodes.get("count")),
-        n_tasks=num((step.get("tasks") or {}).get("count")),
+        n_tasks=_int_or_none((step.get("tasks") or {}).get("count")),
         start_time=epoch(time_.get("start")),
         end_time=epoch(time_.get("end")),
     )

@@ -194,19 +194,19 @@ def _parse_argv(argv: Sequence[str]) -> list[tuple[str, str | None]]:
                 value, i = argv[i], i + 1
             out.append((name, value))
         elif arg.startswith("-") and len(arg) > 1:
-            name = _SHORT.get(arg[1])
-            if name is None:
+            long_name = _SHORT.get(arg[1])
+            if long_name is None:
                 raise _unknown(arg)
-            opt = SBATCH_OPTIONS[name]
+            opt = SBATCH_OPTIONS[long_name]
             if opt.flag is not None:
-                out.append((name, None))
+                out.append((long_name, None))
                 continue
             value = arg[2:]
             if not value:
                 if i >= len(argv):
                     raise SlurmError(f"sbatch option {arg} needs a value")
                 value, i = argv[i], i + 1
-            out.append((name, value))
+            out.append((long_name, value))
         else:
             raise SlurmError(f"unexpected argument {arg!r}: the pyslurm backend takes sbatch "
                              "options only (script arguments are not supported)",

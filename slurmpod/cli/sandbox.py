@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from slurmpod.render.env import shquote
 
+if TYPE_CHECKING:
+    from slurmpod.sandbox.cluster import Sandbox
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 STATE_HELP = "State directory of the sandbox [default: $SLURMPOD_SANDBOX or ./.sandbox]."
 
 
-def _state_option(f):  # type: ignore[no-untyped-def]
+def _state_option(f: _F) -> _F:
     return click.option("--state", "state_dir", type=click.Path(file_okay=False, path_type=Path),
                         default=None, help=STATE_HELP)(f)
 
 
-def _sandbox(state_dir: Path | None, site: str | None = None, **kw):  # type: ignore[no-untyped-def]
+def _sandbox(state_dir: Path | None, site: str | None = None, **kw: Any) -> Sandbox:
     from slurmpod.sandbox.cluster import Sandbox, default_state_dir
 
     return Sandbox(state_dir or default_state_dir(), site, **kw)

@@ -34,4 +34,4 @@ def submit_comment(*, version: str, run: str, flops_per_iter: float, peak_tflops
 
 def is_slurmpod_comment(doc: Mapping[str, Any] | None) -> bool:
     """A Comment slurmpod rendered (submit keys) or its monitor wrote (Comment v1)."""
-    return bool(doc) and any(k in doc for k in ("slurmpod", "flops_per_iter", "mfu", "fmt"))
+    return doc is not None and any(k in doc for k in ("slurmpod", "flops_per_iter", "mfu", "fmt"))

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class ProcRecord:
     out: str = ""
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> ProcRecord:
-        return cls(str(d["name"]), int(d["pid"]), tuple(d["argv"]),  # type: ignore[arg-type]
+    def from_dict(cls, d: Mapping[str, Any]) -> ProcRecord:
+        """`d` is one record of the state file's JSON."""
+        return cls(str(d["name"]), int(d["pid"]), tuple(d["argv"]),
                    int(d["start_ticks"]), str(d.get("log", "")), str(d.get("out", "")))
 
     def to_dict(self) -> dict[str, object]:
