@@ -11,85 +11,95 @@ contiguous block of nodes (what `--switches=1` / block topology gives).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise, product
 from typing import Any
 
-import numpy as np
-
 RANK_ORDER = "tp-cp-ep-dp-pp"
+# Plain Python, no numpy: a plan places one layout (at most a few hundred thousand ranks, one
+# pass each), and numpy's ~60 ms import would be most of `slurmpod plan`'s start-up.
 
 
 @dataclass(frozen=True)
 class NodeMap:
     """Per job node: its NVLink domain, rack and SU index (0-based, site-wide)."""
 
-    domain: np.ndarray
-    rack: np.ndarray
-    su: np.ndarray
+    domain: tuple[int, ...]
+    rack: tuple[int, ...]
+    su: tuple[int, ...]
     nodes_per_su: int
     nodes_per_domain: int
 
 
-def node_map_from_arrays(domain: np.ndarray, rack: np.ndarray, su: np.ndarray, nodes: int,
-                         nodes_per_su: int, nodes_per_rack: int,
+def node_map_from_arrays(domain: Sequence[int], rack: Sequence[int], su: Sequence[int],
+                         nodes: int, nodes_per_su: int, nodes_per_rack: int,
                          nodes_per_domain: int) -> NodeMap:
     """The first `nodes` nodes of the site; beyond the inventory the last SU's shape repeats
     (so an oversize request still gets numbers, next to its error)."""
     have = min(nodes, len(domain))
-    d, r, s = domain[:have], rack[:have], su[:have]
+    d, r, s = ([int(x) for x in a[:have]] for a in (domain, rack, su))
     if nodes > have:
-        extra = np.arange(nodes - have)
         base_su = int(su[-1]) + 1 if len(su) else 0
         base_rack = int(rack[-1]) + 1 if len(rack) else 0
         base_dom = int(domain[-1]) + 1 if len(domain) else 0
-        s = np.concatenate([s, base_su + extra // nodes_per_su])
-        r = np.concatenate([r, base_rack + extra // nodes_per_rack])
-        d = np.concatenate([d, base_dom + extra // nodes_per_domain])
-    return NodeMap(d, r, s, nodes_per_su, nodes_per_domain)
+        for extra in range(nodes - have):
+            s.append(base_su + extra // nodes_per_su)
+            r.append(base_rack + extra // nodes_per_rack)
+            d.append(base_dom + extra // nodes_per_domain)
+    return NodeMap(tuple(d), tuple(r), tuple(s), nodes_per_su, nodes_per_domain)
+
+
+def _groups_along(shape: tuple[int, ...], axis: int) -> list[list[int]]:
+    """The groups of `range(prod(shape))` laid out row-major in `shape` whose members differ
+    only in `axis` (ascending), groups in row-major order of the other axes; the same as numpy's
+    `arange(n).reshape(shape)` with `axis` moved last, reshaped to (-1, shape[axis])."""
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    step, size = strides[axis], shape[axis]
+    others = [range(0, n * st, st) for i, (n, st) in enumerate(zip(shape, strides, strict=True))
+              if i != axis]
+    return [list(range(base, base + size * step, step))
+            for base in (sum(c) for c in product(*others))]
 
 
 def _group_table(world: int, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int,
-                 edp: int) -> dict[str, np.ndarray]:
-    """Each kind -> array (groups x members) of global ranks."""
-    dense = np.arange(world).reshape(pp, dp, cp, tp)
-    expert = np.arange(world).reshape(pp, edp, ep, etp)
+                 edp: int) -> dict[str, list[list[int]]]:
+    """Each kind -> groups of global ranks (dense ranks laid out (pp, dp, cp, tp), expert ranks
+    (pp, edp, ep, etp), fastest last)."""
+    dense, expert = (pp, dp, cp, tp), (pp, edp, ep, etp)
     return {
-        "tp": dense.reshape(-1, tp),
-        "cp": dense.transpose(0, 1, 3, 2).reshape(-1, cp),
-        "dp": dense.transpose(0, 2, 3, 1).reshape(-1, dp),
-        "pp": dense.transpose(1, 2, 3, 0).reshape(-1, pp),
-        "ep": expert.transpose(0, 1, 3, 2).reshape(-1, ep),
-        "etp": expert.reshape(-1, etp),
-        "edp": expert.transpose(0, 2, 3, 1).reshape(-1, edp),
+        "tp": _groups_along(dense, 3), "cp": _groups_along(dense, 2),
+        "dp": _groups_along(dense, 1), "pp": _groups_along(dense, 0),
+        "ep": _groups_along(expert, 2), "etp": _groups_along(expert, 3),
+        "edp": _groups_along(expert, 1),
     }
 
 
-def _distinct_per_row(values: np.ndarray) -> np.ndarray:
-    """Distinct values per row of a row-wise non-decreasing array (no sort needed: group
-    members are ascending ranks, and node, domain, rack and SU indices grow with the rank)."""
-    if values.shape[1] == 1:
-        return np.ones(values.shape[0], dtype=np.int64)
-    return 1 + np.count_nonzero(values[:, 1:] != values[:, :-1], axis=1)
+def _distinct(values: Sequence[int]) -> int:
+    """Distinct values of a non-decreasing sequence (group members are ascending ranks, and
+    node, domain, rack and SU indices grow with the rank)."""
+    return 1 + sum(1 for a, b in pairwise(values) if a != b)
 
 
-def _rail_aligned(ranks: np.ndarray, gpus_per_node: int, n_nodes: np.ndarray) -> bool:
+def _rail_aligned(groups: list[list[int]], gpus_per_node: int, n_nodes: list[int]) -> bool:
     """True when every node of a group holds members on the same local ranks (so on the same
     rails): node-crossing traffic then stays rail-to-rail, through the rail leaf (and spine),
-    never across rails. `ranks` rows are sorted, so each node's members are contiguous."""
-    crossing = n_nodes > 1
-    if not crossing.any():
+    never across rails. Group members are sorted, so each node's members are contiguous."""
+    crossing = [(g, n) for g, n in zip(groups, n_nodes, strict=True) if n > 1]
+    if not crossing:
         return True
-    rows = ranks[crossing]
-    per = n_nodes[crossing]
-    if per.min() != per.max() or rows.shape[1] % per[0]:
+    per = crossing[0][1]
+    if any(n != per for _, n in crossing) or len(crossing[0][0]) % per:
         return False
-    k = rows.shape[1] // int(per[0])
-    cube = rows.reshape(rows.shape[0], int(per[0]), k)
-    node = cube // gpus_per_node
-    if not np.all(node == node[:, :, :1]):
-        return False  # uneven members per node
-    local = cube % gpus_per_node
-    return bool(np.all(local == local[:, :1, :]))
+    k = len(crossing[0][0]) // per
+    for g, _ in crossing:
+        chunks = [g[i * k:(i + 1) * k] for i in range(per)]
+        if any(len({r // gpus_per_node for r in c}) != 1 for c in chunks):
+            return False  # uneven members per node
+        local = [r % gpus_per_node for r in chunks[0]]
+        if any([r % gpus_per_node for r in c] != local for c in chunks[1:]):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,7 @@ class Placement:
 def rank_location(rank: int, gpus_per_node: int, nm: NodeMap) -> dict[str, int]:
     node = rank // gpus_per_node
     return {"rank": rank, "node": node, "local_rank": rank % gpus_per_node,
-            "domain": int(nm.domain[node]), "rack": int(nm.rack[node]), "su": int(nm.su[node])}
+            "domain": nm.domain[node], "rack": nm.rack[node], "su": nm.su[node]}
 
 
 def place(*, tp: int, cp: int, pp: int, ep: int, etp: int, nodes: int, gpus_per_node: int,
@@ -146,25 +156,25 @@ def place(*, tp: int, cp: int, pp: int, ep: int, etp: int, nodes: int, gpus_per_
     if not moe:
         kinds = {k: v for k, v in kinds.items() if k in ("tp", "cp", "dp", "pp")}
     out: dict[str, GroupPlacement] = {}
-    for kind, ranks in kinds.items():
-        node = ranks // gpus_per_node
-        n_nodes = _distinct_per_row(node)
-        crossing = n_nodes > 1
-        if not crossing.any():
+    dom, su = node_map.domain, node_map.su
+    for kind, groups in kinds.items():
+        nodes_of = [[r // gpus_per_node for r in g] for g in groups]
+        n_nodes = [_distinct(ns) for ns in nodes_of]
+        if max(n_nodes) == 1:
             n_dom = n_su = n_nodes
         else:
             n_dom = (n_nodes if node_map.nodes_per_domain == 1
-                     else _distinct_per_row(node_map.domain[node]))
-            n_su = _distinct_per_row(node_map.su[node])
-        aligned = _rail_aligned(ranks, gpus_per_node, n_nodes)
+                     else [_distinct([dom[n] for n in ns]) for ns in nodes_of])
+            n_su = [_distinct([su[n] for n in ns]) for ns in nodes_of]
         out[kind] = GroupPlacement(
-            size=ranks.shape[1], count=ranks.shape[0], max_nodes=int(n_nodes.max()),
-            cross_node=int(np.count_nonzero(crossing)),
-            cross_domain=int(np.count_nonzero(n_dom > 1)),
-            cross_su=int(np.count_nonzero(n_su > 1)), rail_aligned=aligned)
+            size=len(groups[0]), count=len(groups), max_nodes=max(n_nodes),
+            cross_node=sum(1 for n in n_nodes if n > 1),
+            cross_domain=sum(1 for n in n_dom if n > 1),
+            cross_su=sum(1 for n in n_su if n > 1),
+            rail_aligned=_rail_aligned(groups, gpus_per_node, n_nodes))
     return Placement(
         order=RANK_ORDER, gpus_per_node=gpus_per_node, nodes=nodes,
-        sus_spanned=len(np.unique(node_map.su)), racks_spanned=len(np.unique(node_map.rack)),
-        domains_spanned=len(np.unique(node_map.domain)),
+        sus_spanned=len(set(node_map.su)), racks_spanned=len(set(node_map.rack)),
+        domains_spanned=len(set(node_map.domain)),
         min_sus=math.ceil(nodes / node_map.nodes_per_su),
         min_blocks=math.ceil(nodes / block_nodes), groups=out)

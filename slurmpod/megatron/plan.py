@@ -66,8 +66,6 @@ class _SiteArrays:
 
 
 _SITE_CACHE: dict[int, tuple[Site, _SiteArrays]] = {}
-# The same columns as int64 arrays, built on the first placement (keyed like _SITE_CACHE).
-_NUMPY_CACHE: dict[int, tuple[Any, ...]] = {}
 
 
 def _site_arrays(site: Site) -> _SiteArrays:
@@ -283,17 +281,10 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
 
 
 def _place(sa: _SiteArrays, c: ModelConfig, n_nodes: int) -> Placement:
-    import numpy as np
-
     from slurmpod.megatron.placement import node_map_from_arrays, place
 
-    arrays = _NUMPY_CACHE.get(id(sa))
-    if arrays is None or arrays[0] is not sa:
-        arrays = (sa, *(np.array(v, dtype=np.int64) for v in (sa.domain, sa.rack, sa.su)))
-        _NUMPY_CACHE[id(sa)] = arrays
-    _, domain, rack, su = arrays
-    nm = node_map_from_arrays(domain, rack, su, n_nodes, sa.nodes_per_su, sa.nodes_per_rack,
-                              sa.nodes_per_domain)
+    nm = node_map_from_arrays(sa.domain, sa.rack, sa.su, n_nodes, sa.nodes_per_su,
+                              sa.nodes_per_rack, sa.nodes_per_domain)
     return place(tp=c.tp, cp=c.cp, pp=c.pp, ep=c.ep, etp=c.etp, nodes=n_nodes,
                  gpus_per_node=sa.gpus_per_node, node_map=nm, block_nodes=sa.block_nodes,
                  moe=c.is_moe)
