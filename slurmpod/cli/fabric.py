@@ -66,9 +66,7 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
         report = lldp_report(site_obj, plan, rules, opts, fabric_files)
         ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
     if nvlink_path is not None and not fabric_files and not site_obj.fabric.ibnetdiscover:
-        from slurmpod.fabric.nvlink import nvlink_cli
-
-        ctx.exit(nvlink_cli(site_obj, nvlink_path, None, limit, as_json))
+        ctx.exit(_nvlink_only(site_obj, nvlink_path, limit, as_json))
     if not fabric_files:
         fabric_files = tuple(path.parent / f for f in site_obj.fabric.ibnetdiscover)
         if not fabric_files:
@@ -82,6 +80,36 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
 
         merge_nvlink(site_obj, nvlink_path, report)
     ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
+
+
+def _nvlink_only(site: Site, path: Path, limit: int, as_json: bool) -> int:
+    """`topo check --nvlink` without an IB dump: the NVLink check alone, printed; the exit
+    status (0 clean, 1 findings)."""
+    from slurmpod.cli.output import emit_json
+    from slurmpod.fabric.nvlink import check_nvlink, read_nvlink_input
+
+    report = check_nvlink(site, read_nvlink_input(path), str(path))
+    if as_json:
+        emit_json(report.to_dict())
+        return 0 if report.clean else 1
+    st = report.stats
+    click.echo(f"NVLink check: site {report.site} against {path}")
+    click.echo(f"  NVLink: nodes {st['nodes_seen']}/{st['nodes_planned']} seen, GPUs "
+               f"{st['gpus_ready']}/{st['gpus_seen']} joined the fabric, domains "
+               f"{st['domains_seen']}/{st['domains_planned']} seen")
+    if report.clean:
+        click.echo("clean: the NVLink domains match the site's racks")
+        return 0
+    counts = ", ".join(f"{k} {v}" for k, v in report.counts().items())
+    click.echo(f"{len(report.findings)} findings ({counts}):")
+    shown = report.findings if limit == 0 else report.findings[:limit]
+    for f in shown:
+        click.echo(f"{f.severity.upper():7} {f.kind}: {f.message}")
+        click.echo(f"        fix: {f.fix}")
+    if len(shown) < len(report.findings):
+        click.echo(f"... and {len(report.findings) - len(shown)} more (--limit 0 or --json for "
+                   "all)")
+    return 1
 
 
 def _print_report(report: CheckReport, limit: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 
 import click
 
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         rc = cli.main(args=args, prog_name="slurmpod", standalone_mode=False)
     except SlurmpodError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"slurmpod: error: {exc.message}", err=True)
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as exc:  # a bug: say so, briefly, unless --debug
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         else:
             click.echo(
                 f"slurmpod: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
@@ -109,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
             )
         sys.exit(INTERNAL_EXIT_CODE)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _print_traceback() -> None:
+    import traceback  # lazy: ~4 ms of every start-up (--version's budget is 25 ms), for --debug
+
+    traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -18,12 +18,31 @@ checked exactly, in check.py). One pass over the switches' ports counts the link
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from slurmpod.fabric.ibnetdiscover import Port, speed_name
+from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, speed_name
 
 if TYPE_CHECKING:
-    from slurmpod.fabric.check import _Ctx
+    from slurmpod.topology.fabric_plan import FabricPlan, Switch
+
+
+class _Ctx(Protocol):
+    """What this pass reads and adds to in the check's working state (check.py's `_Ctx`),
+    named here so that check.py imports this module and not the other way round."""
+
+    plan: FabricPlan
+    fabric: Fabric
+    planned: dict[str, Switch]
+    to_plan: dict[str, str]
+    to_fabric: dict[str, FabricNode]
+
+    def add(self, kind: str, subject: str, message: str, fix: str, *,
+            severity: str = "error", node: str | None = None, hca: str | None = None,
+            guid: str | None = None, rail: int | None = None, switch: str | None = None,
+            port: int | None = None, cage: int | None = None,
+            cable: str | None = None) -> None: ...
+
+    def role(self, name: str) -> str: ...
 
 Pos = tuple[str, int]
 _RANK = {"leaf": 0, "spine": 1, "core": 2}
@@ -99,13 +118,14 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
         got = have.get(lower, {})
         s = {u: n - len(got.get(u, ())) for u, n in wanted.items()
              if u not in gone and n > len(got.get(u, ()))}
-        x = {}
+        x: dict[str, list[_Link]] = {}
         for u, links in got.items():
             if len(links) > wanted.get(u, 0):
                 # Keep the links in ports the plan gives this upper switch; the surplus is the
                 # rest (the cables that moved), so a finding names the moved cable's port.
                 own = set(planned_ports.get((lower, u), ()))
-                links.sort(key=lambda lk, own=own: lk.lport not in own)
+                links[:] = ([lk for lk in links if lk.lport in own]
+                            + [lk for lk in links if lk.lport not in own])
                 x[u] = links[wanted.get(u, 0):]
         if s:
             short[lower] = s
@@ -136,13 +156,13 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
                     switch=lower, rail=planned[lower].rail)
             missing = {}
         for up, n in sorted(missing.items()):
-            got = len(have[lower].get(up, ()))
+            n_got = len(have[lower].get(up, ()))
             empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)]) or \
                 _free_planned_ports(ctx, lower, sorted(
                     p for (lo, _u), ps in planned_ports.items() if lo == lower for p in ps))
             hint = f" (planned in {_ports(plan, lower, empty)})" if empty else ""
             ctx.add("missing-link", f"{lower} -> {up}",
-                    f"{lower} has {got} of the {need[lower][up]} planned links to {up}: "
+                    f"{lower} has {n_got} of the {need[lower][up]} planned links to {up}: "
                     f"{_plural(n, 'link')} missing{hint}",
                     f"reseat or replace {_plural(n, 'cable')} {lower} <-> {up}" + (
                         f", e.g. {label(lower, empty[0])}" if empty else "")
