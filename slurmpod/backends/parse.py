@@ -21,12 +21,21 @@ from typing import Any
 
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
+from slurmpod.model.slurm_time import limit_minutes
 
 # -- generic value helpers ------------------------------------------------------------------
 
 
 def num(value: Any) -> int | float | None:
     """A Slurm number: plain, or data_parser's `{"set", "infinite", "number"}` wrapper (23.02+)."""
+    kind = type(value)
+    if kind is str:  # sacct's text columns: the common case of a fleet report, first
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    if kind is int or kind is float:
+        return value
     if isinstance(value, Mapping):
         if not value.get("set", True) or value.get("infinite"):
             return None
@@ -497,15 +506,13 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
 def parse_scontrol_partitions(text: str) -> dict[str, tuple[bool, int | None]]:
     """`scontrol --oneliner show partition` -> {name: (is the default, MaxTime in minutes or
     None for UNLIMITED)}. The default partition is `Default=YES` (sinfo's `*`)."""
-    from slurmpod.render.launch import parse_time_limit_min
-
     out: dict[str, tuple[bool, int | None]] = {}
     for line in text.splitlines():
         if not line.startswith("PartitionName="):
             continue
         kv = parse_scontrol_kv(line)
         try:
-            max_min = parse_time_limit_min(kv.get("MaxTime", "UNLIMITED"))
+            max_min = limit_minutes(kv.get("MaxTime", "UNLIMITED"))
         except ValueError:
             max_min = None  # a form this Slurm prints that we do not know: no check
         out[kv["PartitionName"]] = (kv.get("Default", "NO").upper() == "YES", max_min)
@@ -541,9 +548,6 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)")
 # ReqMem: `4000M` (21.08 on: the job's total, from ReqTRES mem), `16Gn` / `16Gc` (up to 20.11:
 # per node / per CPU).
 _REQ_MEM = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)([nc]?)")
-# TotalCPU / UserCPU: `MM:SS.mmm`, `HH:MM:SS`, `D-HH:MM:SS` (sacct's _elapsed_time: the
-# milliseconds are dropped once there are hours).
-_CPU_TIME = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.(\d+))?")
 
 
 def size_bytes(text: str) -> int | None:
@@ -563,25 +567,6 @@ def req_mem(text: str) -> tuple[int | None, str]:
         return None, ""
     value = int(float(m.group(1)) * _UNITS[m.group(2)])
     return value, {"n": "node", "c": "cpu"}.get(m.group(3), "job")
-
-
-def cpu_time_s(text: str) -> float | None:
-    """TotalCPU (`00:05.918`, `01:02:03`, `2-03:04:05`) -> seconds; None when not a time."""
-    m = _CPU_TIME.fullmatch(text.strip())
-    if m is None:
-        return None
-    d, h, mi, s, frac = m.groups()
-    if h is None and d is not None:  # `D-MM:SS` is not a form sacct prints
-        return None
-    secs = int(d or 0) * 86400 + int(h or 0) * 3600 + int(mi) * 60 + int(s)
-    return secs + (int(frac) / 10 ** len(frac) if frac else 0.0)
-
-
-def time_limit_raw_s(text: str) -> int | None:
-    """TimelimitRaw (whole minutes) -> seconds; None for UNLIMITED, Partition_Limit (no limit
-    of the job's own), empty or anything else."""
-    t = text.strip()
-    return int(t) * 60 if t.isdigit() else None
 
 
 def tres_values(text: str) -> dict[str, str]:
