@@ -28,6 +28,7 @@ from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import gpus_from_tres
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
+from slurmpod.model.slurm_time import limit_minutes
 
 _CLI_HINT = "use the CLI backend (--backend cli)"
 
@@ -234,8 +235,17 @@ def _signal_name(sig: str) -> str:
 
 
 # pyslurm 25.11.2's timestr_to_mins returns a digits-only *string* unchanged ("30"), which then
-# fails as "an integer is required": plain minutes go in as int.
+# fails as "an integer is required": every limit goes in as whole minutes, read as sbatch reads it
+# (model.slurm_time); a form that is not a Slurm time goes through for pyslurm to refuse.
 _MINUTES = frozenset({"time_limit", "time_limit_min"})
+
+
+def _limit(value: str) -> int | str:
+    try:
+        minutes = limit_minutes(value)
+    except ValueError:
+        return value
+    return value if minutes is None else minutes
 
 
 def submit_fields(options: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
@@ -264,8 +274,8 @@ def submit_fields(options: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
             fields["resource_sharing"] = value or "no"
         elif opt.flag is not None and value is None:
             fields[opt.attr] = opt.flag  # type: ignore[index]
-        elif opt.attr in _MINUTES and value is not None and value.isdigit():
-            fields[opt.attr] = int(value)
+        elif opt.attr in _MINUTES and value is not None:
+            fields[opt.attr] = _limit(value)
         else:
             fields[opt.attr] = value  # type: ignore[index]
     if gres:

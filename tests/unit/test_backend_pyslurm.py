@@ -89,7 +89,7 @@ def test_options_become_submit_fields_args_first() -> None:
     assert submit_fields(_parse_argv(["--gpus-per-node=h100:4", "-H", "-t", "30",
                                       "--time-min=1:00:00"])) == {
         "gres_per_node": "gpu:h100:4", "priority": 0, "time_limit": 30,
-        "time_limit_min": "1:00:00"}
+        "time_limit_min": 60}
 
 
 class _Obj:
