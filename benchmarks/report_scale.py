@@ -198,7 +198,7 @@ def write_spool(root: Path, tpl: dict[str, Any], jobs: list[Job]) -> None:
 def old_build_reports(jobs: list[Any], spool: Path) -> list[Any]:
     """The fleet path before compact summaries: newest full record of each job, read whole."""
     from slurmpod.cli.report import spool_index
-    from slurmpod.report.model import build_job_report
+    from slurmpod.report.build import build_job_report
 
     index = spool_index(spool)
     out = []
@@ -382,9 +382,9 @@ def main() -> int:
         if args.sacct_json and sizes:
             sacct_json_compare(sizes[0])
         if args.html and sizes:
+            from slurmpod.report.build import build_job_report
             from slurmpod.report.fleet import build_fleet
             from slurmpod.report.html import fleet_html
-            from slurmpod.report.model import build_job_report
             from slurmpod.report.sacct import jobs_from_text
 
             rnd = random.Random(7)

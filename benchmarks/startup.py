@@ -46,7 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     compileall.compile_dir(ROOT / "slurmpod", quiet=1)
     times: dict[str, list[float]] = {"bare python": [], **{name: [] for name in COMMANDS}}
-    for name, extra in COMMANDS.items():  # one warm-up each: the page cache, not the figure
+    for extra in COMMANDS.values():  # one warm-up each: the page cache, not the figure
         wall_ms([*ENTRY, *extra])
     for _ in range(args.runs):
         times["bare python"].append(wall_ms(BARE))

@@ -409,7 +409,9 @@ def _summarise(got: StreamedRead, job: dict[str, Any], job_id: str, log_path: st
                summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
                opts: EpilogOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     if summarise is None:
-        from slurmpod.accounting.figures import summarise_log as summarise
+        from slurmpod.accounting.figures import summarise_log
+
+        summarise = summarise_log
     gpu: SiteGpu | None = job.get("site_gpu")
     peak = gpu.peak_tflops if gpu else opts.peak_tflops
     try:

@@ -246,6 +246,7 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
                                peak_fp8=fp8_peak)
     summary["implausible"] = plausible.joined(plausible.reasons(summary))
     ser = m.series
+    assert ser is not None  # job_metrics keeps the series unless told series=False
     idx = _downsample(np.arange(len(ser)), SERIES_MAX_POINTS)
     series: dict[str, Any] = {
         "iter": [int(x) for x in ser.iteration[idx]],

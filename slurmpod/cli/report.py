@@ -193,7 +193,7 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
                   usage: dict[str, Usage] | None = None) -> list[JobReport]:
     """One report per job. Without the series (a fleet) each job's compact summary is read
     instead of its record: 10,000 full records are ~330 MB of JSON, their summaries ~12 MB."""
-    from slurmpod.report.model import build_job_report
+    from slurmpod.report.build import build_job_report
 
     index = _spool_paths(spool, compact=not with_series)
 
@@ -243,8 +243,8 @@ def _cpus() -> int:
 
 def _fleet_rows(jobs: list[SacctJob], index: dict[str, str],
                 progress: bool) -> tuple[list[JobRow], int]:
+    from slurmpod.report.build import build_job_report
     from slurmpod.report.fleet import rows_of
-    from slurmpod.report.model import build_job_report
 
     def reports(part: Iterable[SacctJob]) -> Iterator[JobReport]:
         for sj in part:
@@ -498,7 +498,7 @@ def _watch(job_id: str, site: str | None, spool: Path, interval: float,
             prog = Progress(r.figures.last_iter, source="comment")
         return Frame(r, prog, datetime.now().strftime("%H:%M:%S"))
 
-    out = click.get_text_stream("stdout")
+    out = sys.stdout  # not click.get_text_stream: deprecated since click 8.5
     rc = watch(fetch, out, interval_s=interval, count=count, tty=out.isatty(),
                sleep=time.sleep)
     if rc:

@@ -32,7 +32,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device, speed_name
 from slurmpod.fabric.switch_links import Pos, check_switch_links, is_slow
@@ -166,9 +166,13 @@ class _Ctx:
         return out
 
     def add(self, kind: str, subject: str, message: str, fix: str, *,
-            severity: str = "error", **where: str | int | None) -> None:
-        """`where`: the location fields of `Finding` (node, hca, guid, rail, switch, ...)."""
-        self.findings.append(Finding(kind, severity, subject, message, fix, **where))
+            severity: str = "error", node: str | None = None, hca: str | None = None,
+            guid: str | None = None, rail: int | None = None, switch: str | None = None,
+            port: int | None = None, cage: int | None = None, cable: str | None = None) -> None:
+        """The keywords after `severity` are the location fields of `Finding`."""
+        self.findings.append(Finding(kind, severity, subject, message, fix, node=node, hca=hca,
+                                     guid=guid, rail=rail, switch=switch, port=port, cage=cage,
+                                     cable=cable))
 
     def name(self, node: FabricNode) -> str:
         return self.to_plan.get(node.node_id) or (node.name or node.node_id)
@@ -296,8 +300,8 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
     for sw in fabric.switches():
         if sw.node_id in ctx.to_plan:
             continue
-        cas = carriers.get(sw.node_id, set())
-        if cas and not cas & compute_ids:
+        carried = carriers.get(sw.node_id, set())
+        if carried and not carried & compute_ids:
             apart_switches.add(sw.node_id)
     for sw_id in list(apart_switches):  # their uplink switches too, when only storage is below
         for port in nodes[sw_id].ports.values():
@@ -344,11 +348,11 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
     gone = {s.name for s in missing_switches}
     mixed = _check_node_links(ctx, compute, attach, gone)
     check_switch_links(ctx, apart_switches, gone)
-    for sw in missing_switches:
-        ctx.add("switch-missing", sw.name,
-                f"{ctx.role(sw.name)} is not in the fabric: powered off, or every link of it is "
-                "down", f"power on / reach {sw.name} and rerun ibnetdiscover; its cables were not "
-                "checked", switch=sw.name, rail=sw.rail)
+    for lost in missing_switches:
+        ctx.add("switch-missing", lost.name,
+                f"{ctx.role(lost.name)} is not in the fabric: powered off, or every link of it is "
+                "down", f"power on / reach {lost.name} and rerun ibnetdiscover; its cables were "
+                "not checked", switch=lost.name, rail=lost.rail)
     for sw in fabric.switches():
         if sw.node_id in ctx.to_plan or sw.node_id in apart_switches:
             continue
@@ -400,8 +404,15 @@ def _apart(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]
             "at": _where(ctx, ca, attach), "reason": reason}
 
 
-def _at(ctx: _Ctx, ca: FabricNode,
-        attach: dict[str, tuple[FabricNode, Port]]) -> dict[str, str | int | None]:
+class _PortAt(TypedDict, total=False):
+    """The switch-end location fields of `Finding` (keywords of `_Ctx.add`)."""
+
+    switch: str
+    port: int
+    cage: int | None
+
+
+def _at(ctx: _Ctx, ca: FabricNode, attach: dict[str, tuple[FabricNode, Port]]) -> _PortAt:
     """Location fields of the switch port a CA is cabled to (empty when it has none)."""
     at = attach.get(ca.node_id)
     if at is None:
@@ -558,7 +569,7 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
     """HCA cables against the plan; returns the leaves that see a foreign rail."""
     plan = ctx.plan
     want = plan.link_gbps
-    missing: dict[str, list] = defaultdict(list)
+    missing: dict[str, list[NodeLink]] = defaultdict(list)
     per_node: dict[str, int] = defaultdict(int)
     misplaced: dict[tuple[str, str], tuple[Pos, Pos, int | None]] = {}
     slow: list[tuple[str, str, Pos, Port]] = []
@@ -589,17 +600,17 @@ def _check_node_links(ctx: _Ctx, compute: dict[tuple[str, str], FabricNode],
                     node=node)
             continue
         for nl in links:
-            rail = "" if nl.rail is None else f" (rail {nl.rail})"
+            on_rail = "" if nl.rail is None else f" (rail {nl.rail})"
             end = plan.port_label(nl.leaf, nl.port)
             ctx.add("missing-link", f"{nl.node} {nl.hca}",
-                    f"{nl.node} {nl.hca}{rail} has no link to {end}",
+                    f"{nl.node} {nl.hca}{on_rail} has no link to {end}",
                     f"reseat or replace the cable {nl.node} {nl.hca} <-> {end} (port down on "
                     "either end)", node=nl.node, hca=nl.hca, rail=nl.rail, switch=nl.leaf,
                     port=nl.port, cage=plan.cage(nl.port), cable=f"{nl.node} {nl.hca} <-> {end}")
 
     mixed = {actual[0] for actual, _e, rail in misplaced.values()
-             if rail is not None and (sw := ctx.planned.get(actual[0])) is not None
-             and sw.tier == "leaf" and sw.rail is not None and sw.rail != rail}
+             if rail is not None and (got_sw := ctx.planned.get(actual[0])) is not None
+             and got_sw.tier == "leaf" and got_sw.rail is not None and got_sw.rail != rail}
     occupant = {actual: key for key, (actual, _e, _r) in misplaced.items()}
     done: set[tuple[str, str]] = set()
     _whole_node_moves(ctx, misplaced, per_node, done)
@@ -656,7 +667,7 @@ def _whole_node_moves(ctx: _Ctx, misplaced: dict[tuple[str, str], tuple[Pos, Pos
         pairs = zip(got, exp, strict=True)
         if any(g is None or g.su is None or g.rail != e.rail for g, e in pairs):
             continue
-        sus = {g.su for g in got if g is not None}
+        sus = {g.su for g in got if g is not None and g.su is not None}
         if len(sus) != 1 or exp[0].su in sus:
             continue
         other = inv.su_names[sus.pop()]

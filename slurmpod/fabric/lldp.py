@@ -181,7 +181,7 @@ def parse_neighbours(doc: Any, host: str, where: str = "<lldp>") -> list[Neighbo
     if lldp is None:
         raise ConfigError("no 'lldp' key; expected `lldpcli -f json show neighbors` output",
                           file=where)
-    out = []
+    out: list[Neighbour] = []
     lldp = _first(lldp) if isinstance(lldp, list) else lldp
     if not isinstance(lldp, dict):
         return out

@@ -186,7 +186,7 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
                         f"{host} reports {len(node.gpus)} GPU(s), its node type has {nt.gpus}",
                         "check that every GPU is visible (nvidia-smi -L, dmesg for Xid/fallen "
                         "off the bus) and capture nvidia-smi -q again", node=host))
-        keys = Counter()
+        keys: Counter[tuple[str, str]] = Counter()  # (ClusterUUID, CliqueId) -> GPUs
         for g in node.gpus:
             subject = f"{host} GPU {g.bus_id}"
             if not g.ready:
@@ -218,16 +218,16 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
         if votes:
             domain_key[dom] = votes.most_common(1)[0][0]
     owner: dict[tuple[str, str], int] = {}
-    for dom, key in domain_key.items():
-        if key in owner:
-            a, b = inv.domain_names[owner[key]], inv.domain_names[dom]
+    for dom, dkey in domain_key.items():
+        if dkey in owner:
+            a, b = inv.domain_names[owner[dkey]], inv.domain_names[dom]
             add(Finding("nvlink-merged-domains", "error", f"{a}+{b}",
-                        f"racks {a} and {b} report one NVLink domain {key[0]} clique {key[1]}: "
+                        f"racks {a} and {b} report one NVLink domain {dkey[0]} clique {dkey[1]}: "
                         "the site has them as two NVLink domains",
                         "check the site's rack layout (nodes_per_rack, naming.hostname) against "
                         "the racks, or the node names of the trays", node=None))
         else:
-            owner[key] = dom
+            owner[dkey] = dom
     for dom, names in sorted(members.items()):
         dname = inv.domain_names[dom]
         for host in names:

@@ -66,6 +66,11 @@ def _text(v: Any) -> str:
     return s if len(s) <= MAX_TEXT else s[:MAX_TEXT - 1] + "…"
 
 
+def _table(v: Any) -> Mapping[str, Any]:
+    """A record's sub-table, or an empty one when absent or not a table."""
+    return v if isinstance(v, Mapping) else {}
+
+
 def _num(v: Any) -> float | None:
     if v is None or isinstance(v, bool):
         return None
@@ -131,9 +136,10 @@ def telemetry_of(doc: Any, summary: Any = None) -> Telemetry | None:
             out.append(tuple(col))
         return tuple(out)
 
-    src = summary.get("src") if isinstance(summary, Mapping) else None
+    src = _table(summary).get("src")
     return Telemetry(tuple(_text(r) for r in rows), tuple(x - t[0] for x in t),
-                     grouped("util"), grouped("power_w"), SOURCE_TEXT.get(src, ""))
+                     grouped("util"), grouped("power_w"),
+                     SOURCE_TEXT.get(src, "") if isinstance(src, str) else "")
 
 
 SOURCE_TEXT = {"dcgm": "DCGM job statistics", "prometheus": "the DCGM exporter (Prometheus)",
@@ -164,8 +170,8 @@ def extras_from(record: Mapping[str, Any] | None, *, log_head: bytes = b"",
                 script_attempts: Sequence[Any] = (), gpus: int = 0,
                 typical: tuple[float, float, str] | None = None) -> JobExtras:
     """Pure: the extras of a job from its spool record and the head of its log."""
-    rec = record if isinstance(record, Mapping) else {}
-    comment = rec.get("comment") if isinstance(rec.get("comment"), Mapping) else {}
+    rec = _table(record)
+    comment = _table(rec.get("comment"))
     run = comment.get("run") if isinstance(comment.get("run"), str) else None
     args = None
     if log_head:
@@ -189,9 +195,9 @@ def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,
     from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
     from slurmpod.runs.local import attempts_of_log
 
-    rec = record if isinstance(record, Mapping) else {}
-    log = rec.get("log") if isinstance(rec.get("log"), Mapping) else {}
-    job = rec.get("job") if isinstance(rec.get("job"), Mapping) else {}
+    rec = _table(record)
+    log = _table(rec.get("log"))
+    job = _table(rec.get("job"))
     path, uid = str(log.get("path") or ""), job.get("uid")
     head = b""
     atts: Sequence[Any] = ()

@@ -67,7 +67,7 @@ def dashboard() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def exposition() -> str:
-    from slurmpod.report.model import build_job_report
+    from slurmpod.report.build import build_job_report
     from slurmpod.report.sacct import SacctJob
 
     r = job_report()  # a job report: GPU telemetry and energy included

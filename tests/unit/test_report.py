@@ -11,10 +11,10 @@ import pytest
 
 from slurmpod.config import load_site, resolve_site_path
 from slurmpod.model.site import Inventory
+from slurmpod.report.build import build_job_report
 from slurmpod.report.model import (
     Figures,
     LogHints,
-    build_job_report,
     figures_from_spool,
     split_loss,
     stability_of,

@@ -144,8 +144,8 @@ def test_html_escapes_job_names(fake_sacct: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import dataclasses
 
+    from slurmpod.report.build import build_job_report
     from slurmpod.report.html import job_html
-    from slurmpod.report.model import build_job_report
     from slurmpod.report.sacct import parse_sacct_jobs
 
     sj = parse_sacct_jobs((DATA / "sacct-handmade-22.05.json").read_text())[0]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, build_fleet, weighted_median
-from slurmpod.report.model import build_job_report
 from slurmpod.report.prom import escape_label, fleet_exposition, job_exposition
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, JobRow, build_fleet
-from slurmpod.report.model import build_job_report
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 from slurmpod.report.text import fleet_text
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from slurmpod.config import load_site, resolve_site_path
+from slurmpod.report.build import build_job_report
 from slurmpod.report.extras import (
     JobExtras,
     extras_from,
@@ -38,7 +39,7 @@ from slurmpod.report.html import (
     per_token,
     verdict_of,
 )
-from slurmpod.report.model import Note, build_job_report
+from slurmpod.report.model import Note
 from slurmpod.report.plots import nice_ticks, tick_label
 from slurmpod.report.sacct import Attempt as SacctAttempt
 from slurmpod.report.sacct import SacctJob, parse_sacct_jobs
@@ -386,7 +387,7 @@ def test_units() -> None:
 
 
 def fleet_page(n: int = 40) -> str:
-    from slurmpod.report.model import build_job_report
+    from slurmpod.report.build import build_job_report
 
     sj = sacct_job()
     reports = []

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from slurmpod.config import load_site, resolve_site_path
+from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import build_fleet
-from slurmpod.report.model import build_job_report
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 from tests.helpers import LOADED, segments
 

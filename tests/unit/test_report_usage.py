@@ -19,7 +19,7 @@ from slurmpod.backends.parse import (
     tres_values,
 )
 from slurmpod.model.jobs import JobRecord, JobState
-from slurmpod.report.model import build_job_report
+from slurmpod.report.build import build_job_report
 from slurmpod.report.rules import mem_request, time_request
 from slurmpod.report.sacct import Attempt, SacctJob, Usage, parse_usage, usage_argv
 from slurmpod.report.text import job_text

@@ -15,7 +15,8 @@ import pytest
 
 from slurmpod.cli.main import main
 from slurmpod.model.jobs import JobRecord, JobState
-from slurmpod.report.model import JobReport, build_job_report
+from slurmpod.report.build import build_job_report
+from slurmpod.report.model import JobReport
 from slurmpod.report.sacct import Attempt, SacctJob
 from slurmpod.report.watch import (
     CLEAR,

@@ -308,8 +308,8 @@ def test_job_prometheus_with_a_hostile_name_passes_promtool(hostile_sacct: Path)
 def test_fleet_csv_quotes_any_line_break_in_a_name(name: str) -> None:
     # Python's csv writer quotes only the characters of its lineterminator: with "\n" alone a
     # bare \r went out unquoted, which CSV readers (and spreadsheets) take as a new row.
+    from slurmpod.report.build import build_job_report
     from slurmpod.report.fleet import CSV_COLUMNS, build_fleet
-    from slurmpod.report.model import build_job_report
 
     d = sacct_delimiter()
     out, _ = fleet(name=name, delimiter=d)

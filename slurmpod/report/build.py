@@ -1,0 +1,76 @@
+"""A job's report assembled: its figures, losses, stability and placement (report/model.py),
+efficiency, then the notes judged on it (report/rules.py). Apart from model.py so that the
+rules can read a built report without model.py importing them back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from slurmpod.model.site import Inventory
+from slurmpod.report.model import (
+    JobReport,
+    LogHints,
+    _site_peak,
+    choose_figures,
+    efficiency_of,
+    implausible_reasons,
+    params_estimate,
+    split_loss,
+    stability_of,
+)
+from slurmpod.report.placement import placement_of
+from slurmpod.report.rules import notes_for
+from slurmpod.report.sacct import SacctJob, Usage
+
+
+def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = None,
+                     inventory: Inventory | None = None, log_hints: LogHints | None = None,
+                     typical_mfu: Mapping[str, float] | None = None,
+                     with_series: bool = True, with_notes: bool = True,
+                     usage: Usage | None = None) -> JobReport:
+    job = sj.record
+    site_peak = _site_peak(job.nodes, inventory) if job.state.is_active else None
+    fig = choose_figures(job, spool_record, site_peak)
+    gpus = job.n_gpus or fig.gpus or 0
+    attempts = sj.attempts or ()
+    elapsed = [a.elapsed_s for a in attempts] or [job.elapsed_s]
+    loss = split_loss(gpus, elapsed, fig)
+    series: dict[str, list[Any]] = {}
+    if spool_record is not None and with_series:
+        series = {k: list(v) for k, v in (spool_record.get("series") or {}).items()
+                  if isinstance(v, list)}
+    # Stability feeds the notes and the job page; a fleet row (neither) does not read it.
+    stab = (stability_of(series, fig)
+            if (with_notes or with_series) and fig.has_training
+            and (series or (fig.iter_ms and fig.iter_ms.p10 is not None))
+            else None)
+    placement = placement_of(job.nodes, inventory) if inventory is not None and job.nodes else None
+    if job.state.is_active:
+        status = "running"
+        text = (f"job is {job.state}: partial report"
+                + (", live figures from the job's Comment" if fig.source == "live_comment"
+                   else ", no figures yet") + "; final figures come when it ends")
+    elif fig.has_training:
+        status, text = "complete", f"figures from the {fig.source.replace('_', ' ')}"
+    else:
+        status = "no-training-log"
+        why = f" ({fig.err})" if fig.err else ""
+        text = ("no training log figures for this job" + why
+                + ": identity and placement only")
+    report = JobReport(job=job, attempts=tuple(attempts), status=status, status_text=text,
+                       figures=fig, loss=loss, stability=stab, placement=placement,
+                       params_b=params_estimate(fig, gpus), series=series,
+                       implausible=implausible_reasons(
+                           fig, len(elapsed) > 1 or fig.log_restarts > 0))
+    if not with_notes:
+        return report
+    report = replace(report, efficiency=efficiency_of(report, usage, spool_record))
+    eff = report.efficiency
+    if status == "no-training-log" and eff is not None and (eff.usage or eff.gpu):
+        # Not a Megatron job (or no log): the seff/jobstats part is the report.
+        report = replace(report, status_text=text.replace(
+            "identity and placement only", "efficiency from Slurm and the GPUs, no MFU"))
+    notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
+    return replace(report, notes=tuple(notes))
