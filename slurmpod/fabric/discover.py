@@ -23,6 +23,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from slurmpod.errors import ConfigError
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device
@@ -392,82 +393,81 @@ _GPU_BY_GBPS = {  # a guess from the link rate; the draft marks it TODO
 }
 
 
-def _radix_note(radix: int, seen: int) -> str:
+def _radix_note(key: str, radix: int, seen: int) -> list[str]:
     if radix == seen or not seen:
-        return ""
-    return (f"  # the switches report {seen} ports; {radix} reproduces their cabling with the "
-            "plan's port layout")
+        return []
+    return [f"# fabric.{key} = {radix}: the switches report {seen} ports; {radix} reproduces "
+            "their cabling with the plan's port layout"]
 
 
 def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> str:
     """A site file `config.load_site` accepts; hardware fields it cannot see are TODO.
 
     Host names are the ones the fabric showed, written as a Slurm hostlist per SU group
-    (`su_groups.hosts`, each SU in leaf-port order): never a name derived from a pattern."""
+    (`su_groups.hosts`, each SU in leaf-port order): never a name derived from a pattern.
+    Written with tomli-w, which writes no comments: what is a placeholder, and why, is said in
+    the header."""
+    import tomli_w
+
     from slurmpod.model.hostlist import compress
 
     model, gpu_name, peak, hbm = _GPU_BY_GBPS.get(d.link_gbps, ("gpu", "unknown GPU", 989, 80))
     n_rails = max(1, len(d.rails))
     gpus = 8
-    lines = [
+    head = [
         f"# Draft site discovered by `slurmpod topo discover` from {source}.",
         "# The fabric (SUs, rails, switches, link rate, host names) comes from the fabric;",
-        "# everything marked TODO is a placeholder ibnetdiscover cannot see: fill it in before",
-        "# generating for real.",
-        "",
-        "[site]",
-        f'name = "{name}"',
-        f'description = "discovered: {sum(len(s) for s in d.sus)} nodes in {len(d.sus)} SUs"',
-        "",
-        "[slurm]",
-        f'cluster_name = "{name}"',
-        'topology = "tree"',
-        "",
-    ]
-    type_rails = d.type_rails or [d.rails]
-    type_names = ["discovered"] + [f"discovered-{i + 1}" for i in range(1, len(type_rails))]
-    for t_name, rails in zip(type_names, type_rails, strict=True):
-        lines += [
-            f"[node_types.{t_name}]",
-            f"gpus = {gpus}  # TODO: GPUs per node",
-            f'gpu = {{ model = "{model}", name = "{gpu_name}", peak_tflops_bf16 = {peak}, '
-            f"hbm_gib = {hbm} }}  # TODO: guessed from the {d.link_gbps} Gb/s links",
-            "sockets = 2  # TODO",
-            "cores_per_socket = 56  # TODO",
-            "threads_per_core = 2  # TODO",
-            "memory_mib = 2000000  # TODO: RealMemory",
-            "# TODO: real PCI bus ids and NUMA nodes (nvidia-smi topo -m; lspci -D | grep -i "
-            "mellanox)",
-            "gpu_pci = [",
-        ]
-        lines += [f'  {{ bus_id = "0000:{0x10 + i:02x}:00.0", numa = {i * 2 // gpus} }},'
-                  for i in range(gpus)]
-        lines += ["]", "hcas = ["]
-        for r, dev in enumerate(rails):
-            lines.append(f'  {{ device = "{dev}", rail = {r}, bus_id = "0000:{0x80 + r:02x}:00.0"'
-                         f", numa = {r * 2 // n_rails} }},")
-        for i, dev in enumerate(x for x in d.storage_hcas if x not in rails):
-            lines.append(f'  {{ device = "{dev}", role = "storage", bus_id = '
-                         f'"0000:{0xc0 + i:02x}:00.0", numa = 1 }},')
-        lines += ["]", ""]
-    lines += [
-        "[fabric]",
-        'kind = "infiniband"',
-        f"rails = {n_rails}",
-        f"link_gbps = {d.link_gbps}",
-        f"sharp = {'true' if d.sharp else 'false'}",
-        f"rail_optimised = {'true' if d.rail_optimised else 'false'}",
-        f"leaf_radix = {d.leaf_radix}" + _radix_note(d.leaf_radix, d.ports_seen[0]),
-        f"spine_radix = {d.spine_radix}" + _radix_note(d.spine_radix, d.ports_seen[1]),
-        f"oversubscription = {d.oversubscription!r}",
-        f'spine_groups = "{d.spine_groups}"',
+        "# everything below marked TODO is a placeholder ibnetdiscover cannot see: fill it in",
+        "# before generating for real.",
+        "# TODO node_types.*: gpus (GPUs per node), sockets, cores_per_socket, threads_per_core,",
+        "#   memory_mib (RealMemory);",
+        f"#   gpu: guessed from the {d.link_gbps} Gb/s links;",
+        "#   gpu_pci and hcas: real PCI bus ids and NUMA nodes (nvidia-smi topo -m;",
+        "#   lspci -D | grep -i mellanox).",
+        "# TODO su_groups.nodes_per_rack: racks are invisible to ibnetdiscover.",
+        *_radix_note("leaf_radix", d.leaf_radix, d.ports_seen[0]),
+        *_radix_note("spine_radix", d.spine_radix, d.ports_seen[1]),
     ]
     if d.switch_model:
-        lines.append(f'switch_model = "{d.switch_model}"  # from the switches\' device id')
+        head.append("# fabric.switch_model: from the switches' device id.")
+    type_rails = d.type_rails or [d.rails]
+    type_names = ["discovered"] + [f"discovered-{i + 1}" for i in range(1, len(type_rails))]
+    node_types: dict[str, Any] = {}
+    for t_name, rails in zip(type_names, type_rails, strict=True):
+        hcas: list[dict[str, Any]] = [
+            {"device": dev, "rail": r, "bus_id": f"0000:{0x80 + r:02x}:00.0",
+             "numa": r * 2 // n_rails} for r, dev in enumerate(rails)]
+        hcas += [{"device": dev, "role": "storage", "bus_id": f"0000:{0xc0 + i:02x}:00.0",
+                  "numa": 1} for i, dev in enumerate(x for x in d.storage_hcas if x not in rails)]
+        node_types[t_name] = {
+            "gpus": gpus, "sockets": 2, "cores_per_socket": 56, "threads_per_core": 2,
+            "memory_mib": 2000000,
+            "gpu": {"model": model, "name": gpu_name, "peak_tflops_bf16": peak, "hbm_gib": hbm},
+            "gpu_pci": [{"bus_id": f"0000:{0x10 + i:02x}:00.0", "numa": i * 2 // gpus}
+                        for i in range(gpus)],
+            "hcas": hcas,
+        }
+    fabric: dict[str, Any] = {
+        "kind": "infiniband", "rails": n_rails, "link_gbps": d.link_gbps, "sharp": d.sharp,
+        "rail_optimised": d.rail_optimised, "leaf_radix": d.leaf_radix,
+        "spine_radix": d.spine_radix, "oversubscription": d.oversubscription,
+        "spine_groups": d.spine_groups,
+    }
+    if d.switch_model:
+        fabric["switch_model"] = d.switch_model
     if d.uplink_cabling != "spread":
-        lines.append(f'uplink_cabling = "{d.uplink_cabling}"')
-    lines.append("")
+        fabric["uplink_cabling"] = d.uplink_cabling
+    body = {
+        "site": {"name": name,
+                 "description": f"discovered: {sum(len(s) for s in d.sus)} nodes in "
+                                f"{len(d.sus)} SUs"},
+        "slurm": {"cluster_name": name, "topology": "tree"},
+        "node_types": node_types,
+        "fabric": fabric,
+    }
+    parts = ["\n".join(head) + "\n\n" + tomli_w.dumps(body)]
     # Consecutive SUs of one size and node type form one group; hosts as seen, SU by SU.
+    # `[[su_groups]]` tables as the example sites write them (tomli-w would inline them).
     su_type = d.su_type or [0] * len(d.sus)
     runs: list[list[int]] = []  # [first SU, count, size, type]
     for i, su in enumerate(d.sus):
@@ -477,8 +477,7 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
             runs.append([i, 1, len(su), su_type[i]])
     for first, count, size, t in runs:
         hosts = [h for su in d.sus[first:first + count] for h in su]
-        lines += ["[[su_groups]]", f'node_type = "{type_names[t]}"', f"sus = {count}",
-                  f"nodes_per_su = {size}",
-                  f"nodes_per_rack = {size}  # TODO: racks are invisible to ibnetdiscover",
-                  f'hosts = "{compress(hosts)}"', ""]
-    return "\n".join(lines)
+        parts.append("[[su_groups]]\n" + tomli_w.dumps({
+            "node_type": type_names[t], "sus": count, "nodes_per_su": size,
+            "nodes_per_rack": size, "hosts": compress(hosts)}))
+    return "\n".join(parts)

@@ -13,7 +13,6 @@ padded vocabulary, VPP from `num_layers_per_virtual_pipeline_stage`.
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -543,25 +542,10 @@ def preset_path(name: str) -> Path:
                       + f"presets: {', '.join(list_presets())}")
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    # JSON string escapes are valid TOML basic-string escapes; TOML also forbids a raw DEL.
-    return json.dumps(str(v), ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
 def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
     """A run spec dict ({'job': {...}, 'megatron': {...}}) as TOML text; None values are left
     out (TOML has no null, and Megatron's default is what None means)."""
-    lines: list[str] = []
-    for table, body in data.items():
-        lines.append(f"[{table}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
-        lines.append("")
-    return "\n".join(lines)
+    import tomli_w
+
+    return tomli_w.dumps({table: {k: v for k, v in body.items() if v is not None}
+                          for table, body in data.items()})

@@ -222,11 +222,13 @@ def store_path(site_path: Path) -> Path:
 
 
 def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
+    import tomli_w
+
     from slurmpod.fsutil import write_atomic
 
+    body = {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8, "jobs": n_jobs}
     write_atomic(path, "# slurmpod calibrate: efficiency factors fitted on this site's jobs\n"
-                       f'generation = "{generation}"\ngemm = {eff.gemm}\nfp8 = {eff.fp8}\n'
-                       f"jobs = {n_jobs}\n")
+                 + tomli_w.dumps(body))
 
 
 def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency | None:
