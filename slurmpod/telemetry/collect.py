@@ -43,12 +43,15 @@ def chosen_sources(env: Mapping[str, str]) -> list[str]:
 def collect_for_epilog(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, *,
                        log_path: str, model: str | None = None,
                        read_file: Callable[[str, int, int], bytes] | None = None,
-                       path_env: str | None = None
+                       path_env: str | None = None, comment: Mapping[str, Any] | None = None
                        ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, str]]:
-    """(summary.gpu, record.gpu, why each source tried gave nothing). Never raises."""
+    """(summary.gpu, record.gpu, why each source tried gave nothing). Never raises.
+    `comment`: the job's Comment as the caller decoded it (the accounting record's reader), for
+    the monitor's summary in it; telemetry does not read the record's format itself."""
     tried: dict[str, str] = {}
     try:
-        return _collect(job, env, run, log_path, model, read_file, path_env, tried)
+        return _collect(job, env, run, log_path, model, read_file, path_env, comment or {},
+                        tried)
     except Exception as exc:  # a bug must not cost the job's record
         log.exception("job %s: GPU telemetry failed", job.get("job_id"))
         tried["error"] = type(exc).__name__
@@ -57,7 +60,7 @@ def collect_for_epilog(job: Mapping[str, Any], env: Mapping[str, str], run: Run 
 
 def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, log_path: str,
              model: str | None, read_file: Callable[[str, int, int], bytes] | None,
-             path_env: str | None, tried: dict[str, str]
+             path_env: str | None, comment: Mapping[str, Any], tried: dict[str, str]
              ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, str]]:
     from slurmpod.model.hostlist import expand as expand_hosts
 
@@ -100,10 +103,7 @@ def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, lo
 
             got = sacct_telemetry(run, job_id)
         elif src == "comment":
-            from slurmpod.accounting.hooks import decode_field
-
-            doc = decode_field(job.get("comment")) or {}
-            summary = clean_gpu_summary(tcomment.expand(doc.get(tcomment.KEY)), model=model,
+            summary = clean_gpu_summary(tcomment.expand(comment.get(tcomment.KEY)), model=model,
                                         max_gpus=gpus)
             if summary is None:
                 tried[src] = "none"
