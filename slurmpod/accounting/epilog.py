@@ -437,7 +437,8 @@ def _gpu_telemetry(job: dict[str, Any], env: Mapping[str, str], log_path: str,
 
     got, part, tried = collect_for_epilog(job, env, opts.gpu_run, log_path=log_path,
                                           model=gpu.model if gpu else None, read_file=read,
-                                          path_env=env.get("PATH"))
+                                          path_env=env.get("PATH"),
+                                          comment=hooks.decode_field(job.get("comment")))
     if got is not None:
         summary["gpu"] = got
     if tried:
