@@ -187,9 +187,9 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         leaf_hosts[leaf].add(host)
         leaf_rails[leaf][r] += 1
         per_host_leaf[host][leaf] += 1
-        g = port.gbps
-        if g:
-            gbps[round(g)] += 1
+        link_gbps = port.gbps
+        if link_gbps:
+            gbps[round(link_gbps)] += 1
     rail_optimised = multi * 2 < len(compute)
 
     # Merge leaves into SUs (rail-optimised) — or one SU per leaf (rack leaves).
@@ -207,16 +207,16 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
                     parent[b] = a
     group_hosts: dict[str, list[str]] = defaultdict(list)
     root = {leaf: _find(parent, leaf) for leaf in parent}
-    for host, leaves in per_host_leaf.items():
+    for host, host_leaves in per_host_leaf.items():
         votes: Counter[str] = Counter()
-        for leaf, n in leaves.items():
+        for leaf, n in host_leaves.items():
             votes[root[leaf]] += n
         best = next(iter(votes)) if len(votes) == 1 else \
             min(votes.items(), key=lambda kv: (-kv[1], natural_key(kv[0])))[0]
         group_hosts[best].append(host)
     groups = sorted(group_hosts, key=lambda g: natural_key(min(group_hosts[g], key=natural_key)))
 
-    def port_order(h: str) -> tuple[object, ...]:
+    def port_order(h: str) -> tuple[int, tuple[object, ...]]:
         ports = host_ports[h]
         return (ports[min(ports)] if ports else 0, natural_key(h))
 

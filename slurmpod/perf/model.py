@@ -448,8 +448,10 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
     if pp == 1:
         stage_layers_list = [(float(n_layers + mtp_layers), t_logits)]
     else:
-        last = c.last_stage_layers
-        if last is None:
+        last: float
+        if c.last_stage_layers is not None:
+            last = c.last_stage_layers
+        else:
             fixed = [x for x in (c.first_stage_layers,) if x is not None]
             last = (n_layers - sum(fixed)) / max(1, pp - len(fixed))
         stage_layers_list = [(float(first), 0.0), (float(most), 0.0),

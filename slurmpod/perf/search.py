@@ -207,7 +207,7 @@ def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
            "recompute_modules": base.recompute_modules}
     full = {"recompute_granularity": "full", "recompute_method": "uniform",
             "recompute_num_layers": 1}
-    ladder = [none, sel]
+    ladder: list[dict[str, Any]] = [none, sel]
     if base.recompute_granularity == "selective" and set(base.recompute_modules) - {"core_attn"}:
         ladder.append(own)
     ladder.append(full)

@@ -224,7 +224,8 @@ def plan_fabric(site: Site) -> FabricPlan:
                 g = r if per_rail else 0
                 leaves.append(Switch(name, "leaf", r_leaf, g, su=su, rail=r))
                 groups.setdefault(g, []).append(name)
-        hcas_by_type = {t: [(h.device, h.rail) for h in nt.compute_hcas]
+        # (`h.rail is not None` holds for every compute HCA: the site model checks it)
+        hcas_by_type = {t: [(h.device, h.rail) for h in nt.compute_hcas if h.rail is not None]
                         for t, nt in site.node_types.items()}
         # tuple.__new__ skips NamedTuple's Python-level __new__: 2x faster at 100k links.
         node_links = [
