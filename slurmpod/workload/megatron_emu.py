@@ -446,6 +446,7 @@ class Collective:
         self.rfile: Any = None
         self.server: socket.socket | None = None
         self.start_iteration = 0
+        self.nonce = ""
 
     # rank 0 ----------------------------------------------------------------------------------
     def listen(self) -> None:
@@ -458,7 +459,10 @@ class Collective:
         from slurmpod.fsutil import write_atomic
 
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.file, f"{self.server.getsockname()[0]} {port} {os.getpid()}\n")
+        # The nonce: a stale file (an earlier job with the same ids, or another job's rank 0
+        # now on that port) can only lead a rank to a rank 0 that refuses it.
+        self.nonce = os.urandom(8).hex()
+        write_atomic(self.file, f"{self.server.getsockname()[0]} {port} {self.nonce}\n")
 
     def accept_all(self, iteration: int) -> None:
         """Wait for the other world_size - 1 ranks; tell each the iteration to start from."""
@@ -475,7 +479,8 @@ class Collective:
                 conn.settimeout(self.timeout_s)
                 fh = conn.makefile("rwb")
                 words = fh.readline().split()
-                if len(words) != 4 or words[0] != b"EMU1" or not words[1].isdigit():
+                if len(words) != 5 or words[0] != b"EMU1" or not words[1].isdigit() \
+                        or words[4].decode(errors="replace") != self.nonce:
                     conn.close()  # not one of ours (a stray connection): ignore it
                     continue
                 rank = int(words[1])
@@ -531,26 +536,24 @@ class Collective:
     # other ranks -------------------------------------------------------------------------------
     def join(self, stopped: Callable[[], bool]) -> bool:
         """Find rank 0's address and connect; False when stopped (a signal) before that."""
-        not_before = time.time() - 1.0  # a file of an earlier job with the same ids is stale
         deadline = time.monotonic() + self.timeout_s
         while not stopped():
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(f"rank 0 did not publish {self.file} within "
                                         f"{self.timeout_s:g} s")
             try:
-                if self.file.stat().st_mtime >= not_before:
-                    host, port, _ = self.file.read_text().split()
-                    sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
-                    fh = sock.makefile("rwb")
-                    fh.write(b"EMU1 %d %s %d\n" % (self.dist.rank, _node(self.env).encode(),
-                                                     os.getpid()))
-                    fh.flush()
-                    first = fh.readline()
-                    if first.strip().isdigit():
-                        self.sock, self.rfile = sock, fh
-                        self.start_iteration = int(first)
-                        return True
-                    sock.close()
+                host, port, nonce = self.file.read_text().split()
+                sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
+                fh = sock.makefile("rwb")
+                fh.write(b"EMU1 %d %s %d %s\n" % (self.dist.rank, _node(self.env).encode(),
+                                                    os.getpid(), nonce.encode()))
+                fh.flush()
+                first = fh.readline()
+                if first.strip().isdigit():
+                    self.sock, self.rfile = sock, fh
+                    self.start_iteration = int(first)
+                    return True
+                sock.close()
             except (OSError, ValueError):
                 pass  # not published yet, or the old file of a finished step: look again
             time.sleep(0.05)
