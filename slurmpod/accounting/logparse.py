@@ -17,8 +17,8 @@ What is understood, by Megatron-LM release:
   (`throughput per GPU (TFLOP/s/GPU)`) only with `--log-throughput` (2023-11 on); Megatron-
   DeepSpeed's `TFLOPs:` is read as the same self-reported figure. Unknown fields are skipped.
 - the start-up dump between `--- arguments ---` and `--- end of arguments ---` (values typed:
-  int/float/bool/None/list; strings otherwise). Parsed by `slurmpod.megatron.args.
-  parse_arguments_dump` when that is importable, else by the fallback here.
+  int/float/bool/None/list; strings otherwise), read by `slurmpod.megatron.args.
+  parse_arguments_dump`, the one reader of the dump.
 - `[label] datetime: ts` markers, `time to initialize megatron (seconds): X`, checkpoint lines
   (`saving checkpoint at iteration N`, `successfully saved checkpoint at/from iteration N`,
   `successfully loaded checkpoint ... at iteration N`, timestamped or not), the timer line
@@ -69,13 +69,11 @@ from slurmpod.accounting.logrecords import (
     LogSummary,
     ProgressEntry,
     Segment,
-    arguments_from_dump,
     epoch_to_log_clock,
     minute_base,
-    parse_dump_lines,
     parse_timestamp,
-    typed_value,
 )
+from slurmpod.megatron.args import parse_arguments_dump
 
 MAX_LINE_BYTES = 256 * 1024
 MAX_ARGS_LINES = 5000
@@ -1145,7 +1143,7 @@ class LogParser:
 
     def _end_dump(self) -> None:
         lines, self._dump = self._dump or [], None
-        args = arguments_from_dump(lines)
+        args = parse_arguments_dump(lines, strict=False)
         if args:
             self._segs[-1].args = args
             self._want_vocab = args.get("padded_vocab_size") is None
@@ -1200,5 +1198,5 @@ def parse_log(source: IO[bytes] | Iterable[bytes | str],
 
 
 __all__ = ["CheckpointSave", "IterationRecord", "IterationTable", "LogParser", "LogSummary",
-           "ProgressEntry", "Segment", "epoch_to_log_clock", "parse_dump_lines", "parse_log",
-           "parse_timestamp", "typed_value"]
+           "ProgressEntry", "Segment", "epoch_to_log_clock", "parse_log",
+           "parse_timestamp"]

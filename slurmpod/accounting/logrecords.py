@@ -1,5 +1,5 @@
 """Records of a parsed Megatron log (what `logparse` produces) and the small pure helpers that
-read single values: timestamps, and the typed values of the `arguments` dump.
+read timestamps. (The `arguments` dump is read by `megatron.args.parse_arguments_dump`.)
 
 Times are "log clock" seconds: Megatron prints the node's local wall-clock time without a zone,
 read here as if it were UTC (see `logparse`).
@@ -7,17 +7,13 @@ read here as if it were UTC (see `logparse`).
 
 from __future__ import annotations
 
-import ast
 import datetime as _dt
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$")
-_INT = re.compile(r"^[+-]?\d+$")
 
 
 def epoch_to_log_clock(epoch_s: float, utc_offset_s: float) -> float:
@@ -518,52 +514,3 @@ def parse_timestamp(ts: bytes) -> float | None:
     if s > 60:  # 60: a leap second
         return None
     return base + s + (float(ts[19:]) if len(ts) > 19 else 0.0)
-
-
-def typed_value(raw: str) -> Any:
-    """A value as `_print_args` printed it (str() of the Python value) -> that value, where it
-    is a literal; anything else (`torch.bfloat16`, paths) stays a string."""
-    if raw == "None":
-        return None
-    if raw in ("True", "False"):
-        return raw == "True"
-    if _INT.match(raw):
-        return int(raw)
-    if _FLOAT.match(raw):
-        return float(raw)
-    if len(raw) <= 4096 and raw[:1] in "[({" and raw[-1:] in "])}":
-        try:
-            val = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return raw
-        return list(val) if isinstance(val, tuple) else val
-    return raw
-
-
-_DUMP_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) (?:\.+ | )(.*?)\s*$")
-
-
-def parse_dump_lines(lines: Iterable[str]) -> dict[str, Any]:
-    """Fallback dump parser over the lines *between* the banners. Megatron pads names with
-    `48 - len(name)` dots, so names of 48+ characters have no dots at all (`  name  value`)."""
-    out: dict[str, Any] = {}
-    for line in lines:
-        m = _DUMP_LINE.match(line)
-        if m:
-            out[m.group(1)] = typed_value(m.group(2))
-    return out
-
-
-def arguments_from_dump(lines: list[str]) -> dict[str, Any]:
-    try:
-        from slurmpod.megatron.args import parse_arguments_dump
-    except ImportError:
-        return parse_dump_lines(lines)
-    try:
-        out = parse_arguments_dump(lines)
-    except Exception:  # a value the planner's reader rejects must not lose the whole dump
-        return parse_dump_lines(lines)
-    # Names of 48+ characters are printed without dots; keep them too.
-    for k, v in parse_dump_lines(lines).items():
-        out.setdefault(k, v)
-    return out

@@ -377,27 +377,45 @@ _BANNER_START = re.compile(r"(?<!-)-{3,}+\s*+arguments\s*+---")
 _BANNER_END = re.compile(r"(?<!-)-{3,}+\s*+end of arguments\s*+---")
 
 
+# inf and nan: str() of a float argument that is unbounded or unset (`--clip-grad inf`).
+_FLOAT_WORD = re.compile(r"^[+-]?(inf|nan)$")
+# Longest literal evaluated: a per-layer list of _MAX_PATTERN entries fits; a longer `[[[...`
+# line is kept as text rather than parsed.
+_MAX_LITERAL = 1 << 16
+
+
 def _dump_value(raw: str) -> Any:
+    """A value as `_print_args` printed it (str() of the Python value) -> that value where it
+    is a literal (tuples become lists, as JSON and TOML have no tuple); anything else
+    (`torch.bfloat16`, paths) stays a string."""
     if raw == "None":
         return None
     if raw in ("True", "False"):
         return raw == "True"
-    if raw[:1] in "[({" or _FLOAT.match(raw) or raw[:1] in "'\"":
+    if _INT.match(raw):
+        return int(raw)
+    if _FLOAT.match(raw) or _FLOAT_WORD.match(raw):
+        return float(raw)
+    if raw[:1] in "[({'\"" and len(raw) <= _MAX_LITERAL:
         try:
-            return ast.literal_eval(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            val = ast.literal_eval(raw)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return raw
+        return list(val) if isinstance(val, tuple) else val
     return raw
 
 
-def parse_arguments_dump(lines: str | Iterable[str]) -> dict[str, Any]:
+def parse_arguments_dump(lines: str | Iterable[str], *, strict: bool = True) -> dict[str, Any]:
     """Megatron's start-up `arguments` dump (from a job log) -> {dest name: value}.
 
-    Only the first dump is read when banners are present; values are Python literals where
-    they parse (`None`, `True`, `32`, `[0, 1, 1]`), strings otherwise (`torch.bfloat16`).
-    When the lines also hold the tokenizer's `> padded vocab (size: V) ... (new size: P)` line,
-    `padded_vocab_size` (and a missing `vocab_size`) come from it, so a whole job log is enough
-    for `flops_per_iteration`.
+    The one reader of the dump: `plan`/`mfu` call it on a log, the log parser on the lines it
+    collected between the banners. Only the first dump is read when banners are present;
+    values are Python literals where they parse (`None`, `True`, `32`, `inf`, `[0, 1, 1]`),
+    strings otherwise (`torch.bfloat16`). When the lines also hold the tokenizer's
+    `> padded vocab (size: V) ... (new size: P)` line, `padded_vocab_size` (and a missing
+    `vocab_size`) come from it, so a whole job log is enough for `flops_per_iteration`.
+    `strict=False` (accounting): a `moe_layer_freq` that cannot be expanded stays as printed
+    instead of raising ConfigError, so one odd value does not lose the whole dump.
     """
     all_rows = lines.splitlines() if isinstance(lines, str) else list(lines)
     start = next((k for k, line in enumerate(all_rows) if _BANNER_START.search(line)), None)
@@ -420,5 +438,9 @@ def parse_arguments_dump(lines: str | Iterable[str]) -> dict[str, Any]:
                     out["vocab_size"] = int(pm.group(1))
                 break
     if "moe_layer_freq" in out:
-        out["moe_layer_freq"] = _moe_layer_freq(out["moe_layer_freq"])
+        try:
+            out["moe_layer_freq"] = _moe_layer_freq(out["moe_layer_freq"])
+        except ConfigError:
+            if strict:
+                raise
     return out

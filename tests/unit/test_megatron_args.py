@@ -1,5 +1,7 @@
 """Importing Megatron arguments from command lines, launch scripts and the `arguments` dump."""
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -123,6 +125,32 @@ def test_dump_round_trip(args, prefix):
     lines.append(f"{prefix}-------------------- end of arguments ---------------------")
     got = parse_arguments_dump("\n".join(lines))
     assert got == args
+
+
+@pytest.mark.parametrize(("printed", "value"), [
+    ("None", None), ("True", True), ("False", False), ("32", 32), ("-3", -3),
+    ("1e-05", 1e-05), ("0.5", 0.5), ("inf", float("inf")), ("-inf", float("-inf")),
+    ("[1, 0, 1]", [1, 0, 1]), ("(2, 3)", [2, 3]), ("{'a': 1}", {"a": 1}),
+    ("torch.bfloat16", "torch.bfloat16"), ("[unbalanced", "[unbalanced"),
+    ("/path/with spaces", "/path/with spaces")])
+def test_dump_values_are_typed(printed, value):
+    """str() of each Python value `_print_args` prints, back to the value (tuples as lists)."""
+    assert parse_arguments_dump([f"  some_arg .............. {printed}"]) == {"some_arg": value}
+    assert math.isnan(parse_arguments_dump(["  x ... nan"])["x"])
+
+
+def test_dump_lines_without_banners():
+    """What the log parser hands over: the lines between the banners, labels stripped."""
+    assert parse_arguments_dump(["  num_layers .......... 4", "  x" + "y" * 50 + "  None",
+                                 "garbage"]) == {"num_layers": 4, "x" + "y" * 50: None}
+
+
+def test_an_unexpandable_moe_layer_freq_raises_only_when_strict():
+    lines = ["  moe_layer_freq ..... ([0]*99999999)", "  num_layers ..... 4"]
+    with pytest.raises(ConfigError, match="moe_layer_freq"):
+        parse_arguments_dump(lines)
+    assert parse_arguments_dump(lines, strict=False) == {
+        "moe_layer_freq": "([0]*99999999)", "num_layers": 4}
 
 
 def test_long_names_and_padded_vocab_from_the_log():
