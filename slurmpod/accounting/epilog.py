@@ -45,7 +45,7 @@ from slurmpod.accounting.safeio import (
     read_job_file,
     stream_job_file,
 )
-from slurmpod.accounting.spool import Deliver, DeliveryError, Spool, safe_job_id
+from slurmpod.accounting.spool import LOG_NAME, Deliver, DeliveryError, Spool, safe_job_id
 from slurmpod.accounting.trusted import SiteGpu, allocated_gpus, parse_scontrol_job
 
 log = logging.getLogger("slurmpod.hook")
@@ -64,7 +64,7 @@ def setup_logging(spool_root: Path) -> logging.Handler | None:
     fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s")
     handler: logging.Handler | None = None
     try:
-        handler = logging.FileHandler(spool_root / "hook.log", encoding="utf-8")
+        handler = logging.FileHandler(spool_root / LOG_NAME, encoding="utf-8")
     except OSError:
         handler = None
     for h in list(log.handlers):

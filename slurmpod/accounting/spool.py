@@ -46,6 +46,12 @@ from pathlib import Path
 from typing import Any
 
 PENDING_V = 1
+# The layout (module docstring): these names are the only place it is spelled; the hooks write
+# through `Spool`, reports read through `latest_record_paths`.
+RECORDS_DIR = "records"
+SUMMARIES_DIR = "summaries"
+PENDING_DIR = "pending"
+LOG_NAME = "hook.log"
 log = logging.getLogger("slurmpod.hook")
 # What a fleet report needs of `summary.metrics` (report/model.py figures_from_spool): the
 # steady-state distributions (median, p10, p90 of each), the productive and redone time, the
@@ -213,20 +219,40 @@ def latest_attempts(directory: Path, only: set[str] | None = None) -> dict[str, 
     return best
 
 
+def latest_record_paths(root: Path | str, *, compact: bool) -> dict[str, str]:
+    """job id -> the file of its latest attempt's record, for readers (nothing is created).
+    Lists `records/` once, and `summaries/` once when `compact`: then each job's compact
+    summary where it has one, its full record otherwise (written before summaries existed, or a
+    crash between the two writes). Strings, not Paths: a fleet report builds thousands."""
+    records = os.path.join(root, RECORDS_DIR)
+    summaries = os.path.join(root, SUMMARIES_DIR)
+    latest = latest_attempts(Path(records))
+    have: set[str] = set()
+    if compact:
+        with contextlib.suppress(OSError):
+            have = set(os.listdir(summaries))
+    rec_dir, sum_dir = records + os.sep, summaries + os.sep
+    out = {}
+    for job_id, attempt in latest.items():
+        name = f"{job_id}.{attempt}.json"
+        out[job_id] = (sum_dir if name in have else rec_dir) + name
+    return out
+
+
 class Spool:
-    """One spool directory. Creating the object creates the directories."""
+    """One spool directory, for writers. Creating the object creates the directories."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
-        self.records = self.root / "records"
-        self.summaries = self.root / "summaries"
-        self.pending = self.root / "pending"
+        self.records = self.root / RECORDS_DIR
+        self.summaries = self.root / SUMMARIES_DIR
+        self.pending = self.root / PENDING_DIR
         for d in (self.root, self.records, self.summaries, self.pending):
             d.mkdir(mode=0o750, parents=True, exist_ok=True)
 
     @property
     def log_path(self) -> Path:
-        return self.root / "hook.log"
+        return self.root / LOG_NAME
 
     # -- records -------------------------------------------------------------------------
     def record_path(self, job_id: str, attempt: int = 0) -> Path:

@@ -88,26 +88,9 @@ def spool_index(spool: Path, *, compact: bool = False) -> dict[str, Path]:
     """job id -> its latest attempt's record (`records/<job>.<attempt>.json`), listing the
     directory once (a fleet report looks up thousands of jobs). `compact`: that attempt's
     summary (`summaries/<job>.<attempt>.json`, no series) where it has one."""
-    return {k: Path(p) for k, p in _spool_paths(spool, compact).items()}
+    from slurmpod.accounting.spool import latest_record_paths
 
-
-def _spool_paths(spool: Path, compact: bool) -> dict[str, str]:
-    from slurmpod.accounting.spool import latest_attempts
-
-    records, summaries = os.path.join(spool, "records"), os.path.join(spool, "summaries")
-    latest = latest_attempts(Path(records))
-    have: set[str] = set()
-    if compact:
-        with contextlib.suppress(OSError):
-            have = set(os.listdir(summaries))
-    rec_dir, sum_dir = records + os.sep, summaries + os.sep
-    out = {}
-    for job_id, attempt in latest.items():
-        name = f"{job_id}.{attempt}.json"
-        # A record without its summary (written before summaries existed, or a crash between
-        # the two writes): the record itself, series and all.
-        out[job_id] = (sum_dir if name in have else rec_dir) + name
-    return out
+    return {k: Path(p) for k, p in latest_record_paths(spool, compact=compact).items()}
 
 
 def read_spool_record(path: Path | str | None) -> dict[str, Any] | None:
@@ -193,9 +176,10 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
                   usage: dict[str, Usage] | None = None) -> list[JobReport]:
     """One report per job. Without the series (a fleet) each job's compact summary is read
     instead of its record: 10,000 full records are ~330 MB of JSON, their summaries ~12 MB."""
+    from slurmpod.accounting.spool import latest_record_paths
     from slurmpod.report.build import build_job_report
 
-    index = _spool_paths(spool, compact=not with_series)
+    index = latest_record_paths(spool, compact=not with_series)
 
     def one(sj: SacctJob) -> JobReport:
         rec = read_spool_record(index.get(sj.record.job_id))
@@ -222,9 +206,10 @@ def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
     this function's time, and sending the child's rows back as pickled tuples costs about a
     tenth of building them. That pays on a machine with a free core; where every core is busy
     the two processes only compete (benchmarks/report_scale.py prints both)."""
+    from slurmpod.accounting.spool import latest_record_paths
     from slurmpod.report.fleet import fleet_from_rows
 
-    index = _spool_paths(spool, compact=True)
+    index = latest_record_paths(spool, compact=True)
     with _no_cyclic_gc():
         if len(jobs) >= PARALLEL_MIN_JOBS and _cpus() >= 2 and hasattr(os, "fork"):
             half = len(jobs) // 2
@@ -405,10 +390,11 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
     (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True, typical_mfu=typical,
                          usage=load_usage(job_id))
     if html_file is not None:
+        from slurmpod.accounting.spool import latest_record_paths
         from slurmpod.report.extras import page_extras
         from slurmpod.report.html import job_html
 
-        rec = read_spool_record(_spool_paths(spool, compact=False).get(r.job.job_id))
+        rec = read_spool_record(latest_record_paths(spool, compact=False).get(r.job.job_id))
         _write(html_file, job_html(r, generated=_now(), extras=page_extras(r, rec, fleet)),
                "HTML report")
     if prom_file is not None:
