@@ -1,5 +1,6 @@
-"""`slurmpod topo check` and `slurmpod topo discover`: the fabric against the plan, and a draft
-site from the fabric. Registered lazily by slurmpod.cli.topo (attributes `check`, `discover`).
+"""`slurmpod topo check`, `topo discover` and `topo synth`: the fabric against the plan, a draft
+site from the fabric, and the fabric a plan implies. Registered lazily by slurmpod.cli.topo
+(attributes `check`, `discover`, `synth`).
 
 Exit codes of `check`: 0 clean, 1 findings, 3 bad input (site file or ibnetdiscover file).
 """
@@ -13,6 +14,7 @@ import click
 
 from slurmpod.cli.fabric_health import HealthOpts, add_health, finish, health_options, lldp_report
 from slurmpod.errors import ConfigError, UsageError
+from slurmpod.fabric.synth import DESC_FORMS
 
 if TYPE_CHECKING:
     from slurmpod.fabric.check import CheckReport
@@ -249,3 +251,61 @@ def _validated_artifacts(text: str, where: Path) -> tuple[dict[str, str], Site]:
     except ValueError as exc:
         raise ConfigError(f"the draft site does not validate: {exc}", file=str(where),
                           hint="please report this with the ibnetdiscover file") from None
+
+
+# `topo synth` faults (slurmpod/fabric/synth.py says what each does): option, metavar, help.
+_FAULTS = (
+    ("swap", "A,B", "Exchange the far ends of two cables (a crossed pair)."),
+    ("missing", "EP", "Remove the cable at an endpoint (a down link)."),
+    ("slow", "EP[=RATE]", "Set a link's rate (e.g. 4xHDR)."),
+    ("move", "NODE=SU", "Re-cable a node's compute HCAs into another SU's rail leaves."),
+    ("unknown-node", "HOST", "Plug a host that is not in the site into a free leaf port."),
+    ("unset", "NODE", "Give a node's HCAs the driver's default description."),
+    ("rename", "NODE:HCA=NAME", "Change one HCA's device name."),
+)
+
+
+def _fault_options(f: Any) -> Any:
+    for kind, meta, text in reversed(_FAULTS):
+        f = click.option(f"--{kind}", kind.replace("-", "_"), multiple=True, metavar=meta,
+                         help=text + " Repeatable.")(f)
+    return f
+
+
+@click.command()
+@click.argument("site")
+@click.option("-o", "--output", required=True, help="File to write ('-' for stdout).")
+@_fault_options
+@click.option("--storage", is_flag=True, help="Add the storage/management HCAs.")
+@click.option("--desc", type=click.Choice(DESC_FORMS), default="mlx5", show_default=True,
+              help="Node description form of every host's HCAs.")
+@click.option("--uplinks", type=click.Choice(("plan", "cage", "shuffle")), default="plan",
+              show_default=True, help="Uplink ports: as planned, a cage per spine, or random.")
+@click.option("--planes", is_flag=True, help="One file per subnet: OUTPUT.0, OUTPUT.1, ...")
+def synth(site: str, output: str, storage: bool, desc: str, uplinks: str, planes: bool,
+          **faults: tuple[str, ...]) -> None:
+    """Write the ibnetdiscover output a site's fabric plan implies, with optional faults.
+
+    An endpoint (EP) is NODE:HCA (a node's verbs device) or SWITCH:PORT (a planned switch
+    port). For rehearsing `slurmpod topo check` before the cables are in."""
+    import sys
+    from typing import cast
+
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.fabric.synth import DescForm, Fault, FaultKind, UplinkLayout, synthesize_planes
+    from slurmpod.fsutil import output_error, write_atomic
+
+    loaded = load_site(resolve_site_path(site))
+    wanted = [Fault(cast(FaultKind, kind), spec) for kind, _, _ in _FAULTS
+              for spec in faults[kind.replace("-", "_")]]
+    texts = synthesize_planes(loaded, faults=wanted, storage=storage, desc=cast(DescForm, desc),
+                              uplinks=cast(UplinkLayout, uplinks), planes=planes)
+    if output == "-":
+        sys.stdout.write("".join(texts))
+        return
+    targets = [Path(output)] if not planes else [Path(f"{output}.{i}") for i in range(len(texts))]
+    for path, text in zip(targets, texts, strict=True):
+        try:
+            write_atomic(path, text)
+        except OSError as exc:
+            raise output_error(path, exc) from None

@@ -1,7 +1,8 @@
-"""`slurmpod topo`: generate and show a site's topology artefacts; `check`/`discover` are lazy.
+"""`slurmpod topo`: generate and show a site's topology artefacts; `check`/`discover`/`synth` are
+lazy.
 
-`check` and `discover` live in slurmpod.cli.fabric (the fabric checker) and are imported only when
-invoked, so `topo generate` never pays for them and works without them.
+`check`, `discover` and `synth` live in slurmpod.cli.fabric (the fabric checker) and are imported
+only when invoked, so `topo generate` never pays for them and works without them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from slurmpod.errors import ConfigError, SlurmpodError, UsageError
 _LAZY = {
     "check": "Check the real fabric (ibnetdiscover output) against the site's cabling plan.",
     "discover": "Draft a site file (and its artefacts) from ibnetdiscover output.",
+    "synth": "Write the ibnetdiscover output a site's fabric plan implies, with faults.",
 }
 
 

@@ -1,9 +1,9 @@
 """Synthesize the `ibnetdiscover` output a site's fabric plan implies, with optional faults.
 
 Used by the tests and the benchmark, and by admins who want to rehearse `slurmpod topo check`
-before the cables are in:
+before the cables are in (the command line is `slurmpod topo synth`, slurmpod/cli/fabric.py):
 
-    python -m slurmpod.fabric.synth SITE -o fabric.txt \\
+    slurmpod topo synth SITE -o fabric.txt \\
         [--swap dgx0001:mlx5_0,dgx0001:mlx5_3] [--missing dgx0002:mlx5_4] \\
         [--slow dgx0003:mlx5_5=4xHDR] [--move dgx0004=su2] [--unknown-node intruder01] [--storage]
         [--desc mlx5|hca|fqdn|unset|empty] [--unset dgx0005] [--rename dgx0006:mlx5_3=mlx5_12]
@@ -24,14 +24,11 @@ above the radix (`Switch 65` on a 64-port QM9700), as Quantum switches do.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from slurmpod.errors import ConfigError, SlurmpodError
+from slurmpod.errors import ConfigError
 from slurmpod.fabric.ibnetdiscover import LANE_GBPS, speed_name
 
 if TYPE_CHECKING:
@@ -404,50 +401,3 @@ def _render(model: _Model, site_name: str, only: set[str] | None = None) -> str:
                        f'"{desc(rname)}" lid {lid[rname]} {rate}')
     out.append("")
     return "\n".join(out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m slurmpod.fabric.synth",
-        description="Write the ibnetdiscover output a site's fabric plan implies.")
-    ap.add_argument("site", help="site file or built-in site name")
-    ap.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
-    for kind, meta in (("swap", "A,B"), ("missing", "EP"), ("slow", "EP[=RATE]"),
-                       ("move", "NODE=SU"), ("unknown-node", "HOST"), ("unset", "NODE"),
-                       ("rename", "NODE:HCA=NAME")):
-        ap.add_argument(f"--{kind}", action="append", default=[], metavar=meta)
-    ap.add_argument("--storage", action="store_true", help="add storage/management HCAs")
-    ap.add_argument("--desc", choices=DESC_FORMS, default="mlx5",
-                    help="node description form of every host's HCAs")
-    ap.add_argument("--uplinks", choices=("plan", "cage", "shuffle"), default="plan",
-                    help="uplink ports: as planned, a cage per spine, or random")
-    ap.add_argument("--planes", action="store_true",
-                    help="one file per subnet: OUTPUT.0, OUTPUT.1, ...")
-    args = ap.parse_args(argv)
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.fsutil import write_atomic
-
-    try:
-        site = load_site(resolve_site_path(args.site))
-        faults = [Fault(kind, spec) for kind in ("swap", "missing", "slow", "move", "unknown-node",
-                                                 "unset", "rename")
-                  for spec in getattr(args, kind.replace("-", "_"))]
-        texts = synthesize_planes(site, faults=faults, storage=args.storage, desc=args.desc,
-                                  uplinks=args.uplinks, planes=args.planes)
-        if args.output == "-":
-            sys.stdout.write("".join(texts))
-        elif not args.planes:
-            write_atomic(Path(args.output), texts[0])
-        else:
-            for i, text in enumerate(texts):
-                write_atomic(Path(f"{args.output}.{i}"), text)
-    except SlurmpodError as exc:
-        print(f"slurmpod: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

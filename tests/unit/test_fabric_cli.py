@@ -1,5 +1,5 @@
-"""`slurmpod topo check` / `topo discover` through the real entry point: exit codes 0/1/3,
-JSON output, one-line errors, nothing half-written; and the synthesizer's command line."""
+"""`slurmpod topo check` / `topo discover` / `topo synth` through the real entry point: exit codes
+0/1/3, JSON output, one-line errors, nothing half-written."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from slurmpod.cli.main import main
 from slurmpod.config import load_site
-from slurmpod.fabric import synth
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ibnetdiscover"
 
@@ -22,12 +21,15 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
     return int(info.value.code or 0), out, err
 
 
+def synth(argv: list[str], capsys) -> tuple[int, str, str]:
+    return run(["topo", "synth", *argv], capsys)
+
+
 @pytest.fixture()
 def fabric(tmp_path, capsys):
     def make(*faults: str) -> Path:
         out = tmp_path / f"fabric-{len(list(tmp_path.iterdir()))}.txt"
-        assert synth.main(["sandbox", "-o", str(out), *faults]) == 0
-        capsys.readouterr()
+        assert synth(["sandbox", "-o", str(out), *faults], capsys)[0] == 0
         return out
     return make
 
@@ -112,11 +114,26 @@ def test_discover_garbage_writes_nothing(tmp_path, capsys):
 
 
 def test_synth_command_line_errors(tmp_path, capsys):
-    rc = synth.main(["sandbox", "-o", str(tmp_path / "x.txt"), "--swap", "gpu001:mlx5_0"])
-    _, err = capsys.readouterr()
+    rc, _, err = synth(["sandbox", "-o", str(tmp_path / "x.txt"), "--swap", "gpu001:mlx5_0"],
+                       capsys)
     assert rc == 3 and "give two endpoints" in err and not (tmp_path / "x.txt").exists()
-    rc = synth.main(["sandbox", "-o", str(tmp_path / "x.txt"), "--missing", "nosuch:mlx5_0"])
+    assert "Traceback" not in err and err.startswith("slurmpod: error:")
+    rc, _, _ = synth(["sandbox", "-o", str(tmp_path / "x.txt"), "--missing", "nosuch:mlx5_0"],
+                     capsys)
     assert rc == 3
+    rc, _, err = synth(["sandbox", "-o", str(tmp_path / "x.txt"), "--desc", "nosuch"], capsys)
+    assert rc == 2 and "nosuch" in err
+    (tmp_path / "a-file").write_text("")
+    rc, _, err = synth(["sandbox", "-o", str(tmp_path / "a-file" / "x.txt")], capsys)
+    assert rc == 73 and "Traceback" not in err  # EX_CANTCREAT, as for every output file
+
+
+def test_synth_writes_stdout_and_planes(tmp_path, capsys):
+    rc, out, _ = synth(["sandbox", "-o", "-", "--missing", "gpu002:mlx5_1"], capsys)
+    assert rc == 0 and out.count("\nSwitch\t") > 0 and 'gpu002 mlx5_1' not in out
+    rc, _, _ = synth(["sandbox", "-o", str(tmp_path / "rail"), "--planes"], capsys)
+    assert rc == 0 and sorted(p.name for p in tmp_path.iterdir()) == [
+        f"rail.{i}" for i in range(8)]
 
 
 def test_check_reads_standard_input(fabric, capsys, monkeypatch):
@@ -131,12 +148,12 @@ def test_check_reads_standard_input(fabric, capsys, monkeypatch):
 def test_a_repeated_ibnetdiscover_reads_every_file(tmp_path, capsys):
     # A missing file among several is an error, never skipped in favour of the last one.
     good = tmp_path / "clean.txt"
-    assert synth.main(["sandbox", "-o", str(good)]) == 0
+    assert synth(["sandbox", "-o", str(good)], capsys)[0] == 0
     rc, _out, err = run(["topo", "check", "sandbox", "--ibnetdiscover", str(tmp_path / "none"),
                          "--ibnetdiscover", str(good)], capsys)
     assert rc == 3 and "none: file not found" in err and "Traceback" not in err
     # The sandbox keeps each rail a plane of its own: eight dumps, one per subnet, merged.
-    assert synth.main(["sandbox", "-o", str(tmp_path / "rail"), "--planes"]) == 0
+    assert synth(["sandbox", "-o", str(tmp_path / "rail"), "--planes"], capsys)[0] == 0
     planes = [str(tmp_path / f"rail.{i}") for i in range(8)]
     args = [a for p in planes for a in ("--ibnetdiscover", p)]
     rc, out, _ = run(["topo", "check", "sandbox", *args], capsys)
@@ -154,8 +171,7 @@ def test_site_file_names_its_dumps(tmp_path, capsys):
     site = tmp_path / "site.toml"
     text = (Path(__file__).resolve().parents[2] / "site_configs" / "sandbox.toml").read_text()
     site.write_text(text.replace("[fabric]", '[fabric]\nibnetdiscover = ["fab.txt"]', 1))
-    assert synth.main([str(site), "-o", str(tmp_path / "fab.txt")]) == 0
-    capsys.readouterr()
+    assert synth([str(site), "-o", str(tmp_path / "fab.txt")], capsys)[0] == 0
     rc, out, _ = run(["topo", "check", str(site)], capsys)
     assert rc == 0 and "clean" in out
     (tmp_path / "fab.txt").unlink()
