@@ -125,7 +125,8 @@ def decide(culprits: Sequence[Culprit], already: Sequence[str], cap: int
         ev = merged.setdefault(c.node, [])
         if c.evidence not in ev:
             ev.append(c.evidence)
-    take, refuse = [], []
+    take: list[Culprit] = []
+    refuse: list[Culprit] = []
     room = cap - len(set(already))
     for node, ev in merged.items():
         (take if room > 0 else refuse).append(Culprit(node, "; ".join(ev)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class Calibration:
 
 
 def matmul_tflops(size: int = 1024, repeats: int = 7, warmup: int = 2,
-                  dtype: type = np.float32, seed: int = 0) -> Calibration:
+                  dtype: type[np.floating[Any]] = np.float32, seed: int = 0) -> Calibration:
     """Time `repeats` square matmuls of `size` (2·n³ FLOPs each); best and median TFLOP/s.
 
     The best of several runs is the peak (least disturbed by other processes); the median
