@@ -308,24 +308,18 @@ def check_time_limit(prep: Prepared | Rendered, backend: SlurmBackend) -> None:
     ever (EnforcePartLimits=NO, Slurm's default through 24.11), or rejects it only with
     EnforcePartLimits set: either way the user learns late. Not at render time: the partition
     can change between render and submit, and render needs no Slurm."""
-    from slurmpod.render.launch import parse_time_limit_min
+    from slurmpod.model.slurm_time import format_minutes, limit_minutes
 
     max_min = backend.partition_max_time(prep.partition)
-    limit = parse_time_limit_min(prep.time_limit)
+    limit = limit_minutes(prep.time_limit)
     if max_min is None or (limit is not None and limit <= max_min):
         return
     where = f"partition {prep.partition}" if prep.partition else "the default partition"
     asked = prep.time_limit if limit is not None else "UNLIMITED"
-    raise ConfigError(f"{asked} exceeds the MaxTime of {where} ({_slurm_time(max_min)})",
+    raise ConfigError(f"{asked} exceeds the MaxTime of {where} ({format_minutes(max_min)})",
                       key="job.time_limit",
-                      hint=f"set job.time_limit to at most {_slurm_time(max_min)}; the "
+                      hint=f"set job.time_limit to at most {format_minutes(max_min)}; the "
                            "job requeues and resumes across time-limit segments")
-
-
-def _slurm_time(minutes: int) -> str:
-    days, rest = divmod(minutes, 1440)
-    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
-    return f"{days}-{text}" if days else text
 
 
 def submit(prep: Prepared | Rendered, runner: CommandRunner, backend: SlurmBackend, *,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmpod.errors import ConfigError
+from slurmpod.model.slurm_time import limit_minutes
 
 # Which flag a dest renders as (`fp8` -> `--fp8-format`, store_false args -> `--no-…`) lives in
 # one place with Megatron's argument names per release: slurmpod.megatron.argnames.
@@ -83,27 +84,9 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
 
 
 def parse_time_limit_min(limit: str) -> int | None:
-    """Slurm time (`mm`, `mm:ss`, `hh:mm:ss`, `d-hh[:mm[:ss]]`) -> whole minutes.
-
-    None means no limit."""
-    if limit.upper() in ("INFINITE", "UNLIMITED"):
-        return None
-    days = 0
-    rest = limit
-    if "-" in limit:
-        d, rest = limit.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in rest.split(":")]
-        h, m, s = [*parts, 0, 0][:3]
-    else:
-        parts = [int(p) for p in rest.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts[:3]
-    return days * 1440 + h * 60 + m + s // 60
+    """Slurm time -> whole minutes as Slurm stores it (seconds round up); None means no limit.
+    model/slurm_time.py is the one parser; this name stays for render/sbatch.py."""
+    return limit_minutes(limit)
 
 
 # Bytes per parameter a Megatron checkpoint writes with the distributed optimizer: bf16 weights

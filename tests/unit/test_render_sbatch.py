@@ -291,7 +291,8 @@ def test_switches_count_the_spares() -> None:
     assert _directives(sandbox(), 7, 2)["switches"] == "2@24:00:00"
 
 
-@pytest.mark.parametrize(("limit", "minutes"), [("30", 30), ("1:30", 1), ("02:00:00", 120),
+# Seconds round up to the next minute, as Slurm stores a limit (sbatch(1) --time).
+@pytest.mark.parametrize(("limit", "minutes"), [("30", 30), ("1:30", 2), ("02:00:00", 120),
                                                 ("1-00:00:00", 1440), ("2-12", 3600),
                                                 ("INFINITE", None)])
 def test_time_limit_minutes(limit: str, minutes: int | None) -> None:
