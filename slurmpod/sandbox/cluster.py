@@ -291,7 +291,12 @@ class Sandbox:
     def _start(self, tools: Tools, version: tuple[int, int, int],
                state: dict[str, Any] | None, t0: float) -> int:
         from slurmpod.config import load_site
-        from slurmpod.sandbox.configs import SandboxSettings, generated_artefacts, render_files
+        from slurmpod.sandbox.configs import (
+            SHIMS,
+            SandboxSettings,
+            generated_artefacts,
+            render_files,
+        )
         from slurmpod.sandbox.measured_site import write_measured_site
 
         site = load_site(self.site_path)
@@ -311,6 +316,9 @@ class Sandbox:
         self._prepare_dirs(nodes)
         write_tree_atomic(self.layout.root, files)
         self.layout.epilog_slurmctld.chmod(0o755)
+        self.layout.task_prolog.chmod(0o755)
+        for tool in SHIMS:
+            (self.layout.bin / tool).chmod(0o755)
         # slurmdbd refuses a slurmdbd.conf readable by others (it may hold StoragePass).
         self.layout.slurmdbd_conf.chmod(0o600)
 
@@ -388,8 +396,11 @@ class Sandbox:
         # and checks the directories above them: keep the state directory itself 0755.
         lay.root.chmod(0o755)
         for d in (lay.etc, lay.log, lay.run, lay.dev, lay.state_save, lay.slurmd_spool,
-                  lay.hooks, lay.spool, lay.munge_run, lay.root / "db"):
+                  lay.hooks, lay.spool, lay.munge_run, lay.root / "db", lay.bin):
             d.mkdir(parents=True, exist_ok=True)
+        # The emulated GPUs' counters of the previous run's jobs mean nothing to this one.
+        shutil.rmtree(lay.gpu_state, ignore_errors=True)
+        lay.gpu_state.mkdir()
         lay.munge_run.chmod(0o755)
         for name in nodes:
             (lay.slurmd_spool / name).mkdir(exist_ok=True)

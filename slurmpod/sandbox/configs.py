@@ -110,12 +110,30 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
         "package_parent": str(Path(slurmpod.__file__).resolve().parent.parent),
         "slurm_conf": str(lay.slurm_conf),
         "slurm_bin": s.slurm_bin,
+        "task_prolog": str(lay.task_prolog),
+        "shim_bin": str(lay.bin),
+        "gpu_state": str(lay.gpu_state),
     }
     files = {f"etc/{k}": v for k, v in pick_slurm_files(site, s, artefacts).items()}
     for name, tpl in (("etc/slurm.conf", "slurm.conf.j2"),
                       ("etc/slurmdbd.conf", "slurmdbd.conf.j2"),
                       ("etc/cgroup.conf", "cgroup.conf.j2"),
-                      ("hooks/epilog-slurmctld", "epilog-slurmctld.sh.j2")):
+                      ("hooks/epilog-slurmctld", "epilog-slurmctld.sh.j2"),
+                      ("hooks/task-prolog", "task-prolog.sh.j2")):
         ctx["header"] = header("#", f"sandbox/{tpl}", site.site.name)
         files[name] = env.get_template(f"sandbox/{tpl}").render(**ctx)
+    files.update(shim_files(site, s))
     return files
+
+
+SHIMS = ("dcgmi", "nvidia-smi")
+
+
+def shim_files(site: Site, s: SandboxSettings) -> dict[str, str]:
+    """`bin/dcgmi` and `bin/nvidia-smi`: the emulated GPUs' tools (sandbox/gpu_shims.py)."""
+    from slurmpod.sandbox.gpu_shims import shim_figures, shim_script
+
+    figures = shim_figures(site)
+    parent = str(Path(slurmpod.__file__).resolve().parent.parent)
+    return {f"bin/{tool}": shim_script(tool, s.python, parent, str(s.layout.gpu_state), figures)
+            for tool in SHIMS}

@@ -135,6 +135,21 @@ class Layout:
         return self.hooks / "epilog-slurmctld"
 
     @property
+    def task_prolog(self) -> Path:
+        """TaskProlog: the emulated GPUs' tools on every task's PATH (gpu_shims.py)."""
+        return self.hooks / "task-prolog"
+
+    @property
+    def bin(self) -> Path:
+        """The sandbox's `dcgmi` and `nvidia-smi` shims (never installed on a real cluster)."""
+        return self.root / "bin"
+
+    @property
+    def gpu_state(self) -> Path:
+        """What the emulator's ranks did, per job (workload/gpu_activity.py)."""
+        return self.root / "gpu"
+
+    @property
     def spool(self) -> Path:
         """slurmpod's own spool: what the accounting hooks write for reports."""
         return self.root / "spool"

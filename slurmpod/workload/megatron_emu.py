@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from slurmpod.workload import gpu_activity
+
 if TYPE_CHECKING:
     from slurmpod.workload.calibrate import PeakEstimate
 
@@ -721,17 +723,22 @@ def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
             f"{trainer.consumed_samples * args.seq_length / 1e9:.2f}"))
 
     saved_at = trainer.iteration
+    activity = gpu_activity.Recorder.from_env()
     interval_t0 = time.monotonic()
     interval_iters = 0
     losses: list[float] = []
     while trainer.iteration < args.train_iters:
         t_step = time.monotonic()
         loss, gnorm = trainer.step()
+        busy_s = time.monotonic() - t_step
         if coll is not None and coll.allreduce(trainer.iteration, sig.received is not None) \
                 and sig.received is None:
             sig.received = signal.SIGTERM  # another rank was told to stop: stop together
         pace(t_step + min_s)  # an emulated GPU is never faster than its peak
         trainer.train_s += time.monotonic() - t_step
+        if activity is not None:  # the sandbox's emulated GPU counters (gpu_activity.py)
+            activity.iteration(busy_s, time.monotonic() - t_step,
+                               gpu_activity.trainer_bytes(trainer))
         job_flops += flops_iter
         interval_iters += 1
         losses.append(loss)
@@ -779,6 +786,7 @@ def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
 def main(argv: list[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     dist = Dist.from_env()
+    gpu_activity.record_rank(dist.rank, dist.local_rank)
     if args.emu_report_env:
         report_env(dist, sys.stdout)
     if dist.rank != 0:

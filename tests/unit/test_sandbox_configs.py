@@ -141,7 +141,7 @@ def test_epilog_script_quotes_paths_and_always_exits_zero(tmp_path: Path) -> Non
     assert args == ["-m", "slurmpod", "hook", "epilog", "--spool", f"{root}/spool",
                     "--site", str(SITE_PATH), "--slurm-conf", f"{root}/etc/slurm.conf",
                     f"{root}/spool", str(Path(slurmpod.__file__).resolve().parent.parent),
-                    f"{odd}:/usr/bin:/bin"]  # the running Slurm's clients come first
+                    f"{root}/bin:{odd}:/usr/bin:/bin"]  # the emulated dcgmi, then Slurm's
 
 
 @pytest.mark.parametrize("path", ["/tmp/a b", "/tmp/x[1]", "/tmp/a,b", "/tmp/a=b", "/tmp/#x"])
@@ -214,3 +214,22 @@ def test_daemons_and_clients_of_two_slurms_are_refused(tmp_path: Path) -> None:
                                           r"clients") as info:
         check_one_slurm(tools, slurm_version(tools["slurmd"]))
     assert f"{opt}/sbin:{opt}/bin" in (info.value.hint or "")
+
+
+def test_task_prolog_puts_the_gpu_shims_first_on_path(tmp_path: Path) -> None:
+    """slurmstepd reads `export NAME=value` lines from the TaskProlog (Slurm 22.05+)."""
+    site = load_site(SITE_PATH)
+    s = _settings(tmp_path)
+    files = render_files(site, s, generated_artefacts(site, s))
+    assert _conf(files["etc/slurm.conf"])["TaskProlog"] == f"{tmp_path}/hooks/task-prolog"
+    hook = tmp_path / "tp"
+    hook.write_text(files["hooks/task-prolog"])
+    hook.chmod(0o755)
+    cp = subprocess.run([str(hook)], capture_output=True, text=True, timeout=10, check=True,
+                        env={"PATH": "/usr/bin:/bin"})
+    assert cp.stdout.splitlines() == [f"export PATH={tmp_path}/bin:/usr/bin:/bin",
+                                      f"export SLURMPOD_EMU_GPU_DIR={tmp_path}/gpu"]
+    for tool in ("dcgmi", "nvidia-smi"):
+        text = files[f"bin/{tool}"]
+        assert text.startswith(f"#!{s.python}\n") and "slurmpod sandbox only" in text
+        compile(text, tool, "exec")  # the figures literal is valid Python
