@@ -32,7 +32,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device, speed_name
 from slurmpod.fabric.switch_links import Pos, check_switch_links, is_slow
@@ -209,11 +209,43 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
            hca_filters: Sequence[re.Pattern[str]]) -> CheckReport:
     ctx = _Ctx(site, plan, fabric)
     report = CheckReport(site.site.name, fabric.source)
-    inv = site.inventory
-    roles = {(t, h.device): h.role for t, nt in site.node_types.items() for h in nt.hcas}
+    attach = _attach_cas(ctx, fabric)
+    cas = _classify_cas(ctx, report, site, fabric, attach, hca_filters)
+    _match_switches(ctx, cas.compute, attach)
+    _judge_by_port(ctx, cas.compute, attach, cas.unset, cas.odd_hca)
+    apart_switches = _keep_apart_storage_switches(ctx, report, fabric, cas.compute, attach)
+    _judge_unknown_hosts(ctx, report, cas.unknown_hosts, attach, apart_switches)
+    _judge_storage_on_compute(ctx, plan, fabric, cas.apart_ids, attach)
 
-    # 1. Where each CA is cabled: from its own port line (one per HCA, so 100k lines rather
-    # than the 500k switch ports of a 100k-GPU fabric), as the switch-side Port of that link.
+    missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
+    gone = {s.name for s in missing_switches}
+    mixed = _check_node_links(ctx, cas.compute, attach, gone)
+    check_switch_links(ctx, apart_switches, gone)
+    _judge_missing_switches(ctx, missing_switches)
+    _judge_unknown_switches(ctx, fabric, apart_switches)
+
+    report.findings = ctx.findings
+    report.stats = _stats(ctx, report, site, plan, fabric, len(cas.compute), len(mixed))
+    _add_notes(ctx, report, fabric)
+    return report
+
+
+class _ClassifiedCAs(NamedTuple):
+    """The fabric's CAs sorted by what the site says they are (step 2 of the check)."""
+
+    compute: dict[tuple[str, str], FabricNode]  # (host, device) -> its CA, the first one seen
+    apart_ids: set[str]  # CAs kept apart from compute (role or --hca-filter)
+    unknown_hosts: dict[str, list[FabricNode]]  # host not in the site file -> its CAs
+    unset: list[FabricNode]  # no usable description: judged by the port it sits in
+    odd_hca: list[tuple[str, str | None, FabricNode]]  # a device its node type does not list
+
+
+def _attach_cas(ctx: _Ctx, fabric: Fabric) -> dict[str, tuple[FabricNode, Port]]:
+    """Where each CA is cabled, as the switch-side Port of its link; fills `ctx.degree`.
+
+    Read from each CA's own port line (one per HCA, so 100k lines rather than the 500k switch
+    ports of a 100k-GPU fabric), and from the switches only for CAs printed without them.
+    """
     attach: dict[str, tuple[FabricNode, Port]] = {}
     nodes = fabric.nodes
     on_switch: dict[str, int] = defaultdict(int)
@@ -240,42 +272,44 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                     on_switch[sw.node_id] += 1
     for sw in fabric.switches():  # ports facing anything but CAs: a trigger for a closer look
         ctx.degree[sw.node_id] = len(sw.ports) - on_switch.get(sw.node_id, 0)
+    return attach
 
-    # 2. Classify CAs: compute HCAs of site nodes, kept-apart ones, unknown ones.
-    compute: dict[tuple[str, str], FabricNode] = {}
-    apart_ids: set[str] = set()
-    unknown_hosts: dict[str, list[FabricNode]] = defaultdict(list)
-    unset: list[FabricNode] = []
-    odd_hca: list[tuple[str, str | None, FabricNode]] = []
-    by_name = inv.by_name
+
+def _classify_cas(ctx: _Ctx, report: CheckReport, site: Site, fabric: Fabric,
+                  attach: dict[str, tuple[FabricNode, Port]],
+                  hca_filters: Sequence[re.Pattern[str]]) -> _ClassifiedCAs:
+    """Compute HCAs of site nodes, kept-apart ones, unknown ones; flags duplicate HCAs."""
+    roles = {(t, h.device): h.role for t, nt in site.node_types.items() for h in nt.hcas}
+    cas = _ClassifiedCAs({}, set(), defaultdict(list), [], [])
+    by_name = site.inventory.by_name
     for ca in fabric.cas():
         desc = ca.desc
         if hca_filters and any(f.search(desc) for f in hca_filters):
-            apart_ids.add(ca.node_id)
+            cas.apart_ids.add(ca.node_id)
             report.kept_apart.append(_apart(ctx, ca, attach, "matches --hca-filter"))
             continue
         host, dev = host_device(desc)
         if host is None:
             if ca.is_aggregation_node:
                 continue  # the SHARP aggregation node inside a Quantum switch, not a host
-            unset.append(ca)  # judged by the port it sits in, once switches have names
+            cas.unset.append(ca)  # judged by the port it sits in, once switches have names
             continue
         node = by_name.get(host)
         if node is None and "." in host:
             node = by_name.get(host.split(".", 1)[0])  # an FQDN: slurmd uses the short name
         if node is None:
-            unknown_hosts[host].append(ca)
+            cas.unknown_hosts[host].append(ca)
             continue
         host = node.name
         role = roles.get((node.node_type, dev or ""))
         if role is None:
-            odd_hca.append((node.name, dev, ca))  # renamed or unlisted: judged by its port
+            cas.odd_hca.append((node.name, dev, ca))  # renamed or unlisted: judged by its port
             continue
         if role != "compute":
-            apart_ids.add(ca.node_id)
+            cas.apart_ids.add(ca.node_id)
             report.kept_apart.append(_apart(ctx, ca, attach, f"site role {role}"))
             continue
-        first = compute.setdefault((host, dev or ""), ca)
+        first = cas.compute.setdefault((host, dev or ""), ca)
         if first is not ca:
             ctx.add("duplicate-hca", f"{host} {dev}",
                     f"two CAs call themselves '{host} {dev}': {first.node_id} on "
@@ -283,13 +317,14 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                     "fix the node description of the wrong one (a cloned image or a swapped "
                     "HCA); only the first is checked", node=host, hca=dev, guid=ca.guid,
                     **_at(ctx, ca, attach))
+    return cas
 
-    # 3. Name fabric switches as the plan does: by description first, then by what they carry.
-    _match_switches(ctx, compute, attach)
 
-    _judge_by_port(ctx, compute, attach, unset, odd_hca)
-
-    # Switches outside the plan that carry no compute HCA are another fabric (storage): apart.
+def _keep_apart_storage_switches(ctx: _Ctx, report: CheckReport, fabric: Fabric,
+                                 compute: dict[tuple[str, str], FabricNode],
+                                 attach: dict[str, tuple[FabricNode, Port]]) -> set[str]:
+    """Switches outside the plan that carry no compute HCA are another fabric (storage)."""
+    nodes = fabric.nodes
     compute_ids = {ca.node_id for ca in compute.values()}
     carriers: dict[str, set[str]] = defaultdict(set)
     to_plan = ctx.to_plan
@@ -314,8 +349,14 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
         sw = nodes[sw_id]
         report.kept_apart.append({"what": "switch", "name": sw.name or sw_id, "id": sw_id,
                                   "reason": "carries no compute HCA of the site"})
+    return apart_switches
 
-    # 4. Unknown hosts: a finding when they sit in the compute fabric.
+
+def _judge_unknown_hosts(ctx: _Ctx, report: CheckReport,
+                         unknown_hosts: dict[str, list[FabricNode]],
+                         attach: dict[str, tuple[FabricNode, Port]],
+                         apart_switches: set[str]) -> None:
+    """Hosts not in the site file: a finding when they sit in the compute fabric."""
     for host, cas in sorted(unknown_hosts.items()):
         on_compute = [ca for ca in cas if ca.node_id in attach
                       and attach[ca.node_id][0].node_id not in apart_switches]
@@ -331,11 +372,14 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                 "add it to the site file, unplug it, or exclude it with --hca-filter",
                 node=host, guid=on_compute[0].guid, **_at(ctx, on_compute[0], attach))
 
-    # Storage HCAs that landed on compute leaves.
+
+def _judge_storage_on_compute(ctx: _Ctx, plan: FabricPlan, fabric: Fabric, apart_ids: set[str],
+                              attach: dict[str, tuple[FabricNode, Port]]) -> None:
+    """Storage HCAs that landed on compute leaves."""
     for ca_id in sorted(apart_ids):
         at = attach.get(ca_id)
         if at and at[0].node_id in ctx.to_plan:
-            ca = nodes[ca_id]
+            ca = fabric.nodes[ca_id]
             h, d = host_device(ca.desc)
             where = plan.port_label(ctx.name(at[0]), at[1].num)
             ctx.add("storage-on-compute", ca.desc or ca_id,
@@ -344,15 +388,16 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                     f"move it to the storage fabric and free {where}", node=h, hca=d,
                     guid=ca.guid, **_at(ctx, ca, attach))
 
-    missing_switches = [s for s in plan.switches if s.name not in ctx.to_fabric]
-    gone = {s.name for s in missing_switches}
-    mixed = _check_node_links(ctx, compute, attach, gone)
-    check_switch_links(ctx, apart_switches, gone)
+
+def _judge_missing_switches(ctx: _Ctx, missing_switches: list[Switch]) -> None:
     for lost in missing_switches:
         ctx.add("switch-missing", lost.name,
                 f"{ctx.role(lost.name)} is not in the fabric: powered off, or every link of it is "
                 "down", f"power on / reach {lost.name} and rerun ibnetdiscover; its cables were "
                 "not checked", switch=lost.name, rail=lost.rail)
+
+
+def _judge_unknown_switches(ctx: _Ctx, fabric: Fabric, apart_switches: set[str]) -> None:
     for sw in fabric.switches():
         if sw.node_id in ctx.to_plan or sw.node_id in apart_switches:
             continue
@@ -361,19 +406,26 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
                 "in the plan", "remove it, or describe it in the site file (fabric radix, SUs)",
                 switch=sw.name or sw.node_id, guid=sw.guid)
 
-    report.findings = ctx.findings
-    report.stats = {
-        "nodes_planned": len(inv.nodes),
+
+def _stats(ctx: _Ctx, report: CheckReport, site: Site, plan: FabricPlan, fabric: Fabric,
+           hca_links_seen: int, leaves_mixing_rails: int) -> dict[str, int]:
+    return {
+        "nodes_planned": len(site.inventory.nodes),
         "hca_links_planned": len(plan.node_links),
-        "hca_links_seen": len(compute),
+        "hca_links_seen": hca_links_seen,
         "switches_planned": len(plan.switches),
         "switches_seen": sum(1 for _ in fabric.switches()),
         "switch_links_planned": len(plan.switch_links),
         "kept_apart": len(report.kept_apart),
         "findings": len(ctx.findings),
         # SHARP's invariant, counted: leaves that see an HCA of a rail other than their own.
-        "leaves_mixing_rails": len(mixed),
+        "leaves_mixing_rails": leaves_mixing_rails,
     }
+
+
+def _add_notes(ctx: _Ctx, report: CheckReport, fabric: Fabric) -> None:
+    """Nodes ignored, and switches matched to the plan by their cables rather than names."""
+    nodes = fabric.nodes
     others = [n for n in nodes.values() if n.kind in ("router", "unknown")]
     if others:
         report.notes.append(
@@ -386,7 +438,6 @@ def _check(site: Site, plan: FabricPlan, fabric: Fabric,
             "name "
             f"(e.g. {nodes[renamed[0][0]].name or renamed[0][0]} -> {renamed[0][1]}); name them "
             "as the plan does to make findings easier to read")
-    return report
 
 
 def _plural(n: int, word: str, suffix: str = "s") -> str:
