@@ -166,6 +166,12 @@ def job_record(tpl: dict[str, Any], j: Job, attempt: int, st: int, el: int) -> d
     s.update(gpus=8 * j.n_nodes, goodput=j.goodput, ttfi_s=float(j.ttfi),
              tokens_per_s=float(j.tokens), restarts=attempt)
     s["metrics"]["productive_s"] = j.goodput * el
+    # GPU telemetry as the epilog stores it (docs/telemetry.md), so fleet rows read it too.
+    n = 8 * j.n_nodes
+    s["gpu"] = {"v": 1, "src": "dcgm", "trust": "site", "n": n, "span_s": float(el),
+                "util": round(60 + 30 * j.goodput, 2), "idle_gpus": 0, "mem_gib": 61.5,
+                "power_w": 520.0, "power_max_w": 690.0, "energy_j": round(520.0 * n * el),
+                "energy_src": "dcgm", "xid": 0}
     rec["summary"] = s
     rec["series"] = tpl["series"]
     return rec

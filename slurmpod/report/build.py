@@ -10,6 +10,7 @@ from typing import Any
 
 from slurmpod.model.site import Inventory
 from slurmpod.report.model import (
+    Efficiency,
     JobReport,
     LogHints,
     _site_peak,
@@ -23,6 +24,7 @@ from slurmpod.report.model import (
 from slurmpod.report.placement import placement_of
 from slurmpod.report.rules import notes_for
 from slurmpod.report.sacct import SacctJob, Usage
+from slurmpod.telemetry.schema import read_gpu_util_energy
 
 
 def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = None,
@@ -63,7 +65,8 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
                        figures=fig, loss=loss, stability=stab, placement=placement,
                        params_b=params_estimate(fig, gpus), series=series,
                        implausible=implausible_reasons(
-                           fig, len(elapsed) > 1 or fig.log_restarts > 0))
+                           fig, len(elapsed) > 1 or fig.log_restarts > 0),
+                       efficiency=None if with_notes else _row_gpu(spool_record))
     if not with_notes:
         return report
     report = replace(report, efficiency=efficiency_of(report, usage, spool_record))
@@ -74,3 +77,14 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
             "identity and placement only", "efficiency from Slurm and the GPUs, no MFU"))
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
     return replace(report, notes=tuple(notes))
+
+
+def _row_gpu(record: Mapping[str, Any] | None) -> Efficiency | None:
+    """A fleet row's GPU utilisation and energy from the record's summary.gpu (fast path)."""
+    if record is None:
+        return None
+    util, energy = read_gpu_util_energy(record)
+    if util is None and energy is None:
+        return None
+    return Efficiency(usage=None, gpu=None if util is None else {"util": util},
+                      energy_j=energy, energy_src=None if energy is None else "gpu")

@@ -35,8 +35,8 @@ TOP_N = 10
 CSV_COLUMNS = ("job_id", "name", "user", "account", "partition", "state", "exit_code", "n_nodes",
                "n_gpus", "start", "end", "elapsed_s", "restarts", "gpu_hours", "mfu", "mfu_p10",
                "mfu_p90", "tflops_per_gpu", "tokens_per_s", "goodput", "productive_gpu_hours",
-               *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "source",
-               "implausible")
+               *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "gpu_util",
+               "energy_j", "source", "implausible")
 IMPLAUSIBLE_SEP = ";"
 
 
@@ -70,6 +70,10 @@ class JobRow:
     source: str = "none"
     size_class: str | None = None
     implausible: tuple[str, ...] = ()  # reasons; empty when the figures can be right
+    # GPU telemetry (the record's summary.gpu, docs/telemetry.md): mean utilisation (%) and
+    # the energy of the job's GPUs (J); None: not measured.
+    gpu_util: float | None = None
+    energy_j: float | None = None
 
     @property
     def goodput(self) -> float | None:
@@ -86,6 +90,9 @@ class JobRow:
         j, f, loss = r.job, r.figures, r.loss
         mfu, tflops, prod = f.mfu, f.tflops, loss.productive_gpu_s
         start, end = j.start_time, j.end_time
+        eff = getattr(r, "efficiency", None)  # as implausible: older reports lack it
+        gpu = eff.gpu if eff is not None else None
+        util = gpu.get("util") if gpu is not None else None
         # Positional, in field order: 25 keyword arguments cost more than the rest of the row
         # (a fleet report makes 100,000 rows).
         return cls(
@@ -99,7 +106,9 @@ class JobRow:
             {k: v / 3600 for k, v in loss.by_cause_gpu_s.items()}, f.source,
             None if r.params_b is None else size_class(r.params_b),
             # getattr: reports built before JobReport carried the field read as plausible.
-            tuple(getattr(r, "implausible", None) or ()))
+            tuple(getattr(r, "implausible", None) or ()),
+            float(util) if isinstance(util, int | float) else None,
+            eff.energy_j if eff is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in zip(CSV_COLUMNS, self.csv_values(), strict=True)}
@@ -113,7 +122,7 @@ class JobRow:
                 self.elapsed_s, self.restarts, self.gpu_hours, self.mfu, self.mfu_p10,
                 self.mfu_p90, self.tflops, self.tokens_per_s, self.goodput,
                 self.productive_gpu_hours, *(self.lost.get(c) for c in LOSS_CAUSES),
-                self.lost_gpu_hours, self.source,
+                self.lost_gpu_hours, self.gpu_util, self.energy_j, self.source,
                 IMPLAUSIBLE_SEP.join(self.implausible) or None]
 
 

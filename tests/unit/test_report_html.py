@@ -414,7 +414,8 @@ def test_fleet_page_tables_and_ranking() -> None:
     text = " ".join(" ".join(p.text).split())
     assert not SCI.search(text)
     assert "66,560" in text  # 40 jobs x 1,664 GPU-h
-    assert "Energy – not measured" in text
+    # Every row carries the record's DCGM energy (3.9e9 J): 40 x 3.9e9 J = 43.3 MWh.
+    assert "Energy 43.3 MWh measured on 40 jobs" in text
     assert "long" in text and "batch" in text  # partitions
     assert "spool" not in text.lower()
     assert "<svg id=\"plot-fleet-mfu\"" in html
