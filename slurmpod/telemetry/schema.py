@@ -207,18 +207,23 @@ def read_gpu_util_energy(record: Any) -> tuple[float | None, float | None]:
     """(mean utilisation %, energy J) of a record's summary.gpu, checked as clean_gpu_summary
     checks them (model unknown: the widest power bound), or None each. A fleet report's fast
     path: it reads 100,000 summaries and shows only these two (the full check costs ~18 us)."""
-    summary = record.get("summary") if isinstance(record, Mapping) else None
-    g = summary.get("gpu") if isinstance(summary, Mapping) else None
+    # Any: JSON values, narrowed by the exact-type tests below (bool is not a number here).
+    summary: Any = record.get("summary") if isinstance(record, Mapping) else None
+    g: Any = summary.get("gpu") if isinstance(summary, Mapping) else None
     if not isinstance(g, Mapping) or g.get("v") != GPU_V:
         return None, None
-    util = g.get("util")
+    util: Any = g.get("util")
     u = float(util) if type(util) in (int, float) and 0.0 <= util <= 100.0 else None
-    n, span, e = g.get("n"), g.get("span_s"), g.get("energy_j")
+    n: Any = g.get("n")
+    span: Any = g.get("span_s")
+    e: Any = g.get("energy_j")
     gpus = summary.get("gpus")
-    if type(gpus) is int and type(n) is int and n > gpus:
-        return u, None
-    if (type(e) in (int, float) and type(n) is int and type(span) in (int, float)
-            and n >= 1 and 0.0 <= span <= MAX_SPAN_S
+    if type(n) is not int or n < 1:
+        n = None
+    if type(gpus) is int and gpus > 0 and (n is None or n > gpus):
+        n = gpus  # the energy bound: at most Slurm's allocation, as clean_gpu_summary
+    if (type(e) in (int, float) and n is not None and type(span) in (int, float)
+            and 0.0 <= span <= MAX_SPAN_S
             and 0.0 <= e <= POWER_LIMIT_UNKNOWN_W * POWER_SLACK * n * span * 1.01 + 1.0):
         return u, float(e)
     return u, None
