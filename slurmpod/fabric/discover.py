@@ -79,9 +79,92 @@ def _find(parent: dict[str, str], x: str) -> str:
 
 def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -> Discovered:
     nodes = fabric.nodes
-    # Where each CA is cabled, as the switch-side port: read from the CA's own port line (one
-    # per HCA, not the 600k switch ports of a 100k-GPU fabric); the switches only for CAs
-    # printed without port lines.
+    warnings: list[str] = []
+    cas = _sort_cas(fabric, _attach_cas(fabric), hca_filters, warnings)
+    types, host_type = _node_types(cas.compute, warnings)
+    rails = list(types[0])
+    rail_of_type = [{d: r for r, d in enumerate(t)} for t in types]
+    compute = [c for c in cas.compute if c[0] in host_type]
+    leaves = _read_leaves(compute, host_type, rail_of_type)
+    root, group_hosts, groups = _group_leaves_into_sus(leaves)
+    sus = _order_sus(leaves, group_hosts, groups, warnings)
+    su_type = _su_types(sus, host_type, warnings)
+    su_leaves = _su_rail_leaves(nodes, leaves, root, groups, sus, len(rails), warnings)
+    tiers = _upper_tiers(nodes, leaves)
+    sizes = _radixes(nodes, leaves, tiers, len(rails), cas.an_switches, warnings)
+    leaf_ids = set(leaves.hosts)
+    link = leaves.gbps.most_common(1)[0][0] if leaves.gbps else 400
+    model = _model(nodes[next(iter(leaf_ids))]) if leaf_ids else ""
+    cage = model and _cage_pairs(nodes, leaf_ids, sizes.down_ports)
+    all_hosts = set(host_type)
+    return Discovered(
+        type_rails=[list(t) for t in types], su_type=su_type, switch_model=model,
+        uplink_cabling="cage" if cage else "spread", unnamed=cas.unnamed,
+        sus=sus, su_leaves=su_leaves, rails=rails,
+        storage_hcas=sorted({d for h, d in cas.apart if h in all_hosts}, key=natural_key),
+        spines=sorted((nodes[s].name or s for s in tiers.spine_ids), key=natural_key),
+        cores=sorted((nodes[c].name or c for c in tiers.core_ids), key=natural_key),
+        link_gbps=link, leaf_radix=sizes.leaf_radix, spine_radix=max(sizes.spine_radix, 4),
+        ports_seen=(sizes.real_leaf, sizes.real_spine),
+        oversubscription=sizes.over, spine_groups="per_rail" if sizes.per_rail else "shared",
+        rail_optimised=leaves.rail_optimised, sharp=cas.sharp, kept_apart=len(cas.apart),
+        warnings=warnings,
+    )
+
+
+@dataclass
+class _CAs:
+    """The fabric's CAs, sorted: compute HCAs with their leaf port, and the rest counted."""
+
+    # (host, device, leaf, leaf-side port) of each compute HCA
+    compute: list[tuple[str, str, FabricNode, Port]] = field(default_factory=list)
+    apart: list[tuple[str, str]] = field(default_factory=list)  # (host, device) kept apart
+    sharp: bool = False  # a SHARP aggregation node was seen
+    an_switches: set[str] = field(default_factory=set)  # switches holding an aggregation node
+    unnamed: int = 0  # CAs with the driver's default description
+
+
+@dataclass
+class _Leaves:
+    """Leaf switches (by fabric id) and what they carry."""
+
+    hosts: dict[str, set[str]]
+    rails: dict[str, Counter[int]]  # leaf -> rail -> HCAs seen
+    per_host: dict[str, Counter[str]]  # host -> leaf -> its HCAs there
+    host_ports: dict[str, dict[int, int]]  # host -> rail -> leaf port
+    gbps: Counter[int]  # link rates seen
+    rail_optimised: bool
+
+
+@dataclass
+class _Tiers:
+    """What sits above the leaves."""
+
+    uplinks: Counter[str]  # leaf -> uplink count
+    first_up: dict[str, int]  # leaf -> its first uplink port
+    spine_ids: set[str]
+    spine_leaf_rails: dict[str, set[int]]  # spine -> rails of the leaves below it
+    core_ids: set[str]
+
+
+@dataclass
+class _Radixes:
+    leaf_radix: int
+    spine_radix: int
+    real_leaf: int  # ports the leaves report
+    real_spine: int
+    over: float  # oversubscription
+    down_ports: int  # leaf ports before the first uplink
+    per_rail: bool  # spines grouped per rail
+
+
+def _attach_cas(fabric: Fabric) -> dict[str, tuple[FabricNode, Port]]:
+    """Where each CA is cabled, as the switch-side port.
+
+    Read from the CA's own port line (one per HCA, not the 600k switch ports of a 100k-GPU
+    fabric); the switches only for CAs printed without port lines.
+    """
+    nodes = fabric.nodes
     attach: dict[str, tuple[FabricNode, Port]] = {}
     orphans = False
     for ca in fabric.cas():
@@ -101,48 +184,54 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
                 peer = nodes.get(port.remote_id)
                 if peer is not None and peer.kind != "switch" and peer.node_id not in attach:
                     attach[peer.node_id] = (sw, port)
+    return attach
 
-    compute: list[tuple[str, str, FabricNode, Port]] = []  # host, device, leaf, port
-    apart: list[tuple[str, str]] = []
-    sharp = False
-    warnings: list[str] = []
-    an_switches: set[str] = set()
-    unnamed = 0
+
+def _sort_cas(fabric: Fabric, attach: dict[str, tuple[FabricNode, Port]],
+              hca_filters: Sequence[re.Pattern[str]], warnings: list[str]) -> _CAs:
+    """Compute HCAs, kept-apart ones, SHARP aggregation nodes, unnamed CAs."""
+    cas = _CAs()
     named = {ca.node_id: host_device(ca.desc) for ca in fabric.cas()}
     short = _short_names({h for h, _d in named.values() if h is not None and "." in h})
     for ca in fabric.cas():
         if ca.is_aggregation_node:
-            sharp = True
+            cas.sharp = True
             at = attach.get(ca.node_id)
             if at is not None:
-                an_switches.add(at[0].node_id)
+                cas.an_switches.add(at[0].node_id)
             continue
         host, dev = named[ca.node_id]
         if host is not None and short:
             host = short.get(host, host)
         if any(f.search(ca.desc) for f in hca_filters) or host is None:
             if host is not None and dev is not None:
-                apart.append((host, dev))
+                cas.apart.append((host, dev))
             elif host is None:
-                unnamed += 1
+                cas.unnamed += 1
             continue
         at = attach.get(ca.node_id)
         if at is None or dev is None:
             warnings.append(f"{ca.desc}: no switch link; left out")
             continue
-        compute.append((host, dev, at[0], at[1]))
-    if not compute:
+        cas.compute.append((host, dev, at[0], at[1]))
+    if not cas.compute:
         raise ConfigError("no compute HCAs found (no CA describes itself as 'HOST DEVICE')",
                           file=fabric.source,
                           hint="set node descriptions on the hosts (rdma-core's rdma-ndd), or "
                           "loosen --hca-filter")
-    if unnamed:
-        warnings.append(f"{unnamed} CAs have the driver's default node description and name no "
-                        "host; they are left out of the draft (set their descriptions with "
+    if cas.unnamed:
+        warnings.append(f"{cas.unnamed} CAs have the driver's default node description and name "
+                        "no host; they are left out of the draft (set their descriptions with "
                         "rdma-ndd and rerun)")
+    return cas
 
-    # Node types by the devices their hosts show; a host missing a device (a link down) joins
-    # the type whose devices include its own.
+
+def _node_types(compute: list[tuple[str, str, FabricNode, Port]],
+                warnings: list[str]) -> tuple[list[tuple[str, ...]], dict[str, int]]:
+    """Node types by the devices their hosts show, and each host's type.
+
+    A host missing a device (a link down) joins the type whose devices include its own.
+    """
     devs_of: dict[str, set[str]] = defaultdict(set)
     for host, dev, _sw, _p in compute:
         devs_of[host].add(dev)
@@ -164,118 +253,150 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
             if devs <= set(t):
                 host_type[host] = i
                 break
-    rails = list(types[0])
-    rail_of_type = [{d: r for r, d in enumerate(t)} for t in types]
-    compute = [c for c in compute if c[0] in host_type]
-    all_hosts = set(host_type)
+    return types, host_type
 
-    # Leaves and what they carry.
-    leaf_hosts: dict[str, set[str]] = defaultdict(set)
-    leaf_rails: dict[str, Counter[int]] = defaultdict(Counter)
-    per_host_leaf: dict[str, Counter[str]] = defaultdict(Counter)
-    gbps: Counter[int] = Counter()
+
+def _read_leaves(compute: list[tuple[str, str, FabricNode, Port]], host_type: dict[str, int],
+                 rail_of_type: list[dict[str, int]]) -> _Leaves:
+    """Leaves and what they carry; rail-optimised when most leaves see a host once."""
+    leaves = _Leaves(defaultdict(set), defaultdict(Counter), defaultdict(Counter),
+                     defaultdict(dict), Counter(), False)
     multi = 0
-    host_ports: dict[str, dict[int, int]] = defaultdict(dict)  # host -> rail -> leaf port
     for host, dev, sw, port in compute:
         r = rail_of_type[host_type[host]].get(dev)
         if r is None:
             continue
-        host_ports[host][r] = port.num
+        leaves.host_ports[host][r] = port.num
         leaf = sw.node_id
-        if host in leaf_hosts[leaf]:
+        if host in leaves.hosts[leaf]:
             multi += 1
-        leaf_hosts[leaf].add(host)
-        leaf_rails[leaf][r] += 1
-        per_host_leaf[host][leaf] += 1
+        leaves.hosts[leaf].add(host)
+        leaves.rails[leaf][r] += 1
+        leaves.per_host[host][leaf] += 1
         link_gbps = port.gbps
         if link_gbps:
-            gbps[round(link_gbps)] += 1
-    rail_optimised = multi * 2 < len(compute)
+            leaves.gbps[round(link_gbps)] += 1
+    leaves.rail_optimised = multi * 2 < len(compute)
+    return leaves
 
-    # Merge leaves into SUs (rail-optimised) — or one SU per leaf (rack leaves).
+
+def _group_leaves_into_sus(
+        leaves: _Leaves) -> tuple[dict[str, str], dict[str, list[str]], list[str]]:
+    """Merge leaves into SUs (rail-optimised) — or one SU per leaf (rack leaves).
+
+    Returns each leaf's SU root, the hosts of each root (each host where most of its HCAs
+    are), and the roots in the order of their first host.
+    """
+    leaf_hosts = leaves.hosts
     parent = {leaf: leaf for leaf in leaf_hosts}
-    if rail_optimised:
+    if leaves.rail_optimised:
         by_host: dict[str, list[str]] = defaultdict(list)
         for leaf, hs in leaf_hosts.items():
             for h in hs:
                 by_host[h].append(leaf)
-        for leaves in by_host.values():
-            first = leaves[0]
-            for other in leaves[1:]:
+        for host_leaves in by_host.values():
+            first = host_leaves[0]
+            for other in host_leaves[1:]:
                 a, b = _find(parent, first), _find(parent, other)
                 if a != b and _overlap(leaf_hosts[first], leaf_hosts[other]) >= 0.5:
                     parent[b] = a
     group_hosts: dict[str, list[str]] = defaultdict(list)
     root = {leaf: _find(parent, leaf) for leaf in parent}
-    for host, host_leaves in per_host_leaf.items():
+    for host, host_leaves_n in leaves.per_host.items():
         votes: Counter[str] = Counter()
-        for leaf, n in host_leaves.items():
+        for leaf, n in host_leaves_n.items():
             votes[root[leaf]] += n
         best = next(iter(votes)) if len(votes) == 1 else \
             min(votes.items(), key=lambda kv: (-kv[1], natural_key(kv[0])))[0]
         group_hosts[best].append(host)
     groups = sorted(group_hosts, key=lambda g: natural_key(min(group_hosts[g], key=natural_key)))
+    return root, group_hosts, groups
+
+
+def _order_sus(leaves: _Leaves, group_hosts: dict[str, list[str]], groups: list[str],
+               warnings: list[str]) -> list[list[str]]:
+    """Each SU in leaf-port order: the plan puts the s-th node of an SU in port s+1."""
+    host_ports = leaves.host_ports
 
     def port_order(h: str) -> tuple[int, tuple[object, ...]]:
         ports = host_ports[h]
         return (ports[min(ports)] if ports else 0, natural_key(h))
 
-    # Each SU in leaf-port order: the plan puts the s-th node of an SU in port s+1.
     sus = [sorted(group_hosts[g], key=port_order) for g in groups]
     for su in sus:
         seen_ports = [port_order(h)[0] for h in su]
-        if rail_optimised and seen_ports != list(range(1, len(su) + 1)):
+        if leaves.rail_optimised and seen_ports != list(range(1, len(su) + 1)):
             warnings.append(f"the SU of {su[0]} uses leaf ports {_ranges(seen_ports)}, not "
                             f"1-{len(su)}; `topo check` of the draft reports wrong ports")
             break
+    return sus
+
+
+def _su_types(sus: list[list[str]], host_type: dict[str, int], warnings: list[str]) -> list[int]:
+    """Each SU's node type: that of most of its hosts."""
     su_type: list[int] = []
     for su in sus:
         votes_t = Counter(host_type[h] for h in su)
         su_type.append(votes_t.most_common(1)[0][0])
         if len(votes_t) > 1:
             warnings.append(f"the SU of {su[0]} mixes node types; the draft gives it one type")
+    return su_type
+
+
+def _su_rail_leaves(nodes: dict[str, FabricNode], leaves: _Leaves, root: dict[str, str],
+                    groups: list[str], sus: list[list[str]], n_rails: int,
+                    warnings: list[str]) -> list[dict[int, list[str]]]:
+    """Per SU: rail -> the names of its leaf switches."""
     su_leaves: list[dict[int, list[str]]] = []
     members: dict[str, list[str]] = defaultdict(list)
-    for leaf in leaf_hosts:
+    for leaf in leaves.hosts:
         members[root[leaf]].append(leaf)
     for g in groups:
         by_rail: dict[int, list[str]] = defaultdict(list)
         for leaf in members[g]:
-            r = leaf_rails[leaf].most_common(1)[0][0] if rail_optimised else 0
+            r = leaves.rails[leaf].most_common(1)[0][0] if leaves.rail_optimised else 0
             by_rail[r].append(nodes[leaf].name or leaf)
         su_leaves.append(dict(sorted(by_rail.items())))
-        if rail_optimised and len(by_rail) != len(rails):
+        if leaves.rail_optimised and len(by_rail) != n_rails:
             warnings.append(f"SU of {sus[len(su_leaves) - 1][0]}: {len(by_rail)} rail leaves for "
-                            f"{len(rails)} rails; run `topo check` on the draft")
+                            f"{n_rails} rails; run `topo check` on the draft")
+    return su_leaves
 
-    # Upper tiers.
-    leaf_ids = set(leaf_hosts)
-    uplinks: Counter[str] = Counter()
-    first_up: dict[str, int] = {}
-    spine_ids: set[str] = set()
-    spine_leaf_rails: dict[str, set[int]] = defaultdict(set)
+
+def _upper_tiers(nodes: dict[str, FabricNode], leaves: _Leaves) -> _Tiers:
+    """Spines (switches the leaves uplink to) and cores (switches above the spines)."""
+    leaf_ids = set(leaves.hosts)
+    tiers = _Tiers(Counter(), {}, set(), defaultdict(set), set())
     for leaf in leaf_ids:
         for port in nodes[leaf].ports.values():
             peer = nodes.get(port.remote_id)
             if peer is not None and peer.kind == "switch" and peer.node_id not in leaf_ids:
-                uplinks[leaf] += 1
-                first_up[leaf] = min(first_up.get(leaf, port.num), port.num)
-                spine_ids.add(peer.node_id)
-                if leaf_rails[leaf]:
-                    spine_leaf_rails[peer.node_id].add(leaf_rails[leaf].most_common(1)[0][0])
-    core_ids: set[str] = set()
-    for sp in spine_ids:
+                tiers.uplinks[leaf] += 1
+                tiers.first_up[leaf] = min(tiers.first_up.get(leaf, port.num), port.num)
+                tiers.spine_ids.add(peer.node_id)
+                if leaves.rails[leaf]:
+                    tiers.spine_leaf_rails[peer.node_id].add(
+                        leaves.rails[leaf].most_common(1)[0][0])
+    for sp in tiers.spine_ids:
         for port in nodes[sp].ports.values():
             peer = nodes.get(port.remote_id)
             if (peer is not None and peer.kind == "switch" and peer.node_id not in leaf_ids
-                    and peer.node_id not in spine_ids):
-                core_ids.add(peer.node_id)
+                    and peer.node_id not in tiers.spine_ids):
+                tiers.core_ids.add(peer.node_id)
+    return tiers
 
-    busiest = max((len(h) * (1 if rail_optimised else max(1, len(rails)))
-                   for h in leaf_hosts.values()), default=1)
-    up = max(uplinks.values(), default=0)
+
+def _radixes(nodes: dict[str, FabricNode], leaves: _Leaves, tiers: _Tiers, n_rails: int,
+             an_switches: set[str], warnings: list[str]) -> _Radixes:
+    """Radixes, oversubscription and spine grouping that the plan's rules reproduce."""
+    leaf_ids = set(leaves.hosts)
+    rail_optimised = leaves.rail_optimised
+    spine_ids, core_ids = tiers.spine_ids, tiers.core_ids
+    busiest = max((len(h) * (1 if rail_optimised else max(1, n_rails))
+                   for h in leaves.hosts.values()), default=1)
+    up = max(tiers.uplinks.values(), default=0)
     over = max(1.0, busiest / up) if up else 1.0
-    down_ports = min(first_up.values(), default=busiest + 1) - 1
+    down_ports = min(tiers.first_up.values(), default=busiest + 1) - 1
     # A Quantum switch counts its SHARP aggregation node's port (65 on a 64-port QM9700).
     real_leaf = max((_radix(nodes[leaf], an_switches) for leaf in leaf_ids), default=0)
     leaf_radix = _leaf_radix(real_leaf, down_ports, up, over)
@@ -287,8 +408,9 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
         warnings.append(f"leaves have {up} uplinks for {busiest} nodes, which the plan's rule "
                         "(oversubscription >= 1) cannot reproduce")
     per_rail = rail_optimised and bool(spine_ids) and all(
-        len(v) == 1 for v in spine_leaf_rails.values())
-    groups_n = len({next(iter(v)) for v in spine_leaf_rails.values() if v}) if per_rail else 1
+        len(v) == 1 for v in tiers.spine_leaf_rails.values())
+    groups_n = len({next(iter(v)) for v in tiers.spine_leaf_rails.values() if v}) \
+        if per_rail else 1
     real_spine = max((_radix(nodes[x], an_switches) for x in spine_ids | core_ids),
                      default=leaf_radix)
     spine_radix = real_spine
@@ -299,21 +421,7 @@ def discover_site(fabric: Fabric, hca_filters: Sequence[re.Pattern[str]] = ()) -
             warnings.append("no spine_radix gives the observed spines per group with the plan's "
                             "rule; review fabric.spine_radix")
         spine_radix = found or real_spine
-    link = gbps.most_common(1)[0][0] if gbps else 400
-    model = _model(nodes[next(iter(leaf_ids))]) if leaf_ids else ""
-    cage = model and _cage_pairs(nodes, leaf_ids, down_ports)
-    return Discovered(
-        type_rails=[list(t) for t in types], su_type=su_type, switch_model=model,
-        uplink_cabling="cage" if cage else "spread", unnamed=unnamed,
-        sus=sus, su_leaves=su_leaves, rails=rails,
-        storage_hcas=sorted({d for h, d in apart if h in all_hosts}, key=natural_key),
-        spines=sorted((nodes[s].name or s for s in spine_ids), key=natural_key),
-        cores=sorted((nodes[c].name or c for c in core_ids), key=natural_key),
-        link_gbps=link, leaf_radix=leaf_radix, spine_radix=max(spine_radix, 4),
-        ports_seen=(real_leaf, real_spine),
-        oversubscription=over, spine_groups="per_rail" if per_rail else "shared",
-        rail_optimised=rail_optimised, sharp=sharp, kept_apart=len(apart), warnings=warnings,
-    )
+    return _Radixes(leaf_radix, spine_radix, real_leaf, real_spine, over, down_ports, per_rail)
 
 
 def _leaf_radix(real: int, down_ports: int, up: int, over: float) -> int | None:
