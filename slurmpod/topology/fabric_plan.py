@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -205,114 +205,158 @@ def spine_block_leaves(spine_radix: int, rails_per_block_unit: int) -> int:
 def plan_fabric(site: Site) -> FabricPlan:
     """Derive the expected switches and cables of `site`'s compute fabric."""
     fab = site.fabric
+    d_ports = site.leaf_downlinks
+    lower = _rail_leaf_tier(site) if fab.rail_optimised else _rack_leaf_tier(site)
+    if len(lower.leaves) <= 1:
+        return FabricPlan(site.site.name, fab.kind, fab.link_gbps, fab.rail_optimised,
+                          lower.spine_groups, 1, d_ports, 0, 0, tuple(lower.leaves), (), (),
+                          tuple(lower.node_links), (), (), fab.cage_ports)
+    u = _uplinks_per_leaf(site, lower.node_links)
+    three = max(len(v) for v in lower.groups.values()) > fab.spine_radix
+    upper = _UpperTiers()
+    for g, group_leaves in sorted(lower.groups.items()):
+        if three:
+            _cable_three_tier_group(site, upper, g, group_leaves, u, lower)
+        else:
+            _cable_two_tier_group(site, upper, g, group_leaves, u, lower.spine_groups)
+    leaves = lower.leaves
+    if upper.leaf_block:
+        leaves = [replace(sw, block=upper.leaf_block[sw.name]) for sw in leaves]
+    return FabricPlan(
+        site=site.site.name, kind=fab.kind, link_gbps=fab.link_gbps,
+        rail_optimised=fab.rail_optimised, spine_groups=lower.spine_groups,
+        tiers=3 if three else 2, downlinks_per_leaf=d_ports, uplinks_per_leaf=u,
+        spine_uplinks=upper.s_up, leaves=tuple(leaves), spines=tuple(upper.spines),
+        cores=tuple(upper.cores), node_links=tuple(lower.node_links),
+        leaf_uplinks=tuple(upper.leaf_up), spine_core_links=tuple(upper.core_links),
+        cage_ports=fab.cage_ports,
+    )
+
+
+class _LeafTier(NamedTuple):
+    """The leaves, the node cables into them, and how they group under the spines."""
+
+    leaves: list[Switch]
+    node_links: list[NodeLink]
+    groups: dict[int, list[str]]  # spine group -> leaf names in group order
+    spine_groups: str
+    unit: int  # leaves of one spine block come in multiples of this (the rails sharing it)
+
+
+@dataclass
+class _UpperTiers:
+    """Spines, cores and their cables, filled one spine group at a time."""
+
+    spines: list[Switch] = field(default_factory=list)
+    cores: list[Switch] = field(default_factory=list)
+    leaf_up: list[SwitchLink] = field(default_factory=list)
+    core_links: list[SwitchLink] = field(default_factory=list)
+    leaf_block: dict[str, int] = field(default_factory=dict)  # leaf -> its spine block
+    s_up: int = 0  # uplinks per spine (three tiers)
+
+
+def _rail_leaf_tier(site: Site) -> _LeafTier:
+    """One leaf per rail of each SU; node s of an SU in port s+1 of each rail's leaf."""
+    fab = site.fabric
     inv = site.inventory
     prefix = fab.switch_prefix
-    d_ports = site.leaf_downlinks
-    r_leaf, r_spine = fab.leaf_radix, fab.spine_radix
-    bundle = fab.cage_ports if fab.uplink_cabling == "cage" else 1
-
     leaves: list[Switch] = []
-    node_links: list[NodeLink] = []
-    # Group -> leaf names in group order.
     groups: dict[int, list[str]] = {}
-    if fab.rail_optimised:
-        rails = fab.rails
-        per_rail = fab.spine_groups == "per_rail"
-        names = [[leaf_name(prefix, su_name, r) for r in range(rails)] for su_name in inv.su_names]
-        for su, row in enumerate(names):
-            for r, name in enumerate(row):
-                g = r if per_rail else 0
-                leaves.append(Switch(name, "leaf", r_leaf, g, su=su, rail=r))
-                groups.setdefault(g, []).append(name)
-        # (`h.rail is not None` holds for every compute HCA: the site model checks it)
-        hcas_by_type = {t: [(h.device, h.rail) for h in nt.compute_hcas if h.rail is not None]
-                        for t, nt in site.node_types.items()}
-        # tuple.__new__ skips NamedTuple's Python-level __new__: 2x faster at 100k links.
-        node_links = [
-            _new(NodeLink, (node.name, dev, rail, names[node.su][rail], node.su_slot + 1))
-            for node in inv.nodes for dev, rail in hcas_by_type[node.node_type]
-        ]
-        spine_groups = fab.spine_groups
-        unit = 1 if per_rail else rails
-    else:
-        rack_leaves = [rack_leaf_name(prefix, r) for r in inv.rack_names]
-        for rack, name in enumerate(rack_leaves):
-            leaves.append(Switch(name, "leaf", r_leaf, 0, rack=rack))
-        groups[0] = list(rack_leaves)
-        for node in inv.nodes:
-            hcas = site.node_types[node.node_type].compute_hcas
-            base = node.slot * len(hcas)
-            for h, hca in enumerate(hcas):
-                node_links.append(
-                    NodeLink(node.name, hca.device, hca.rail, rack_leaves[node.rack], base + h + 1)
-                )
-        spine_groups = "shared"
-        unit = 1
+    rails = fab.rails
+    per_rail = fab.spine_groups == "per_rail"
+    names = [[leaf_name(prefix, su_name, r) for r in range(rails)] for su_name in inv.su_names]
+    for su, row in enumerate(names):
+        for r, name in enumerate(row):
+            g = r if per_rail else 0
+            leaves.append(Switch(name, "leaf", fab.leaf_radix, g, su=su, rail=r))
+            groups.setdefault(g, []).append(name)
+    # (`h.rail is not None` holds for every compute HCA: the site model checks it)
+    hcas_by_type = {t: [(h.device, h.rail) for h in nt.compute_hcas if h.rail is not None]
+                    for t, nt in site.node_types.items()}
+    # tuple.__new__ skips NamedTuple's Python-level __new__: 2x faster at 100k links.
+    node_links = [
+        _new(NodeLink, (node.name, dev, rail, names[node.su][rail], node.su_slot + 1))
+        for node in inv.nodes for dev, rail in hcas_by_type[node.node_type]
+    ]
+    return _LeafTier(leaves, node_links, groups, fab.spine_groups, 1 if per_rail else rails)
 
+
+def _rack_leaf_tier(site: Site) -> _LeafTier:
+    """One leaf per rack, every HCA of its nodes in it, node by node."""
+    fab = site.fabric
+    inv = site.inventory
+    rack_leaves = [rack_leaf_name(fab.switch_prefix, r) for r in inv.rack_names]
+    leaves = [Switch(name, "leaf", fab.leaf_radix, 0, rack=rack)
+              for rack, name in enumerate(rack_leaves)]
+    node_links: list[NodeLink] = []
+    for node in inv.nodes:
+        hcas = site.node_types[node.node_type].compute_hcas
+        base = node.slot * len(hcas)
+        for h, hca in enumerate(hcas):
+            node_links.append(
+                NodeLink(node.name, hca.device, hca.rail, rack_leaves[node.rack], base + h + 1)
+            )
+    return _LeafTier(leaves, node_links, {0: list(rack_leaves)}, "shared", 1)
+
+
+def _uplinks_per_leaf(site: Site, node_links: list[NodeLink]) -> int:
+    """Uplinks the busiest leaf needs at the declared oversubscription."""
+    fab = site.fabric
     used: dict[str, int] = {}
     for link in node_links:
         used[link.leaf] = used.get(link.leaf, 0) + 1
     busiest = max(used.values(), default=0)
-    if len(leaves) <= 1:
-        return FabricPlan(site.site.name, fab.kind, fab.link_gbps, fab.rail_optimised,
-                          spine_groups, 1, d_ports, 0, 0, tuple(leaves), (), (),
-                          tuple(node_links), (), (), fab.cage_ports)
-    # Uplinks the busiest leaf needs at the declared oversubscription (1e-9: 32/1.0 is 32).
-    u = max(1, min(r_leaf - d_ports, math.ceil(busiest / fab.oversubscription - 1e-9)))
+    # (1e-9: 32/1.0 is 32)
+    return max(1, min(fab.leaf_radix - site.leaf_downlinks,
+                      math.ceil(busiest / fab.oversubscription - 1e-9)))
 
-    spines: list[Switch] = []
-    cores: list[Switch] = []
-    leaf_up: list[SwitchLink] = []
-    core_links: list[SwitchLink] = []
-    leaf_block: dict[str, int] = {}
-    max_leaves = max(len(v) for v in groups.values())
-    three = max_leaves > r_spine
-    s_up = 0
-    for g, group_leaves in sorted(groups.items()):
-        tag = f"rail{g}-" if spine_groups == "per_rail" else ""
-        rail = g if spine_groups == "per_rail" else None
-        if not three:
-            n_sp = smallest_divisor_at_least(u, _ceil_div(len(group_leaves) * u, r_spine))
-            sp_names = [f"{prefix}spine-{tag}{j + 1}" for j in range(n_sp)]
-            spines.extend(Switch(n, "spine", r_spine, g, rail=rail) for n in sp_names)
-            _spread(group_leaves, d_ports + 1, u, sp_names, leaf_up, bundle)
-            continue
-        block = spine_block_leaves(r_spine, unit)
-        if block < 1:
-            raise ValueError(
-                f"fabric.spine_radix: {r_spine} is too small for a three-tier fabric with "
-                f"{unit} rails per block; use larger spines or spine_groups = 'per_rail'"
-            )
-        n_sb = smallest_divisor_at_least(u, _ceil_div(block * u, r_spine // 2))
-        s_up = block * u // n_sb
-        blocks = [group_leaves[i:i + block] for i in range(0, len(group_leaves), block)]
-        n_core = smallest_divisor_at_least(s_up, _ceil_div(len(blocks) * s_up, r_spine))
-        planes: list[list[str]] = [[] for _ in range(n_sb)]
-        for b, blk in enumerate(blocks):
-            for name in blk:
-                leaf_block[name] = b
-            sp_names = [f"{prefix}spine-{tag}b{b + 1}-{j + 1}" for j in range(n_sb)]
-            spines.extend(Switch(n, "spine", r_spine, g, rail=rail, block=b, plane=j)
-                          for j, n in enumerate(sp_names))
-            _spread(blk, d_ports + 1, u, sp_names, leaf_up, bundle)
-            for j, n in enumerate(sp_names):
-                planes[j].append(n)
-        for j, plane in enumerate(planes):
-            c_names = [f"{prefix}core-{tag}{j * n_core + c + 1}" for c in range(n_core)]
-            cores.extend(Switch(n, "core", r_spine, g, rail=rail, plane=j) for n in c_names)
-            # A spine's downlink ports are 1..block·U/S_b; its uplinks sit above them.
-            _spread(plane, s_up + 1, s_up, c_names, core_links)
 
-    if leaf_block:
-        leaves = [replace(sw, block=leaf_block[sw.name]) for sw in leaves]
-    return FabricPlan(
-        site=site.site.name, kind=fab.kind, link_gbps=fab.link_gbps,
-        rail_optimised=fab.rail_optimised, spine_groups=spine_groups, tiers=3 if three else 2,
-        downlinks_per_leaf=d_ports, uplinks_per_leaf=u, spine_uplinks=s_up,
-        leaves=tuple(leaves), spines=tuple(spines), cores=tuple(cores),
-        node_links=tuple(node_links), leaf_uplinks=tuple(leaf_up),
-        spine_core_links=tuple(core_links), cage_ports=fab.cage_ports,
-    )
+def _cable_two_tier_group(site: Site, upper: _UpperTiers, g: int, group_leaves: list[str],
+                          u: int, spine_groups: str) -> None:
+    """Spines of one group, each leaf's `u` uplinks spread over them."""
+    fab = site.fabric
+    tag = f"rail{g}-" if spine_groups == "per_rail" else ""
+    rail = g if spine_groups == "per_rail" else None
+    n_sp = smallest_divisor_at_least(u, _ceil_div(len(group_leaves) * u, fab.spine_radix))
+    sp_names = [f"{fab.switch_prefix}spine-{tag}{j + 1}" for j in range(n_sp)]
+    upper.spines.extend(Switch(n, "spine", fab.spine_radix, g, rail=rail) for n in sp_names)
+    bundle = fab.cage_ports if fab.uplink_cabling == "cage" else 1
+    _spread(group_leaves, site.leaf_downlinks + 1, u, sp_names, upper.leaf_up, bundle)
+
+
+def _cable_three_tier_group(site: Site, upper: _UpperTiers, g: int, group_leaves: list[str],
+                            u: int, lower: _LeafTier) -> None:
+    """Spine blocks of one group, and core planes above them (one per spine of a block)."""
+    fab = site.fabric
+    prefix, r_spine = fab.switch_prefix, fab.spine_radix
+    tag = f"rail{g}-" if lower.spine_groups == "per_rail" else ""
+    rail = g if lower.spine_groups == "per_rail" else None
+    bundle = fab.cage_ports if fab.uplink_cabling == "cage" else 1
+    block = spine_block_leaves(r_spine, lower.unit)
+    if block < 1:
+        raise ValueError(
+            f"fabric.spine_radix: {r_spine} is too small for a three-tier fabric with "
+            f"{lower.unit} rails per block; use larger spines or spine_groups = 'per_rail'"
+        )
+    n_sb = smallest_divisor_at_least(u, _ceil_div(block * u, r_spine // 2))
+    s_up = upper.s_up = block * u // n_sb
+    blocks = [group_leaves[i:i + block] for i in range(0, len(group_leaves), block)]
+    n_core = smallest_divisor_at_least(s_up, _ceil_div(len(blocks) * s_up, r_spine))
+    planes: list[list[str]] = [[] for _ in range(n_sb)]
+    for b, blk in enumerate(blocks):
+        for name in blk:
+            upper.leaf_block[name] = b
+        sp_names = [f"{prefix}spine-{tag}b{b + 1}-{j + 1}" for j in range(n_sb)]
+        upper.spines.extend(Switch(n, "spine", r_spine, g, rail=rail, block=b, plane=j)
+                            for j, n in enumerate(sp_names))
+        _spread(blk, site.leaf_downlinks + 1, u, sp_names, upper.leaf_up, bundle)
+        for j, n in enumerate(sp_names):
+            planes[j].append(n)
+    for j, plane in enumerate(planes):
+        c_names = [f"{prefix}core-{tag}{j * n_core + c + 1}" for c in range(n_core)]
+        upper.cores.extend(Switch(n, "core", r_spine, g, rail=rail, plane=j) for n in c_names)
+        # A spine's downlink ports are 1..block·U/S_b; its uplinks sit above them.
+        _spread(plane, s_up + 1, s_up, c_names, upper.core_links)
 
 
 def _spread(lower: list[str], first_port: int, per_lower: int, upper: list[str],
