@@ -119,9 +119,11 @@ def test_monitor_writes_gpu_figures_without_moving_t(tmp_path: Path) -> None:
     smi = FakeSmi([[(90, 500, 1000, None)], [(10, 200, 1000, None)],
                    [(50, 300, 1000, None)]], energy=False)
     ticks = iter(range(100, 1000, 10))
+    mono = iter(range(0, 100_000, 1000))  # every cycle is a whole interval (180 s) later
     io = MonitorIO(get_comment=lambda j: None, set_comment=lambda j, c: comments.append(c),
                    job_running=lambda j: True, sleep=lambda s: False,
-                   now=lambda: float(next(ticks)), sampler=Sampler(smi, node="n", now=clock()))
+                   now=lambda: float(next(ticks)), sampler=Sampler(smi, node="n", now=clock()),
+                   monotonic=lambda: float(next(mono)))
     run_monitor("7", str(log), io, max_cycles=3, peak_hint=1.0, gpus_hint=8,
                 stop=threading.Event(), parent_pid=None)
     docs = [json.loads(c) for c in comments]
