@@ -209,6 +209,43 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     fpt = flops_per_token(c)
     tokens = c.global_batch_size * c.seq_length if c.global_batch_size else None
 
+    errors, fit_fix = _layout_errors(c, world, shape, sa, fits)
+    if n_nodes > len(sa.domain):
+        errors.append(f"job.nodes: {n_nodes} nodes requested but site {sa.site_name} has "
+                      f"{len(sa.domain)}: use at most {len(sa.domain)}")
+    if not fits:
+        errors.append(_memory_error(c, n_nodes, shape, sa, total, usable, fit_fix))
+    part_errors, part_warnings = _partition_findings(run, n_nodes, site)
+    errors.extend(part_errors)
+    warnings = layout_warnings(c, world, shape)
+    warnings.extend(part_warnings)
+    where: Placement | None = None
+    if placement and world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
+        where = _place(sa, c, n_nodes)
+        warnings.extend(_placement_warnings(where, c))
+    return Plan(
+        run_name=run.job.name, site=sa.site_name, nodes=n_nodes, gpus_per_node=sa.gpus_per_node,
+        world_size=world, tp=c.tp, cp=c.cp, pp=c.pp, vpp=c.vpp, ep=c.ep, etp=c.etp,
+        data_parallel_size=dp, expert_data_parallel_size=edp, num_microbatches=nmb,
+        global_batch_size=c.global_batch_size, micro_batch_size=c.micro_batch_size,
+        seq_length=c.seq_length, padded_vocab_size=c.padded_vocab_size,
+        tokens_per_iteration=tokens, flops_per_token=fpt,
+        flops_per_iteration=fpt * tokens if tokens else None,
+        params_total=params.total, params_active=params.active,
+        weight_and_optimizer_bytes_per_gpu=w.bytes_per_gpu,
+        megatron_weight_and_optimizer_bytes_per_gpu=megatron_weight_and_optimizer_bytes(c, world),
+        activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
+        hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
+        gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=where,
+        is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
+        min_blocks=math.ceil(n_nodes / sa.block_nodes),
+        errors=errors, warnings=warnings,
+    )
+
+
+def _layout_errors(c: ModelConfig, world: int, shape: SiteShape, sa: _SiteArrays,
+                   fits: bool) -> tuple[list[str], str | None]:
+    """The layout's structural errors, each with its fix; and the layout that fits, if any."""
     structural = layout_errors(c, world, shape)
     split_errs = set(c.pipeline_split().errors)
     errors: list[str] = []
@@ -235,49 +272,33 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
             generic = (f"use TP ≤ {sa.domain_gpus} dividing the heads and query groups, PP "
                        f"dividing num_layers, and TP×CP×PP dividing the {world} GPUs")
             errors.append(with_fix(f"megatron.{key}: {msg}", chosen, generic))
-    if n_nodes > len(sa.domain):
-        errors.append(f"job.nodes: {n_nodes} nodes requested but site {sa.site_name} has "
-                      f"{len(sa.domain)}: use at most {len(sa.domain)}")
-    if not fits:
-        need = total / GIB
-        if fit_fix is None:
-            more = min_nodes_that_fit(c, n_nodes, shape)
-            if more is not None:
-                fit_fix = f"at least {more} nodes" + (
-                    "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
-        errors.append(with_fix(
-            f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
-            f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
-            fit_fix, "use more nodes, the distributed optimizer or full recompute"))
+    return errors, fit_fix
+
+
+def _memory_error(c: ModelConfig, n_nodes: int, shape: SiteShape, sa: _SiteArrays,
+                  total: float, usable: float, fit_fix: str | None) -> str:
+    """The error of a plan that does not fit in HBM, with the layout or node count that does."""
+    need = total / GIB
+    if fit_fix is None:
+        more = min_nodes_that_fit(c, n_nodes, shape)
+        if more is not None:
+            fit_fix = f"at least {more} nodes" + (
+                "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
+    return with_fix(
+        f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
+        f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
+        fit_fix, "use more nodes, the distributed optimizer or full recompute")
+
+
+def _partition_findings(run: RunSpec, n_nodes: int, site: Site) -> tuple[list[str], list[str]]:
+    """The partition's limits as errors, and as warnings where the time limit is the default."""
     part_errs = partition_errors(run.job.partition, run.job.time_limit, n_nodes, site)
     # The built-in default time limit is not the user's choice: warn, don't fail, on it.
     time_is_default = "time_limit" not in run.job.keys_given
-    errors.extend(e for e in part_errs if not (time_is_default and e.startswith("job.time_limit")))
-    warnings = layout_warnings(c, world, shape)
-    warnings.extend(f"{e} (the default [job] time_limit)" for e in part_errs
-                    if time_is_default and e.startswith("job.time_limit"))
-    where: Placement | None = None
-    if placement and world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:
-        where = _place(sa, c, n_nodes)
-        warnings.extend(_placement_warnings(where, c))
-    return Plan(
-        run_name=run.job.name, site=sa.site_name, nodes=n_nodes, gpus_per_node=sa.gpus_per_node,
-        world_size=world, tp=c.tp, cp=c.cp, pp=c.pp, vpp=c.vpp, ep=c.ep, etp=c.etp,
-        data_parallel_size=dp, expert_data_parallel_size=edp, num_microbatches=nmb,
-        global_batch_size=c.global_batch_size, micro_batch_size=c.micro_batch_size,
-        seq_length=c.seq_length, padded_vocab_size=c.padded_vocab_size,
-        tokens_per_iteration=tokens, flops_per_token=fpt,
-        flops_per_iteration=fpt * tokens if tokens else None,
-        params_total=params.total, params_active=params.active,
-        weight_and_optimizer_bytes_per_gpu=w.bytes_per_gpu,
-        megatron_weight_and_optimizer_bytes_per_gpu=megatron_weight_and_optimizer_bytes(c, world),
-        activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
-        hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
-        gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=where,
-        is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
-        min_blocks=math.ceil(n_nodes / sa.block_nodes),
-        errors=errors, warnings=warnings,
-    )
+    errors = [e for e in part_errs if not (time_is_default and e.startswith("job.time_limit"))]
+    warnings = [f"{e} (the default [job] time_limit)" for e in part_errs
+                if time_is_default and e.startswith("job.time_limit")]
+    return errors, warnings
 
 
 def _place(sa: _SiteArrays, c: ModelConfig, n_nodes: int) -> Placement:
