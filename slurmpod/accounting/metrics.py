@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -458,29 +458,85 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
     tab = summary.iterations
     segs = summary.segments
     n = len(tab)
+    shape = _lean_launch_shape(summary, interval)
+    bounds = _lean_launch_bounds(summary, shape, starts, interval, warmup_iters)
+    work = _lean_lost_and_steady(summary, shape.seg_n, bounds)
+    fallback = bool(n) and work.n_steady == 0
+    stats, ratio, fpi = _lean_statistics(summary, _BlockValues(
+        work.steady_bits, fallback, default_global_batch_size, seq_length, flops_fn, n_gpus,
+        peak_tflops))
+    last_ti = tab.column("train_iters").last()
+    return _Figures(
+        first_iteration=shape.it_first, last_iteration=shape.it_max,
+        train_iters=int(last_ti) if n and last_ti >= 0 else None, steady_fallback=fallback,
+        stats=stats, reported_ratio=ratio, flops_per_iteration=fpi,
+        productive_s=work.productive.result(), lost_s=work.lost_total.result(),
+        lost_iters=work.lost_iters, resume=bounds.resume,
+        seg_lost={s.index: (work.seg_lost_iters[s.index], work.seg_sum[s.index].result())
+                  if s.index in shape.seg_n else (0, 0.0) for s in segs},
+        first_time_s=work.first_time, first_back_s=work.first_back,
+        stalls=_lean_stalls(summary), series=None)
 
-    # Pass 1: the first record of each run of one segment, records per segment, and (for a
-    # launch that does not say its --log-interval) the iterations between its records.
-    first_idx: list[int] = []
-    first_it: list[int] = []
-    first_seg: list[int] = []
-    seg_n: dict[int, int] = {}
-    no_interval = {s.index for s in segs if not interval.get(s.index)}
-    rest: dict[int, dict[int, int]] = {}
-    prev_it = prev_seg = 0
+
+@dataclass
+class _LaunchShape:
+    """Pass 1 of `_lean`: where each run of one segment starts, and how many records each has."""
+
+    first_idx: list[int] = field(default_factory=list)  # index of each run's first record
+    first_it: list[int] = field(default_factory=list)  # its iteration
+    first_seg: list[int] = field(default_factory=list)  # its segment
+    seg_n: dict[int, int] = field(default_factory=dict)  # segment -> records
+    # segment (launch without --log-interval) -> iterations between records -> count
+    rest: dict[int, dict[int, int]] = field(default_factory=dict)
     it_max: int | None = None
     it_first: int | None = None
+
+
+@dataclass
+class _LaunchBounds:
+    """Per segment: its resume point, the lowest later resume, the warm-up threshold."""
+
+    resume: dict[int, int]
+    later_min: np.ndarray  # segment -> lowest resume point of any later launch
+    thr: np.ndarray  # segment -> a record whose lo is below this is warm-up
+    fidx: np.ndarray  # index of each run's first record
+    fcov: np.ndarray  # iterations that record covers
+    excl_arr: np.ndarray  # records excluded as a launch's first (sorted)
+
+
+@dataclass
+class _LeanWork:
+    """Pass 2 of `_lean`: lost work, productive time, the warm-up mask, the first time."""
+
+    productive: exactstats.PairwiseSum
+    lost_total: exactstats.PairwiseSum
+    seg_sum: dict[int, exactstats.PairwiseSum]  # segment -> lost seconds
+    seg_lost_iters: dict[int, int]
+    lost_iters: int = 0
+    steady_bits: list[np.ndarray] = field(default_factory=list)  # packed, one per block
+    n_steady: int = 0
+    first_time: float | None = None
+    first_back: float | None = None
+
+
+def _lean_launch_shape(summary: LogSummary, interval: dict[int, int | None]) -> _LaunchShape:
+    """The first record of each run of one segment, records per segment, and (for a launch
+    that does not say its --log-interval) the iterations between its records."""
+    tab = summary.iterations
+    shape = _LaunchShape()
+    no_interval = {s.index for s in summary.segments if not interval.get(s.index)}
+    prev_it = prev_seg = 0
     for a, (it, seg) in tab.blocks("iteration", "segment"):
         k = it.shape[0]
         first = np.empty(k, dtype=bool)
         first[0] = a == 0 or seg[0] != prev_seg
         first[1:] = seg[1:] != seg[:-1]
         fi = np.flatnonzero(first)
-        first_idx.extend((fi + a).tolist())
-        first_it.extend(it[fi].tolist())
-        first_seg.extend(seg[fi].tolist())
+        shape.first_idx.extend((fi + a).tolist())
+        shape.first_it.extend(it[fi].tolist())
+        shape.first_seg.extend(seg[fi].tolist())
         for v, c in zip(*np.unique(seg, return_counts=True), strict=True):
-            seg_n[int(v)] = seg_n.get(int(v), 0) + int(c)
+            shape.seg_n[int(v)] = shape.seg_n.get(int(v), 0) + int(c)
         if no_interval:
             prev = np.empty_like(it)
             prev[0] = prev_it
@@ -488,27 +544,33 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
             nf = ~first
             d, seg_nf = (it - prev)[nf], seg[nf]
             for v in set(np.unique(seg_nf).tolist()) & no_interval:
-                h = rest.setdefault(v, {})
+                h = shape.rest.setdefault(v, {})
                 for x, c in zip(*np.unique(d[seg_nf == v], return_counts=True), strict=True):
                     h[int(x)] = h.get(int(x), 0) + int(c)
         top = int(it.max())
-        it_max = top if it_max is None else max(it_max, top)
-        if it_first is None:
-            it_first = int(it[0])
+        shape.it_max = top if shape.it_max is None else max(shape.it_max, top)
+        if shape.it_first is None:
+            shape.it_first = int(it[0])
         prev_it, prev_seg = int(it[-1]), int(seg[-1])
+    return shape
 
-    # Iterations covered by each first record (`_covered`), the launch of each segment.
+
+def _lean_launch_bounds(summary: LogSummary, shape: _LaunchShape, starts: dict[int, int | None],
+                        interval: dict[int, int | None], warmup_iters: int) -> _LaunchBounds:
+    """Iterations covered by each first record (`_covered`), the launch of each segment."""
+    segs = summary.segments
+    seg_n = shape.seg_n
     first_cov: list[int] = []
     lo_first: dict[int, int] = {}  # lo of a segment's first record
     first_of: dict[int, int] = {}  # index of that record
-    for k, itk, sv in zip(first_idx, first_it, first_seg, strict=True):
+    for k, itk, sv in zip(shape.first_idx, shape.first_it, shape.first_seg, strict=True):
         start = starts.get(sv)
         if start is not None and itk > start:
             c = itk - start
         elif interval.get(sv):
             c = int(interval[sv] or 1)
         else:
-            c = _median_of_counts(rest[sv]) if rest.get(sv) else 1
+            c = _median_of_counts(shape.rest[sv]) if shape.rest.get(sv) else 1
         c = max(c, 1)
         first_cov.append(c)
         if sv not in first_of:
@@ -538,20 +600,21 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         thr[s.index] = base + warmup_iters
         if s.start_seen:
             excl.append(first_of[s.index])
-    fidx = np.asarray(first_idx, dtype=np.int64)
-    fcov = np.asarray(first_cov, dtype=np.int64)
-    excl_arr = np.asarray(sorted(excl), dtype=np.int64)
+    return _LaunchBounds(resume, later_min, thr, np.asarray(shape.first_idx, dtype=np.int64),
+                         np.asarray(first_cov, dtype=np.int64),
+                         np.asarray(sorted(excl), dtype=np.int64))
 
-    # Pass 2: lost work, productive time, the warm-up rule, the first timestamp.
-    productive = exactstats.PairwiseSum(n)
-    lost_total = exactstats.PairwiseSum(n)
-    seg_sum = {v: exactstats.PairwiseSum(c) for v, c in seg_n.items()}
-    seg_lost_iters = dict.fromkeys(seg_n, 0)
-    lost_iters = 0
-    steady_bits: list[np.ndarray] = []
-    n_steady = 0
-    first_time: float | None = None
-    first_back: float | None = None
+
+def _lean_lost_and_steady(summary: LogSummary, seg_n: dict[int, int],
+                          bounds: _LaunchBounds) -> _LeanWork:
+    """Lost work, productive time, the warm-up rule, the first timestamp."""
+    tab = summary.iterations
+    n = len(tab)
+    fidx, fcov, excl_arr = bounds.fidx, bounds.fcov, bounds.excl_arr
+    later_min, thr = bounds.later_min, bounds.thr
+    w = _LeanWork(exactstats.PairwiseSum(n), exactstats.PairwiseSum(n),
+                  {v: exactstats.PairwiseSum(c) for v, c in seg_n.items()},
+                  dict.fromkeys(seg_n, 0))
     prev_it = 0
     for a, (it, seg, el, t) in tab.blocks("iteration", "segment", "elapsed_ms", "time_s"):
         k = it.shape[0]
@@ -566,56 +629,53 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         steady = lo >= thr[seg]
         e0, e1 = np.searchsorted(excl_arr, (a, a + k)).tolist()
         steady[excl_arr[e0:e1] - a] = False
-        steady_bits.append(np.packbits(steady))
-        n_steady += int(np.count_nonzero(steady))
+        w.steady_bits.append(np.packbits(steady))
+        w.n_steady += int(np.count_nonzero(steady))
         elapsed_s = el / 1000.0
-        productive.add(elapsed_s * (cov - lost))
+        w.productive.add(elapsed_s * (cov - lost))
         lost_s = elapsed_s * lost
-        lost_total.add(lost_s)
-        lost_iters += int(lost.sum())
+        w.lost_total.add(lost_s)
+        w.lost_iters += int(lost.sum())
         if seg[0] == seg[-1] and (seg == seg[0]).all():
             v = int(seg[0])
-            seg_sum[v].add(lost_s)
-            seg_lost_iters[v] += int(lost.sum())
+            w.seg_sum[v].add(lost_s)
+            w.seg_lost_iters[v] += int(lost.sum())
         else:
             for v in np.unique(seg).tolist():
                 m = seg == v
-                seg_sum[v].add(lost_s[m])
-                seg_lost_iters[v] += int(lost[m].sum())
-        if first_time is None:
+                w.seg_sum[v].add(lost_s[m])
+                w.seg_lost_iters[v] += int(lost[m].sum())
+        if w.first_time is None:
             fin = np.flatnonzero(np.isfinite(t))
             if fin.size:
                 kf = int(fin[0])
-                first_time, first_back = float(t[kf]), float(elapsed_s[kf] * cov[kf])
+                w.first_time, w.first_back = float(t[kf]), float(elapsed_s[kf] * cov[kf])
         prev_it = int(it[-1])
-    fallback = bool(n) and n_steady == 0
+    return w
 
-    # Passes 3...: the statistics of the steady records (`Stats.of` of each `_full` array).
-    stat_cols = {name: tab.column(col) for name, col in _STAT_COLUMNS.items()}
 
-    def printed(name: str) -> bool:  # a column of NaN has no statistics to read
-        c = stat_cols[name].constant()
-        return c is None or bool(np.isfinite(c))
+@dataclass
+class _BlockValues:
+    """Each block's values of the live statistics, as `_full` has them (steady records)."""
 
-    jobs: dict[str, exactstats.Exact] = {name: exactstats.Exact() for name in _STAT_COLUMNS
-                                         if printed(name)}
-    if seq_length:
-        jobs["tokens_per_s"] = exactstats.Exact()
-    if flops_fn is not None:
-        jobs["tflops_per_gpu"] = exactstats.Exact()
-        jobs["mfu"] = exactstats.Exact()
-        jobs["gbs"] = exactstats.Exact(total=False)  # the median steady batch size
-        if printed("tflops_reported"):  # slurmpod ÷ Megatron, over records with both
-            jobs["both_tflops"] = exactstats.Exact(total=False)
-            jobs["both_reported"] = exactstats.Exact(total=False)
-    flops_of: dict[float, float] = {}
+    steady_bits: list[np.ndarray]
+    fallback: bool
+    default_global_batch_size: int | None
+    seq_length: int | None
+    flops_fn: FlopsFn | None
+    n_gpus: int
+    peak_tflops: float
+    flops_of: dict[float, float] = field(default_factory=dict)  # batch size -> flops_fn of it
 
-    def values(b: int, cols: tuple[np.ndarray, ...], live: list[str]) -> dict[str, np.ndarray]:
+    def values(self, b: int, cols: tuple[np.ndarray, ...],
+               live: list[str]) -> dict[str, np.ndarray]:
         """Block b's values of each live statistic, as `_full` has them."""
+        default_global_batch_size, seq_length = self.default_global_batch_size, self.seq_length
+        flops_fn, flops_of = self.flops_fn, self.flops_of
         el, gb, rep, en, pw = cols
         k = el.shape[0]
-        st = (np.ones(k, dtype=bool) if fallback
-              else np.unpackbits(steady_bits[b], count=k).view(bool))
+        st = (np.ones(k, dtype=bool) if self.fallback
+              else np.unpackbits(self.steady_bits[b], count=k).view(bool))
         out: dict[str, np.ndarray] = {}
         for name, col in (("iter_time_ms", el), ("tflops_reported", rep), ("energy_j", en),
                           ("power_w", pw)):
@@ -640,16 +700,17 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         flops = np.full(k, np.nan)
         known = np.isfinite(gbs)
         sizes, inverse = np.unique(gbs[known], return_inverse=True)
-        for b in sizes.tolist():
-            if b not in flops_of:
-                flops_of[b] = float(np.array([flops_fn(int(b))], dtype=np.float64)[0])
-        flops[known] = np.array([flops_of[b] for b in sizes.tolist()], dtype=np.float64)[inverse]
-        tflops = flops / (elapsed_s * n_gpus) / 1e12
+        for size in sizes.tolist():
+            if size not in flops_of:
+                flops_of[size] = float(np.array([flops_fn(int(size))], dtype=np.float64)[0])
+        flops[known] = np.array([flops_of[s] for s in sizes.tolist()],
+                                dtype=np.float64)[inverse]
+        tflops = flops / (elapsed_s * self.n_gpus) / 1e12
         if "tflops_per_gpu" in live:
             v = tflops[st]
             out["tflops_per_gpu"] = v[np.isfinite(v)]
         if "mfu" in live:
-            v = (tflops / peak_tflops)[st]
+            v = (tflops / self.peak_tflops)[st]
             out["mfu"] = v[np.isfinite(v)]
         if "both_tflops" in live or "both_reported" in live:
             both = st & np.isfinite(tflops) & np.isfinite(rep)
@@ -657,33 +718,31 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
             out["both_reported"] = rep[both]
         return out
 
-    cols = ("elapsed_ms", "global_batch_size", "tflops_reported", "energy_j", "power_w")
-    alias: dict[str, str] = {}
-    first_pass = True
-    while any(j.active for j in jobs.values()):
-        live = [name for name, j in jobs.items() if j.active]
-        for b, (_, block) in enumerate(tab.blocks(*cols)):
-            got = values(b, block, live)
-            for name in live:
-                jobs[name].feed(got[name])
-        if first_pass:
-            first_pass = False
-            for name, ex in jobs.items():
-                ex.want(exactstats.median_ranks(ex.m) if name in ("gbs", "both_tflops",
-                                                                   "both_reported")
-                        else exactstats.percentile_ranks(ex.m))
-            both = jobs.get("both_tflops")
-            if (both is not None and jobs["tflops_per_gpu"].m == both.m
-                    == jobs["tflops_reported"].m):
-                # The same records: their order statistics are those of the two columns.
-                for name, other in (("both_tflops", "tflops_per_gpu"),
-                                    ("both_reported", "tflops_reported")):
-                    jobs[other].want(exactstats.median_ranks(both.m))
-                    alias[name] = other
-                    del jobs[name]
-                live = [name for name in live if name not in alias]
-        for name in live:
-            jobs[name].end_pass()
+
+def _lean_statistics(summary: LogSummary, bv: _BlockValues
+                     ) -> tuple[dict[str, Stats | None], float | None, float | None]:
+    """Passes 3...: the statistics of the steady records (`Stats.of` of each `_full` array),
+    the reported ratio and the FLOPs of the median steady batch."""
+    tab = summary.iterations
+    flops_fn = bv.flops_fn
+    stat_cols = {name: tab.column(col) for name, col in _STAT_COLUMNS.items()}
+
+    def printed(name: str) -> bool:  # a column of NaN has no statistics to read
+        c = stat_cols[name].constant()
+        return c is None or bool(np.isfinite(c))
+
+    jobs: dict[str, exactstats.Exact] = {name: exactstats.Exact() for name in _STAT_COLUMNS
+                                         if printed(name)}
+    if bv.seq_length:
+        jobs["tokens_per_s"] = exactstats.Exact()
+    if flops_fn is not None:
+        jobs["tflops_per_gpu"] = exactstats.Exact()
+        jobs["mfu"] = exactstats.Exact()
+        jobs["gbs"] = exactstats.Exact(total=False)  # the median steady batch size
+        if printed("tflops_reported"):  # slurmpod ÷ Megatron, over records with both
+            jobs["both_tflops"] = exactstats.Exact(total=False)
+            jobs["both_reported"] = exactstats.Exact(total=False)
+    alias = _feed_exact_statistics(summary, bv, jobs)
 
     def job(name: str) -> exactstats.Exact | None:
         return jobs.get(alias.get(name, name))
@@ -705,18 +764,44 @@ def _lean(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
     if flops_fn is not None and jobs["gbs"].m:
         g = jobs["gbs"]
         fpi = float(flops_fn(int(exactstats.median(g.m, g.at))))
-    last_ti = tab.column("train_iters").last()
-    return _Figures(
-        first_iteration=it_first, last_iteration=it_max,
-        train_iters=int(last_ti) if n and last_ti >= 0 else None, steady_fallback=fallback,
-        stats={name: stats(name) for name in ("iter_time_ms", "tokens_per_s", "tflops_per_gpu",
-                                               "mfu", "tflops_reported", "energy_j", "power_w")},
-        reported_ratio=ratio, flops_per_iteration=fpi, productive_s=productive.result(),
-        lost_s=lost_total.result(), lost_iters=lost_iters, resume=resume,
-        seg_lost={s.index: (seg_lost_iters[s.index], seg_sum[s.index].result())
-                  if s.index in seg_n else (0, 0.0) for s in segs},
-        first_time_s=first_time, first_back_s=first_back, stalls=_lean_stalls(summary),
-        series=None)
+    return ({name: stats(name) for name in ("iter_time_ms", "tokens_per_s", "tflops_per_gpu",
+                                            "mfu", "tflops_reported", "energy_j", "power_w")},
+            ratio, fpi)
+
+
+def _feed_exact_statistics(summary: LogSummary, bv: _BlockValues,
+                           jobs: dict[str, exactstats.Exact]) -> dict[str, str]:
+    """Read the blocks until every statistic has its order statistics; returns the aliases
+    (a ratio column that is the same records as a statistic's column reads that one)."""
+    tab = summary.iterations
+    cols = ("elapsed_ms", "global_batch_size", "tflops_reported", "energy_j", "power_w")
+    alias: dict[str, str] = {}
+    first_pass = True
+    while any(j.active for j in jobs.values()):
+        live = [name for name, j in jobs.items() if j.active]
+        for b, (_, block) in enumerate(tab.blocks(*cols)):
+            got = bv.values(b, block, live)
+            for name in live:
+                jobs[name].feed(got[name])
+        if first_pass:
+            first_pass = False
+            for name, ex in jobs.items():
+                ex.want(exactstats.median_ranks(ex.m) if name in ("gbs", "both_tflops",
+                                                                   "both_reported")
+                        else exactstats.percentile_ranks(ex.m))
+            both = jobs.get("both_tflops")
+            if (both is not None and jobs["tflops_per_gpu"].m == both.m
+                    == jobs["tflops_reported"].m):
+                # The same records: their order statistics are those of the two columns.
+                for name, other in (("both_tflops", "tflops_per_gpu"),
+                                    ("both_reported", "tflops_reported")):
+                    jobs[other].want(exactstats.median_ranks(both.m))
+                    alias[name] = other
+                    del jobs[name]
+                live = [name for name in live if name not in alias]
+        for name in live:
+            jobs[name].end_pass()
+    return alias
 
 
 def _time_to_first(summary: LogSummary, job_start_s: float | None, first: float | None,
