@@ -350,21 +350,7 @@ def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
     cov = _covered(it, seg, starts, interval)
     lo = it - cov  # record covers iterations (lo, it]
 
-    # Lost work: iterations above the resume point of any later launch.
-    resume: dict[int, int] = {}
-    for s in segs:
-        if s.index == 0 or s.first_iteration is None:
-            continue
-        mask = seg == s.index
-        r = starts.get(s.index)
-        if r is None:
-            r = int(lo[mask][0]) if mask.any() else s.first_iteration - 1
-        resume[s.index] = r
-    later_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    for s_idx, r in resume.items():
-        earlier = seg < s_idx
-        later_min[earlier] = np.minimum(later_min[earlier], r)
-    lost = np.clip(it - np.maximum(lo, later_min), 0, cov)
+    resume, lost = _full_lost_work(summary, starts, cov, lo)
 
     elapsed_s = tab.elapsed_ms / 1000.0
     gbs = tab.global_batch_size.astype(np.float64)
@@ -380,21 +366,7 @@ def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
     tflops = flops / (elapsed_s * n_gpus) / 1e12
     mfu = tflops / peak_tflops
 
-    # Warm-up exclusion.
-    steady = np.ones(n, dtype=bool)
-    for s in segs:
-        mask = seg == s.index
-        if not mask.any():
-            continue
-        base = starts.get(s.index)
-        if base is None:
-            base = int(lo[mask][0]) if s.start_seen else 0
-        steady &= ~(mask & (lo < base + warmup_iters))
-        if s.start_seen:
-            steady[np.flatnonzero(mask)[0]] = False
-    fallback = bool(n) and not steady.any()
-    if fallback:
-        steady[:] = True
+    steady, fallback = _full_steady(summary, starts, lo, warmup_iters)
 
     series = IterationSeries(
         iteration=it, segment=seg, time_s=tab.time_s, iter_time_ms=tab.elapsed_ms,
@@ -427,6 +399,51 @@ def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_g
         first_time_s=float(tab.time_s[k]) if k is not None else None,
         first_back_s=float(elapsed_s[k] * cov[k]) if k is not None else None,
         stalls=_stalls(summary), series=series)
+
+
+def _full_lost_work(summary: LogSummary, starts: dict[int, int | None], cov: np.ndarray,
+                    lo: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
+    """Each later launch's resume point, and per record the iterations it lost: those above
+    the resume point of any later launch."""
+    tab = summary.iterations
+    it, seg = tab.iteration, tab.segment
+    n = len(tab)
+    resume: dict[int, int] = {}
+    for s in summary.segments:
+        if s.index == 0 or s.first_iteration is None:
+            continue
+        mask = seg == s.index
+        r = starts.get(s.index)
+        if r is None:
+            r = int(lo[mask][0]) if mask.any() else s.first_iteration - 1
+        resume[s.index] = r
+    later_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    for s_idx, r in resume.items():
+        earlier = seg < s_idx
+        later_min[earlier] = np.minimum(later_min[earlier], r)
+    return resume, np.clip(it - np.maximum(lo, later_min), 0, cov)
+
+
+def _full_steady(summary: LogSummary, starts: dict[int, int | None], lo: np.ndarray,
+                 warmup_iters: int) -> tuple[np.ndarray, bool]:
+    """The warm-up exclusion: which records are steady; all of them (the fallback) if none."""
+    seg = summary.iterations.segment
+    n = len(summary.iterations)
+    steady = np.ones(n, dtype=bool)
+    for s in summary.segments:
+        mask = seg == s.index
+        if not mask.any():
+            continue
+        base = starts.get(s.index)
+        if base is None:
+            base = int(lo[mask][0]) if s.start_seen else 0
+        steady &= ~(mask & (lo < base + warmup_iters))
+        if s.start_seen:
+            steady[np.flatnonzero(mask)[0]] = False
+    fallback = bool(n) and not steady.any()
+    if fallback:
+        steady[:] = True
+    return steady, fallback
 
 
 _INT64_MAX = np.iinfo(np.int64).max
