@@ -61,21 +61,38 @@ class _Link:
 
 
 def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
-    plan = ctx.plan
-    want = plan.link_gbps
-    nodes = ctx.fabric.nodes
-    planned = ctx.planned
-    to_plan = ctx.to_plan
-    label = plan.port_label
+    need, planned_ports = _planned_uplinks(ctx.plan)
+    have, odd, slow = _seen_uplinks(ctx, apart)
+    short, extra = _shortfalls_and_surpluses(need, have, planned_ports, gone)
+    _swaps(ctx, short, extra, planned_ports)
+    for lower in sorted(set(short) | set(extra)):
+        _judge_uplinks_of(ctx, lower, short.get(lower, {}), extra.get(lower, {}), need, have,
+                          planned_ports)
+    for link in odd.values():
+        _unexpected(ctx, link, f"{link.lower} and {link.upper} are both "
+                    f"{ctx.planned[link.lower].tier}s; the plan has no links within a tier")
+    _judge_slow_links(ctx, slow)
 
-    # Planned link counts per (lower, upper), and the planned lower ports (for the fixes).
+
+def _planned_uplinks(plan: FabricPlan) -> tuple[dict[str, Counter[str]],
+                                                dict[tuple[str, str], list[int]]]:
+    """Planned link counts per (lower, upper), and the planned lower ports (for the fixes)."""
     need: dict[str, Counter[str]] = defaultdict(Counter)
     planned_ports: dict[tuple[str, str], list[int]] = defaultdict(list)
     for lower, lp, upper, _up in plan.switch_links:
         need[lower][upper] += 1
         planned_ports[(lower, upper)].append(lp)
+    return need, planned_ports
 
-    # Actual links, each counted once from its lower end.
+
+def _seen_uplinks(ctx: _Ctx, apart: set[str]) -> tuple[dict[str, dict[str, list[_Link]]],
+                                                      dict[tuple[Pos, Pos], _Link], list[_Link]]:
+    """Actual links between planned switches, each counted once from its lower end; the
+    same-tier ones apart, and those slower than planned."""
+    want = ctx.plan.link_gbps
+    nodes = ctx.fabric.nodes
+    planned = ctx.planned
+    to_plan = ctx.to_plan
     have: dict[str, dict[str, list[_Link]]] = defaultdict(lambda: defaultdict(list))
     odd: dict[tuple[Pos, Pos], _Link] = {}  # same-tier links and links to unplanned switches
     slow: list[_Link] = []
@@ -107,8 +124,14 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
             tail = port.tail
             if not (tail and tail.endswith(healthy)) and is_slow(port.gbps, want):
                 slow.append(link)
+    return have, odd, slow
 
-    # Per lower switch: deficits and surpluses by upper switch.
+
+def _shortfalls_and_surpluses(
+        need: dict[str, Counter[str]], have: dict[str, dict[str, list[_Link]]],
+        planned_ports: dict[tuple[str, str], list[int]], gone: set[str],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, list[_Link]]]]:
+    """Per lower switch: links missing, and links in surplus, by upper switch."""
     short: dict[str, dict[str, int]] = {}
     extra: dict[str, dict[str, list[_Link]]] = {}
     for lower in sorted(set(need) | set(have)):
@@ -131,54 +154,72 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
             short[lower] = s
         if x:
             extra[lower] = x
+    return short, extra
 
-    _swaps(ctx, short, extra, planned_ports)
-    for lower in sorted(set(short) | set(extra)):
-        s = short.get(lower, {})
-        x = extra.get(lower, {})
-        # A cable on the wrong upper switch: one too few here, one too many there.
-        for up_short in sorted(s):
-            while s[up_short] and x:
-                up_extra = min(x)
-                link = _pick(x[up_extra], planned_ports[(lower, up_short)])
-                if not x[up_extra]:
-                    del x[up_extra]
-                s[up_short] -= 1
-                _wrong_uplink(ctx, link, up_short, len(have[lower].get(up_short, ())),
-                              need[lower][up_short], len(have[lower][up_extra]),
-                              need[lower].get(up_extra, 0))
-        missing = {u: n for u, n in s.items() if n}
-        total = sum(need[lower].values())
-        if missing and sum(missing.values()) == total > 1:
-            ctx.add("missing-link", lower,
-                    f"none of the {total} uplinks of {ctx.role(lower)} is up",
-                    f"check {lower}'s uplink cables and the switches above it",
-                    switch=lower, rail=planned[lower].rail)
-            missing = {}
-        for up, n in sorted(missing.items()):
-            n_got = len(have[lower].get(up, ()))
-            empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)]) or \
-                _free_planned_ports(ctx, lower, sorted(
-                    p for (lo, _u), ps in planned_ports.items() if lo == lower for p in ps))
-            hint = f" (planned in {_ports(plan, lower, empty)})" if empty else ""
-            ctx.add("missing-link", f"{lower} -> {up}",
-                    f"{lower} has {n_got} of the {need[lower][up]} planned links to {up}: "
-                    f"{_plural(n, 'link')} missing{hint}",
-                    f"reseat or replace {_plural(n, 'cable')} {lower} <-> {up}" + (
-                        f", e.g. {label(lower, empty[0])}" if empty else "")
-                    + " (a port down on either end looks the same)",
-                    switch=lower, port=empty[0] if empty else None,
-                    cage=plan.cage(empty[0]) if empty else None, rail=planned[lower].rail,
-                    cable=f"{lower} <-> {up}")
-        for up, links in sorted(x.items()):
-            for link in links:
-                _unexpected(ctx, link, f"{lower} already has the {need[lower].get(up, 0)} "
-                            f"planned links to {up}" if need[lower].get(up) else
-                            f"the plan has no link {lower} <-> {up}")
-    for link in odd.values():
-        _unexpected(ctx, link, f"{link.lower} and {link.upper} are both "
-                    f"{planned[link.lower].tier}s; the plan has no links within a tier")
 
+def _judge_uplinks_of(ctx: _Ctx, lower: str, s: dict[str, int], x: dict[str, list[_Link]],
+                      need: dict[str, Counter[str]], have: dict[str, dict[str, list[_Link]]],
+                      planned_ports: dict[tuple[str, str], list[int]]) -> None:
+    """One lower switch's shortfalls `s` and surpluses `x`: wrong uplinks, missing links,
+    unexpected links."""
+    # A cable on the wrong upper switch: one too few here, one too many there.
+    for up_short in sorted(s):
+        while s[up_short] and x:
+            up_extra = min(x)
+            link = _pick(x[up_extra], planned_ports[(lower, up_short)])
+            if not x[up_extra]:
+                del x[up_extra]
+            s[up_short] -= 1
+            _wrong_uplink(ctx, link, up_short, len(have[lower].get(up_short, ())),
+                          need[lower][up_short], len(have[lower][up_extra]),
+                          need[lower].get(up_extra, 0))
+    _judge_missing_uplinks(ctx, lower, {u: n for u, n in s.items() if n}, need, have,
+                           planned_ports)
+    for up, links in sorted(x.items()):
+        for link in links:
+            _unexpected(ctx, link, f"{lower} already has the {need[lower].get(up, 0)} "
+                        f"planned links to {up}" if need[lower].get(up) else
+                        f"the plan has no link {lower} <-> {up}")
+
+
+def _judge_missing_uplinks(ctx: _Ctx, lower: str, missing: dict[str, int],
+                           need: dict[str, Counter[str]], have: dict[str, dict[str, list[_Link]]],
+                           planned_ports: dict[tuple[str, str], list[int]]) -> None:
+    """Links still missing once moved cables are accounted for: one finding for a switch
+    with none of its uplinks, else one per upper switch, naming a free planned port."""
+    plan = ctx.plan
+    planned = ctx.planned
+    label = plan.port_label
+    total = sum(need[lower].values())
+    if missing and sum(missing.values()) == total > 1:
+        ctx.add("missing-link", lower,
+                f"none of the {total} uplinks of {ctx.role(lower)} is up",
+                f"check {lower}'s uplink cables and the switches above it",
+                switch=lower, rail=planned[lower].rail)
+        return
+    for up, n in sorted(missing.items()):
+        n_got = len(have[lower].get(up, ()))
+        empty = _free_planned_ports(ctx, lower, planned_ports[(lower, up)]) or \
+            _free_planned_ports(ctx, lower, sorted(
+                p for (lo, _u), ps in planned_ports.items() if lo == lower for p in ps))
+        hint = f" (planned in {_ports(plan, lower, empty)})" if empty else ""
+        ctx.add("missing-link", f"{lower} -> {up}",
+                f"{lower} has {n_got} of the {need[lower][up]} planned links to {up}: "
+                f"{_plural(n, 'link')} missing{hint}",
+                f"reseat or replace {_plural(n, 'cable')} {lower} <-> {up}" + (
+                    f", e.g. {label(lower, empty[0])}" if empty else "")
+                + " (a port down on either end looks the same)",
+                switch=lower, port=empty[0] if empty else None,
+                cage=plan.cage(empty[0]) if empty else None, rail=planned[lower].rail,
+                cable=f"{lower} <-> {up}")
+
+
+def _judge_slow_links(ctx: _Ctx, slow: list[_Link]) -> None:
+    """Links below fabric.link_gbps: one finding when all are (the site file's rate is wrong),
+    else one per link."""
+    plan = ctx.plan
+    want = plan.link_gbps
+    label = plan.port_label
     if slow and len(slow) == len(plan.switch_links) > 10:
         rates = sorted({lk.port.rate for lk in slow})
         ctx.add("degraded-link", "all switch links",
@@ -192,7 +233,7 @@ def check_switch_links(ctx: _Ctx, apart: set[str], gone: set[str]) -> None:
                 f"{a} -> {b} runs at {p.rate} ({p.gbps:g} Gb/s), planned {speed_name(want)} "
                 f"({want} Gb/s)", f"reseat or replace the cable/transceiver {a} <-> {b}",
                 switch=lk.lower, port=lk.lport, cage=plan.cage(lk.lport),
-                rail=planned[lk.lower].rail, cable=f"{a} <-> {b}")
+                rail=ctx.planned[lk.lower].rail, cable=f"{a} <-> {b}")
 
 
 def _plural(n: int, word: str) -> str:
