@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -158,6 +159,9 @@ def read_nvlink_input(path: Path) -> dict[str, NodeFabric]:
     return nodes
 
 
+_Key = tuple[str, str]  # (ClusterUUID, CliqueId): one NVLink partition
+
+
 def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> CheckReport:
     """Every disagreement between the site's NVLink domains and what the GPUs report."""
     inv = site.inventory
@@ -166,58 +170,86 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
                          "node; nothing to check")
     report = CheckReport(site=site.site.name, source=source)
     add = report.findings.append
-    members: dict[int, list[str]] = {}
-    for n in inv.nodes:
-        if site.node_types[n.node_type].domain_gpus > site.node_types[n.node_type].gpus:
-            members.setdefault(n.domain, []).append(n.name)
+    members = _domain_members(site)
     # Per node: its one clique key, or None (no ready GPU / split).
-    node_key: dict[str, tuple[str, str] | None] = {}
+    node_key: dict[str, _Key | None] = {}
     for host in sorted(nodes):
-        node = nodes[host]
         if host not in inv.by_name:
             add(Finding("nvlink-unknown-node", "warning", host,
                         f"{host} reports NVLink fabric state but is not in site "
                         f"{site.site.name}", "add the node to the site file, or leave its "
                         "output out", node=host))
             continue
-        nt = site.node_types[inv.by_name[host].node_type]
-        if len(node.gpus) < nt.gpus:
-            add(Finding("nvlink-gpu-count", "error", host,
-                        f"{host} reports {len(node.gpus)} GPU(s), its node type has {nt.gpus}",
-                        "check that every GPU is visible (nvidia-smi -L, dmesg for Xid/fallen "
-                        "off the bus) and capture nvidia-smi -q again", node=host))
-        keys: Counter[tuple[str, str]] = Counter()  # (ClusterUUID, CliqueId) -> GPUs
-        for g in node.gpus:
-            subject = f"{host} GPU {g.bus_id}"
-            if not g.ready:
-                add(Finding("nvlink-not-ready", "error", subject,
-                            f"{subject}: NVLink fabric State {g.state or 'missing'}, Status "
-                            f"{g.status or 'missing'}: the GPU cannot use multi-node NVLink",
-                            READY_FIX, node=host))
-                continue
-            if g.bandwidth and g.bandwidth != "Full":
-                add(Finding("nvlink-degraded", "warning", subject,
-                            f"{subject}: NVLink fabric bandwidth {g.bandwidth} (not Full)",
-                            "check the tray's NVLink cartridge/cable connection and the NVLink "
-                            "switch trays' port state; reseat or replace, then re-run",
-                            node=host))
-            keys[g.key] += 1
-        if len(keys) > 1:
-            detail = ", ".join(f"clique {c} of {u} ({k} GPU)" for (u, c), k in keys.items())
-            add(Finding("nvlink-split-node", "error", host,
-                        f"{host}: its GPUs are in {len(keys)} NVLink cliques: {detail}",
-                        "one node's GPUs belong in one partition: fix the NVLink partition "
-                        "(NMX-Manager) so the tray's GPUs are together", node=host))
-            node_key[host] = None
-        else:
-            node_key[host] = next(iter(keys)) if keys else None
+        node_key[host] = _judge_node(site, host, nodes[host], add)
     # Per domain: the majority key is what the rack is; who disagrees.
-    domain_key: dict[int, tuple[str, str]] = {}
+    domain_key: dict[int, _Key] = {}
     for dom, names in sorted(members.items()):
         votes = Counter(k for h in names if (k := node_key.get(h)) is not None)
         if votes:
             domain_key[dom] = votes.most_common(1)[0][0]
-    owner: dict[tuple[str, str], int] = {}
+    owner = _judge_merged_domains(site, domain_key, add)
+    _judge_domain_members(site, members, nodes, node_key, domain_key, owner, add)
+    report.stats = {
+        "nodes_planned": sum(len(v) for v in members.values()),
+        "nodes_seen": sum(1 for h in nodes if h in inv.by_name),
+        "gpus_seen": sum(len(n.gpus) for n in nodes.values()),
+        "gpus_ready": sum(g.ready for n in nodes.values() for g in n.gpus),
+        "domains_planned": len(members),
+        "domains_seen": len(domain_key),
+    }
+    return report
+
+
+def _domain_members(site: Site) -> dict[int, list[str]]:
+    """NVLink domain -> its nodes, for node types whose domain spans more than a node."""
+    members: dict[int, list[str]] = {}
+    for n in site.inventory.nodes:
+        if site.node_types[n.node_type].domain_gpus > site.node_types[n.node_type].gpus:
+            members.setdefault(n.domain, []).append(n.name)
+    return members
+
+
+def _judge_node(site: Site, host: str, node: NodeFabric,
+                add: Callable[[Finding], None]) -> _Key | None:
+    """One node's GPU count and GPUs' fabric state; its one clique key, or None (no ready
+    GPU, or its GPUs split over cliques)."""
+    nt = site.node_types[site.inventory.by_name[host].node_type]
+    if len(node.gpus) < nt.gpus:
+        add(Finding("nvlink-gpu-count", "error", host,
+                    f"{host} reports {len(node.gpus)} GPU(s), its node type has {nt.gpus}",
+                    "check that every GPU is visible (nvidia-smi -L, dmesg for Xid/fallen "
+                    "off the bus) and capture nvidia-smi -q again", node=host))
+    keys: Counter[_Key] = Counter()  # (ClusterUUID, CliqueId) -> GPUs
+    for g in node.gpus:
+        subject = f"{host} GPU {g.bus_id}"
+        if not g.ready:
+            add(Finding("nvlink-not-ready", "error", subject,
+                        f"{subject}: NVLink fabric State {g.state or 'missing'}, Status "
+                        f"{g.status or 'missing'}: the GPU cannot use multi-node NVLink",
+                        READY_FIX, node=host))
+            continue
+        if g.bandwidth and g.bandwidth != "Full":
+            add(Finding("nvlink-degraded", "warning", subject,
+                        f"{subject}: NVLink fabric bandwidth {g.bandwidth} (not Full)",
+                        "check the tray's NVLink cartridge/cable connection and the NVLink "
+                        "switch trays' port state; reseat or replace, then re-run",
+                        node=host))
+        keys[g.key] += 1
+    if len(keys) > 1:
+        detail = ", ".join(f"clique {c} of {u} ({k} GPU)" for (u, c), k in keys.items())
+        add(Finding("nvlink-split-node", "error", host,
+                    f"{host}: its GPUs are in {len(keys)} NVLink cliques: {detail}",
+                    "one node's GPUs belong in one partition: fix the NVLink partition "
+                    "(NMX-Manager) so the tray's GPUs are together", node=host))
+        return None
+    return next(iter(keys)) if keys else None
+
+
+def _judge_merged_domains(site: Site, domain_key: dict[int, _Key],
+                          add: Callable[[Finding], None]) -> dict[_Key, int]:
+    """Two racks in one NVLink partition; returns each partition's (first) domain."""
+    inv = site.inventory
+    owner: dict[_Key, int] = {}
     for dom, dkey in domain_key.items():
         if dkey in owner:
             a, b = inv.domain_names[owner[dkey]], inv.domain_names[dom]
@@ -228,6 +260,15 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
                         "the racks, or the node names of the trays", node=None))
         else:
             owner[dkey] = dom
+    return owner
+
+
+def _judge_domain_members(site: Site, members: dict[int, list[str]],
+                          nodes: dict[str, NodeFabric], node_key: dict[str, _Key | None],
+                          domain_key: dict[int, _Key], owner: dict[_Key, int],
+                          add: Callable[[Finding], None]) -> None:
+    """Each domain's nodes: missing output, or GPUs in another rack's or another partition."""
+    inv = site.inventory
     for dom, names in sorted(members.items()):
         dname = inv.domain_names[dom]
         for host in names:
@@ -256,15 +297,6 @@ def check_nvlink(site: Site, nodes: dict[str, NodeFabric], source: str) -> Check
                             "put the tray back in the rack's default NVLink partition "
                             "(NMX-Manager), or check its NVLink cabling to the switch trays",
                             node=host))
-    report.stats = {
-        "nodes_planned": sum(len(v) for v in members.values()),
-        "nodes_seen": sum(1 for h in nodes if h in inv.by_name),
-        "gpus_seen": sum(len(n.gpus) for n in nodes.values()),
-        "gpus_ready": sum(g.ready for n in nodes.values() for g in n.gpus),
-        "domains_planned": len(members),
-        "domains_seen": len(domain_key),
-    }
-    return report
 
 
 def merge_nvlink(site: Site, path: Path, ib_report: CheckReport) -> None:
