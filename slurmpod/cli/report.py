@@ -27,9 +27,9 @@ import click
 from slurmpod.errors import CommandError, SlurmError, UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Mapping
 
-    from slurmpod.model.site import Inventory
+    from slurmpod.model.site import Inventory, Site
     from slurmpod.report.fleet import FleetReport, JobRow
     from slurmpod.report.model import JobReport, LogHints
     from slurmpod.report.sacct import SacctJob, Usage
@@ -125,7 +125,23 @@ def log_hints(record: dict[str, Any] | None) -> LogHints | None:
     warn = re.search(rb"NCCL_TOPO_FILE \S* ?is not readable", head) is not None
     return LogHints(path=path, nccl_topo_warning=warn,
                     nccl_topo_loaded=b"NCCL_TOPO_FILE set by environment to" in head,
-                    nccl_info=b"NCCL INFO" in head, attempt_ends=attempt_ends(path))
+                    nccl_info=b"NCCL INFO" in head, attempt_ends=attempt_ends(path),
+                    args=megatron_args(head))
+
+
+def megatron_args(head: bytes) -> Mapping[str, Any] | None:
+    """Megatron's arguments dump in the head of the log (the model and layout the job ran, for
+    the report's achieved vs predicted); None without one or when it cannot be parsed."""
+    import io
+
+    from slurmpod.accounting.logparse import parse_log
+
+    if b"arguments" not in head:
+        return None
+    try:
+        return parse_log(io.BytesIO(head)).args
+    except (ValueError, OverflowError):
+        return None
 
 
 def attempt_ends(log_path: str) -> tuple[str, ...]:
@@ -137,9 +153,14 @@ def attempt_ends(log_path: str) -> tuple[str, ...]:
 
 
 def _inventory(site: str | None) -> Inventory | None:
+    return _site(site)[0].inventory
+
+
+def _site(site: str | None) -> tuple[Site, Path]:
     from slurmpod.config import load_site, resolve_site_path
 
-    return load_site(resolve_site_path(site)).inventory
+    path = Path(resolve_site_path(site))
+    return load_site(path), path
 
 
 def _write(path: Path, text: str, what: str) -> None:
@@ -173,7 +194,8 @@ def _no_cyclic_gc() -> Iterator[None]:
 def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None, *,
                   with_series: bool, hints: bool = False, progress: bool = False,
                   typical_mfu: dict[str, float] | None = None,
-                  usage: dict[str, Usage] | None = None) -> list[JobReport]:
+                  usage: dict[str, Usage] | None = None, site: Site | None = None,
+                  site_path: Path | None = None) -> list[JobReport]:
     """One report per job. Without the series (a fleet) each job's compact summary is read
     instead of its record: 10,000 full records are ~330 MB of JSON, their summaries ~12 MB."""
     from slurmpod.accounting.spool import latest_record_paths
@@ -187,7 +209,8 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
                                 log_hints=log_hints(rec) if hints else None,
                                 typical_mfu=typical_mfu, with_series=with_series,
                                 with_notes=with_series,
-                                usage=(usage or {}).get(sj.record.job_id))
+                                usage=(usage or {}).get(sj.record.job_id),
+                                site=site, site_path=site_path)
 
     with _no_cyclic_gc():
         if progress and len(jobs) >= PROGRESS_MIN_JOBS:
@@ -386,9 +409,10 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
         window = [f"--starttime={slurm_since(typical_since)}", "--endtime=now", "--allusers"]
         fleet = fleet_of(_load(window), spool, window=typical_since, progress=True)
         typical = fleet.typical_mfu
-    inv = _inventory(site)
-    (r,) = build_reports(jobs, spool, inv, with_series=True, hints=True, typical_mfu=typical,
-                         usage=load_usage(job_id))
+    site_obj, site_path = _site(site)
+    (r,) = build_reports(jobs, spool, site_obj.inventory, with_series=True, hints=True,
+                         typical_mfu=typical, usage=load_usage(job_id), site=site_obj,
+                         site_path=site_path)
     if html_file is not None:
         from slurmpod.accounting.spool import latest_record_paths
         from slurmpod.report.extras import page_extras

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from slurmpod.model.site import Inventory
+from slurmpod.model.site import Inventory, Site
 from slurmpod.report.model import (
     Efficiency,
     JobReport,
@@ -31,8 +32,14 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
                      inventory: Inventory | None = None, log_hints: LogHints | None = None,
                      typical_mfu: Mapping[str, float] | None = None,
                      with_series: bool = True, with_notes: bool = True,
-                     usage: Usage | None = None) -> JobReport:
+                     usage: Usage | None = None, site: Site | None = None,
+                     site_path: Path | None = None) -> JobReport:
+    """`site` (with `log_hints.args`, Megatron's arguments dump) gives a finished job its
+    achieved vs predicted iteration (report/predicted.py); `site_path` finds the site's own
+    calibration (`slurmpod calibrate`). `inventory` defaults to the site's."""
     job = sj.record
+    if inventory is None and site is not None:
+        inventory = site.inventory
     site_peak = _site_peak(job.nodes, inventory) if job.state.is_active else None
     fig = choose_figures(job, spool_record, site_peak)
     gpus = job.n_gpus or fig.gpus or 0
@@ -70,6 +77,14 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     if not with_notes:
         return report
     report = replace(report, efficiency=efficiency_of(report, usage, spool_record))
+    if (job.state.is_terminal and log_hints is not None and log_hints.args and fig.iter_ms
+            and not report.implausible):
+        from slurmpod.report.predicted import vs_predicted
+
+        med = fig.iter_ms.median
+        report = replace(report, predicted=vs_predicted(
+            log_hints.args, None if med is None else med / 1000.0, site=site,
+            nodelist=job.nodes, gpus=gpus, site_path=site_path))
     eff = report.efficiency
     if status == "no-training-log" and eff is not None and (eff.usage or eff.gpu):
         # Not a Megatron job (or no log): the seff/jobstats part is the report.

@@ -278,8 +278,16 @@ def headline(r: JobReport, x: JobExtras) -> list[Tile]:
     gp = loss.goodput
     tps = f.tokens_per_s
     per_gpu = tps / gpus if tps is not None and gpus else None
+    v = r.predicted
+    vs = [] if v is None else [Tile(
+        "vs predicted", pct(v.ratio, 0),
+        f"of predicted MFU ({pct(v.achieved_mfu)} of {pct(v.prediction.mfu)}); "
+        f"{human(v.achieved_step_s)} s per iteration, {human(v.predicted_step_s)} s predicted "
+        f"for {v.layout} on {integer(v.world)} {v.gpu.upper()}",
+        "bad" if v.flagged else "good")]
     return [
         Tile("MFU", pct(mfu), mfu_sub if mfu is not None else "no FLOPs figure", tone),
+        *vs,
         Tile("Goodput", pct(gp), "productive / allocated GPU time" if gp is not None
              else "no productive-time figure",
              "" if gp is None else "good" if gp >= 0.8 else "bad"),

@@ -62,6 +62,9 @@ class LogHints:
     # Why each attempt ended, from the job script's .slurmpod/attempts.jsonl beside the logs
     # (the job owns that file: shown as words from a fixed set, never used as numbers).
     attempt_ends: tuple[str, ...] = ()
+    # Megatron's `--- arguments ---` dump from the log's head (the model and layout the job
+    # ran): only fed to the performance model (report/predicted.py), after check_dump_args.
+    args: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,9 @@ class JobReport:
     implausible: tuple[str, ...] = ()
     # seff/jobstats figures; a job report only (a fleet report does not query step usage).
     efficiency: Efficiency | None = None
+    # Achieved vs predicted (report/predicted.py): a finished job whose log has the arguments
+    # dump, on nodes of one GPU type of the site file; None otherwise.
+    predicted: Any = None  # VsPredicted
 
     @property
     def queue_s(self) -> float | None:
@@ -274,6 +280,7 @@ class JobReport:
             "gpu_time": self.loss.to_json(),
             "stability": self.stability.to_json() if self.stability else None,
             "notes": [n.to_json() for n in self.notes],
+            "predicted": self.predicted.to_json() if self.predicted is not None else None,
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency.to_json()

@@ -176,6 +176,11 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
                             "look for a slow node (clocks, throttling: "
                             "`nvidia-smi -q -d PERFORMANCE`) "
                             "or I/O contention"))
+    v = r.predicted
+    if v is not None and v.flagged:
+        from slurmpod.report.predicted import cause_note
+
+        out.append(cause_note(v, s))
     out += efficiency_notes(r)
     return out
 

@@ -77,6 +77,12 @@ def job_text(r: JobReport) -> str:
                        "of fleet figures")
         if r.params_b is not None:
             out.append(f"  model size   ~{r.params_b:.3g} B parameters (from FLOPs / tokens)")
+        v = r.predicted
+        if v is not None:
+            out.append(f"  vs predicted {pct(v.ratio, 0)} of predicted MFU "
+                       f"({pct(v.achieved_mfu)} against {pct(v.prediction.mfu)}); iteration "
+                       f"{num(v.achieved_step_s, '.4g')} s against {num(v.predicted_step_s, '.4g')}"
+                       f" s predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs")
     if loss.productive_gpu_s is not None:
         out += ["", "GPU time",
                 f"  allocated {gpuh(loss.allocated_gpu_s / 3600)} GPU-h, productive "

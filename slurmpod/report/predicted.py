@@ -1,0 +1,200 @@
+"""Achieved vs predicted: a finished Megatron job's steady iteration time against what the
+performance model (`slurmpod.perf`, docs/perf-model.md) predicts for its model and layout on
+its nodes' GPU, and the likely cause when it ran far slower. Pure apart from
+`load_site_efficiency` (a site's own calibration file, `slurmpod calibrate`).
+
+The model and layout come from Megatron's `--- arguments ---` dump at the head of the job's
+log (read by the CLI through the epilog's safe reader, `slurmpod.cli.report.log_hints`),
+checked by `check_dump_args` before any number of it is used. The GPU is the site file's GPU of
+the job's nodes (`trusted.site_gpu`), never the job's claim. Anything missing or wrong (no dump,
+nodes of no or mixed types, a layout that does not divide the GPUs) gives no prediction, never
+an error: the report is the same without it.
+
+The ratio is compared on iteration time, as the model's validation is (the FLOPs formula a log
+prints TFLOP/s with differs between Megatron releases): `ratio = predicted / achieved` seconds
+per iteration, i.e. achieved throughput as a share of the predicted, which is also achieved MFU
+over predicted MFU when both count the model's FLOPs the same way (slurmpod's formula).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurmpod.model.site import Site
+    from slurmpod.perf.model import Prediction
+    from slurmpod.report.model import Note, Stability
+
+# A job below 70 % of its predicted speed is flagged. The model's validation error is median
+# ~10 %, max ~25 % on dense rows (docs/perf-model.md): a job at 1/1.25 = 80 % may still be the
+# model's error; below 70 % the gap is the job's (its placement, fabric, settings, nodes).
+LOW_VS_PREDICTED = 0.70
+# A part of the predicted step (exposed communication, pipeline bubble) at least this share of
+# it is named as the likely cause: it is the part the model says is most sensitive to the
+# fabric and the schedule, and the one a setting can shrink.
+CAUSE_SHARE = 0.10
+# Iteration times this uneven (p10-p90 spread / median) in steady state point at stragglers
+# (a slow node or GPU holds every collective back) before anything the model counts.
+STRAGGLER_SPREAD = 0.10
+
+
+@dataclass(frozen=True)
+class VsPredicted:
+    """A job's achieved iteration against the model's prediction for its layout and GPUs."""
+
+    gpu: str  # the site's GPU model of the job's nodes
+    world: int  # GPUs the run used (the dump's world_size, else the job's GPUs)
+    achieved_step_s: float
+    prediction: Prediction
+    layout: str = ""  # "TP2 PP4 DP8 MBS1 GBS512", shown only
+
+    @property
+    def predicted_step_s(self) -> float:
+        return self.prediction.step_time_s
+
+    @property
+    def ratio(self) -> float:
+        """Achieved speed / predicted speed (1.0 = as predicted, 0.5 = twice as slow)."""
+        return self.prediction.step_time_s / self.achieved_step_s
+
+    @property
+    def achieved_mfu(self) -> float:
+        """MFU the job reached, counted with the model's FLOPs (so it compares with
+        `predicted_mfu`; the log's own TFLOP/s may use another release's formula)."""
+        return self.prediction.mfu * self.ratio
+
+    @property
+    def flagged(self) -> bool:
+        return self.ratio < LOW_VS_PREDICTED
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.prediction
+        return {"gpu": self.gpu, "world_size": self.world, "layout": self.layout,
+                "achieved_step_time_s": self.achieved_step_s,
+                "predicted_step_time_s": p.step_time_s, "ratio": self.ratio,
+                "achieved_mfu": self.achieved_mfu, "predicted_mfu": p.mfu,
+                "predicted_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+                "breakdown_s": dict(p.breakdown_s), "flagged": self.flagged,
+                "threshold": LOW_VS_PREDICTED,
+                "efficiency": {"generation": p.generation, "fitted_on": p.efficiency_source}}
+
+
+def _layout_text(args: Mapping[str, Any], world: int) -> str:
+    tp, pp, cp = (int(args.get(k) or 1) for k in ("tensor_model_parallel_size",
+                                                  "pipeline_model_parallel_size",
+                                                  "context_parallel_size"))
+    parts = [f"TP{tp}", f"PP{pp}"]
+    vpp = args.get("virtual_pipeline_model_parallel_size")
+    if isinstance(vpp, int) and vpp > 1:
+        parts.append(f"VPP{vpp}")
+    if cp > 1:
+        parts.append(f"CP{cp}")
+    ep = args.get("expert_model_parallel_size")
+    if isinstance(ep, int) and ep > 1:
+        parts.append(f"EP{ep}")
+    parts.append(f"DP{world // max(1, tp * pp * cp)}")
+    parts += [f"MBS{args.get('micro_batch_size')}", f"GBS{args.get('global_batch_size')}"]
+    return " ".join(parts)
+
+
+def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, *,
+                 site: Site | None, nodelist: str, gpus: int,
+                 site_path: Path | None = None) -> VsPredicted | None:
+    """The job's achieved vs predicted iteration; None when anything needed is missing or the
+    model cannot place the layout (module docstring)."""
+    if not args or site is None or not nodelist or achieved_step_s is None:
+        return None
+    if not (math.isfinite(achieved_step_s) and achieved_step_s > 0):
+        return None
+    from slurmpod.accounting.trusted import site_gpu
+    from slurmpod.errors import SlurmpodError
+    from slurmpod.megatron.runspec import ModelConfig
+    from slurmpod.megatron.validate import check_dump_args
+    from slurmpod.perf.model import RunOptions, hardware_from_site, predict
+    from slurmpod.perf.planning import site_efficiency
+
+    if check_dump_args(args) is not None:
+        return None
+    try:
+        sg = site_gpu(nodelist, site, site.inventory)
+        if sg is None:
+            return None
+        world = args.get("world_size")
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            world = gpus
+        # The run cannot have used more GPUs than the job held: such a dump is another run's.
+        if world < 1 or (gpus and world > gpus):
+            return None
+        hw = hardware_from_site(site, sg.node_type)
+        pred = predict(ModelConfig.from_args(args), world, hw, site_efficiency(hw, site_path),
+                       RunOptions.from_args(args))
+        layout = _layout_text(args, world)
+    except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
+        # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
+        # no prediction, the report is the same without it.
+        return None
+    if pred is None or not (math.isfinite(pred.step_time_s) and pred.step_time_s > 0):
+        return None
+    return VsPredicted(gpu=hw.gpu_model, world=world, achieved_step_s=achieved_step_s,
+                       prediction=pred, layout=layout)
+
+
+def _s(x: float) -> str:
+    return f"{x:.3g} s"
+
+
+def cause_note(v: VsPredicted, stability: Stability | None) -> Note:
+    """The note of a job far below its prediction: the likely cause and its fix.
+
+    Stragglers first (measured: uneven steady iterations), then the largest of the predicted
+    step's exposed communication and pipeline bubble when it is at least CAUSE_SHARE of it,
+    else the compute itself (clocks, throttling, host or data-loader stalls)."""
+    from slurmpod.report.model import Note
+
+    b = v.prediction.breakdown_s
+    step = v.predicted_step_s
+    head = (f"the job ran at {100 * v.ratio:.0f} % of its predicted speed "
+            f"({_s(v.achieved_step_s)} per iteration against {_s(step)} predicted for "
+            f"{v.layout} on {v.world} {v.gpu.upper()} GPUs; MFU {100 * v.achieved_mfu:.1f} % "
+            f"against {100 * v.prediction.mfu:.1f} % predicted)")
+    spread = stability.spread if stability is not None else None
+    cv = stability.cv if stability is not None else None
+    if ((spread is not None and spread > STRAGGLER_SPREAD)
+            or (cv is not None and cv > STRAGGLER_SPREAD)):
+        what = (f"p10-p90 spread {100 * spread:.0f} % of the median"
+                if spread is not None and spread > STRAGGLER_SPREAD
+                else f"std/mean {100 * (cv or 0.0):.0f} %")
+        return Note("warn", "below-predicted",
+                    f"{head}: likely stragglers, iteration times are uneven ({what})",
+                    "find the slow node: `nvidia-smi -q -d PERFORMANCE` (clocks, throttling) "
+                    "on each node, `slurmpod fabric check`; exclude it with --exclude")
+    comm = b.get("exposed_communication", 0.0)
+    bubble = b.get("pp_bubble", 0.0)
+    if max(comm, bubble) >= CAUSE_SHARE * step:
+        if comm >= bubble:
+            parts = ", ".join(f"{k.upper()} {_s(b[k])}" for k in ("tp", "cp", "ep", "dp",
+                                                                  "pp_p2p") if b.get(k))
+            return Note("warn", "below-predicted",
+                        f"{head}: likely exposed communication, already {_s(comm)} of the "
+                        f"predicted step ({parts}) and the part most sensitive to the fabric "
+                        "and placement",
+                        "turn on Megatron's overlap (--overlap-grad-reduce, "
+                        "--overlap-param-gather, --tp-comm-overlap), check the fabric "
+                        "(`slurmpod fabric check`) and the placement notes, or search a layout "
+                        "with less traffic (`slurmpod plan RUN.toml --search`)")
+        return Note("warn", "below-predicted",
+                    f"{head}: likely the pipeline bubble, already {_s(bubble)} of the "
+                    "predicted step",
+                    "more microbatches per step (a larger global batch or smaller micro-batch), "
+                    "interleaving (--num-layers-per-virtual-pipeline-stage), or fewer pipeline "
+                    "stages (`slurmpod plan RUN.toml --search`)")
+    return Note("warn", "below-predicted",
+                f"{head}: the model predicts a compute-bound step "
+                f"({_s(b.get('compute', 0.0))} compute), so the GPUs themselves ran slow",
+                "check clocks and throttling (`nvidia-smi -q -d PERFORMANCE`), GPU "
+                "utilisation (data loader or host stalls), and that the run's settings match "
+                "its arguments dump")
