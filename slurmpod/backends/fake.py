@@ -149,8 +149,10 @@ class FakeBackend:
             raise self._fail(argv, "Batch job submission failed: Node count specification invalid")
         gpn = opts.get("gpus-per-node", "0").split(":")[-1]
         body = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-        duration = sum(float(m.group(1)) for ln in body
-                       if (m := re.fullmatch(r"sleep\s+(\d+(?:\.\d+)?)", ln)))
+        # The script's own top-level `sleep N` lines are its run time; a sleep inside a shell
+        # function or loop (indented) runs only on some path, so it does not count.
+        duration = sum(float(m.group(1)) for ln in text.splitlines()
+                       if (m := re.fullmatch(r"sleep\s+(\d+(?:\.\d+)?)\s*", ln)))
         last = re.fullmatch(r"exit\s+(\d+)", body[-1]) if body else None
         try:
             limit = limit_minutes(opts["time"]) if opts.get("time") else None
