@@ -7,8 +7,9 @@ and prints the nodes that failed. A node fails when a check says so or when it p
 (its slurmd did not launch the task, or the check hung). Checks (docs/resilience-in-job.md,
 "Health gate"):
 
-- **GPUs visible**: `nvidia-smi -L` lists the expected count where nvidia-smi exists; otherwise
-  (the sandbox's emulated GPUs) the GPUs Slurm gave the step (`CUDA_VISIBLE_DEVICES`).
+- **GPUs visible**: `nvidia-smi --query-gpu=index --format=csv,noheader` lists the expected
+  count where nvidia-smi exists (the sandbox has an emulated one that answers this form);
+  otherwise the GPUs Slurm gave the step (`CUDA_VISIBLE_DEVICES`).
 - **HCAs up**: each expected compute HCA's ports in `/sys/class/infiniband` are ACTIVE, at the
   expected rate when one is given (left out for emulated GPUs: the sandbox has no HCAs).
 - **Checkpoint path**: writable (a probe file) with at least the given free bytes (`df`).
@@ -31,7 +32,8 @@ NODE_CHECK = r"""node="${SLURMD_NODENAME:-$(hostname -s)}"
 gpus="$1" hcas="$2" rate="$3" ckpt="$4" min_free="$5" site="$6"
 fail() { echo "slurmpod-health: $node fail $*"; exit 0; }
 if command -v nvidia-smi >/dev/null 2>&1; then
-  n=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU ') || n=0
+  n=$(timeout 20 nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null \
+      | grep -c '^[0-9]') || n=0
   [ "$n" -ge "$gpus" ] || fail "nvidia-smi lists $n of $gpus GPUs"
 else
   IFS=, read -r -a vis <<< "${CUDA_VISIBLE_DEVICES:-}"

@@ -13,7 +13,8 @@ It reads the evidence Slurm and the job left (docs/resilience-in-job.md, "Sheddi
 - **The node's Slurm state**: DOWN, DRAIN, FAIL or NOT_RESPONDING (`sinfo -N`), with its Reason.
 - **The stack dump after a hang** (`slurmpod-dump:` lines): a rank whose process is stopped (T),
   a zombie (Z) or gone, and a node that did not answer the dump step.
-- **The health gate** (slurmpod.resilience.health) records its own failures.
+- **The health gate** (slurmpod.resilience.health): a node that failed a check or did not
+  answer; when every node failed the same way the check is suspect and nobody is excluded.
 
 Every exclusion is one `exclude` event in the attempts record with its evidence. Bounded: a run
 never excludes more than its spares plus `fraction` of the partition's nodes; beyond that a
@@ -195,7 +196,14 @@ def shed(args: argparse.Namespace) -> list[str]:
     if args.dump:
         culprits += from_dump(_read_part(args.dump, 0), nodes)
     for path in args.health or ():
-        culprits += [Culprit(n, f"health: {why}") for n, why in _read_health(path).items()]
+        failed = _read_health(path, nodes)
+        if len(nodes) > 1 and len(failed) == len(nodes) \
+                and len({w for w in failed.values()}) == 1:
+            # Every node failed the same way: the check (or its tool) is suspect, not the nodes.
+            print(f"slurmpod: health gate: every node failed the same check "
+                  f"({next(iter(failed.values()))}); excluding none", file=sys.stderr)
+            continue
+        culprits += [Culprit(n, f"health: {why}") for n, why in failed.items()]
     cap = limit(args.spares, partition_size(args.partition), args.fraction)
     take, refuse = decide(culprits, already, cap)
     lines = []
@@ -220,7 +228,7 @@ def shed(args: argparse.Namespace) -> list[str]:
     return [*already, *(c.node for c in take)]
 
 
-def _read_health(path: str) -> Mapping[str, str]:
+def _read_health(path: str, nodes: Sequence[str]) -> Mapping[str, str]:
     from slurmpod.resilience.health import failed_nodes
 
     try:
@@ -228,7 +236,7 @@ def _read_health(path: str) -> Mapping[str, str]:
             text = fh.read(4 << 20)
     except OSError:
         return {}
-    return failed_nodes(text, [])
+    return failed_nodes(text, nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,3 +100,17 @@ def test_health_check_script_runs_and_fails_a_short_node(tmp_path) -> None:
 
     if os.geteuid() != 0:  # root writes anywhere
         assert "not writable" in run("0,1,2,3,4,5,6,7", str(ro / "ck"))
+
+
+def test_health_check_counts_gpus_with_nvidia_smis_query_form(tmp_path) -> None:
+    import subprocess
+
+    fake = tmp_path / "nvidia-smi"
+    # Real nvidia-smi answers `--query-gpu=index --format=csv,noheader` with one index a line.
+    fake.write_text('#!/bin/sh\n[ "$1" = --query-gpu=index ] || exit 2\nseq 0 $((N - 1))\n')
+    fake.chmod(0o755)
+    for n, want in (("8", "ok"), ("6", "fail nvidia-smi lists 6 of 8 GPUs")):
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURMD_NODENAME": "gpu001", "N": n}
+        out = subprocess.run(["bash", "-c", health.NODE_CHECK, "h", "8", "", "", "", "0", ""],
+                             env=env, capture_output=True, text=True, timeout=30).stdout
+        assert out == f"slurmpod-health: gpu001 {want}\n"
