@@ -287,7 +287,9 @@ def _merge_attempts(records: Sequence[JobRecord]) -> JobRecord:
     if len(records) == 1:
         return records[0]
     latest = records[-1]
-    restarts = max(latest.restarts, len(records) - 1)
+    # A RESIZING record is the old allocation of a job Slurm shrank (--no-kill), not a restart.
+    restarts = max(latest.restarts,
+                   sum(1 for r in records[:-1] if r.state is not JobState.RESIZING))
     return replace(latest, restarts=restarts)
 
 

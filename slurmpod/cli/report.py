@@ -316,6 +316,9 @@ def _rows_in_two(mine: list[SacctJob], theirs: list[SacctJob], index: dict[str, 
 @click.option("--series", is_flag=True, help="With --json: include the job's time series.")
 @click.option("--jobs", "with_jobs", is_flag=True, help="With --json (fleet): one row per job.")
 @click.option("--csv", "as_csv", is_flag=True, help="Fleet: one CSV row per job on stdout.")
+@click.option("--reliability", is_flag=True,
+              help="Fleet: failures per node and kind, suspect nodes, MTBF, GPU time lost "
+                   "(one more sacct query; reads up to 500 jobs' attempts records).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a self-contained HTML report with plots.")
 @click.option("--prometheus", "prom_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -339,7 +342,7 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
            partition: str | None, as_json: bool, series: bool, with_jobs: bool, as_csv: bool,
            html_file: Path | None, prom_file: Path | None, typical_since: str | None,
            watch: bool, interval: float, count: int | None, site: str | None,
-           spool: str | None) -> None:
+           spool: str | None, reliability: bool = False) -> None:
     """Efficiency report of JOB_ID, or of every job since a time (--since)."""
     if (job_id is None) == (since is None):
         raise UsageError("give a JOB_ID or --since WINDOW (not both)",
@@ -348,9 +351,9 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
         raise UsageError("--json and --csv are exclusive")
     spool_dir = _spool_dir(spool)
     if job_id is not None:
-        if user or account or partition or as_csv or with_jobs:
-            raise UsageError("--user/--account/--partition/--csv/--jobs are for the fleet "
-                             "report (--since)")
+        if user or account or partition or as_csv or with_jobs or reliability:
+            raise UsageError("--user/--account/--partition/--csv/--jobs/--reliability are for "
+                             "the fleet report (--since)")
         if watch:
             if as_json or html_file or prom_file or typical_since:
                 raise UsageError("--watch shows the report in the terminal: it takes no "
@@ -366,8 +369,10 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
                              "the typical MFU over its own window")
         if watch or count is not None:
             raise UsageError("--watch is for one running job (slurmpod report JOBID --watch)")
+        if reliability and (as_csv or with_jobs or html_file or prom_file):
+            raise UsageError("--reliability prints text or --json only")
         _fleet(str(since), user, account, partition, as_json, with_jobs, as_csv, html_file,
-               prom_file, spool_dir)
+               prom_file, spool_dir, reliability)
 
 
 def _load(selection: list[str]) -> list[SacctJob]:
@@ -437,7 +442,7 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
 
 def _fleet(since: str, user: str | None, account: str | None, partition: str | None,
            as_json: bool, with_jobs: bool, as_csv: bool, html_file: Path | None,
-           prom_file: Path | None, spool: Path) -> None:
+           prom_file: Path | None, spool: Path, reliability: bool = False) -> None:
     from slurmpod.report.sacct import select
 
     start = slurm_since(since)
@@ -453,7 +458,52 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
         jobs = select(_load(sel), user=user, account=account, partition=partition)
         fl = fleet_of(jobs, spool, window=since, progress=True,
                       filters={"user": user, "account": account, "partition": partition})
+        if reliability:
+            _reliability(jobs, sel, spool, since, fl, as_json)
+            return
         _fleet_out(fl, as_json, with_jobs, as_csv, html_file, prom_file)
+
+
+def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
+                 fl: FleetReport, as_json: bool) -> None:
+    """The reliability report (report/reliability.py): the phases query, then the attempts
+    records next to the logs of at most MAX_RECORDS jobs, those that were interrupted first."""
+    from slurmpod.backends.parse import sacct_delimiter
+    from slurmpod.report.reliability import (
+        MAX_RECORDS,
+        build_reliability,
+        parse_phases,
+        phases_argv,
+        reliability_text,
+    )
+    from slurmpod.runs.local import attempts_of_log
+
+    delim = sacct_delimiter()
+    ids = {sj.record.job_id for sj in jobs}
+    phases = {k: v for k, v in parse_phases(_sacct(phases_argv(sel, delim)), delim).items()
+              if k in ids}
+    index = spool_index(spool, compact=True)
+    # The jobs with more than one attempt have the most to say; then the newest.
+    order = sorted(jobs, key=lambda sj: (-len(sj.attempts), -(sj.record.end_time.timestamp()
+                                                                if sj.record.end_time else 0)))
+    records: dict[str, Any] = {}
+    wanted = [sj for sj in order if sj.record.job_id in index]
+    for sj in wanted[:MAX_RECORDS]:
+        rec = read_spool_record(index[sj.record.job_id])
+        path = str(((rec or {}).get("log") or {}).get("path") or "")
+        if path.startswith("/"):
+            got = attempts_of_log(path)
+            if got:
+                records[sj.record.job_id] = got
+    rel = build_reliability(jobs, window=since, phases=phases, records=records,
+                            records_capped=len(wanted) > MAX_RECORDS,
+                            loss_gpu_hours=fl.total.lost)
+    if as_json:
+        from slurmpod.cli.output import emit_json
+
+        emit_json(rel.to_json())
+    else:
+        click.echo(reliability_text(rel), nl=False)
 
 
 def _fleet_out(fl: FleetReport, as_json: bool, with_jobs: bool, as_csv: bool,

@@ -99,7 +99,9 @@ class JobRow:
             j.job_id, j.name, j.user, j.account, j.partition, str(j.state), j.exit_code,
             j.n_nodes, r.gpus, start.timestamp() if start else None,
             end.timestamp() if end else None, j.elapsed_s,
-            max(j.restarts, len(r.attempts) - 1), loss.allocated_gpu_s / 3600,
+            # a RESIZING attempt is a resize (a node removed under --no-kill), not a restart
+            max(j.restarts, sum(1 for a in r.attempts[:-1] if a.state != "RESIZING")),
+            loss.allocated_gpu_s / 3600,
             mfu.median if mfu else None, mfu.p10 if mfu else None, mfu.p90 if mfu else None,
             tflops.median if tflops else None, f.tokens_per_s,
             None if prod is None else prod / 3600,
