@@ -167,6 +167,6 @@ def test_cli_rejects_reliability_for_a_job() -> None:
     from slurmpod.cli.report import report
 
     res = CliRunner().invoke(report, ["1234", "--reliability"])
-    assert res.exit_code != 0 and "--reliability" in res.output
+    assert res.exit_code != 0 and "--reliability" in str(res.exception)
     res = CliRunner().invoke(report, ["--since", "7d", "--reliability", "--csv"])
-    assert res.exit_code != 0 and "--reliability" in res.output
+    assert res.exit_code != 0 and "--reliability" in str(res.exception)
