@@ -1,7 +1,8 @@
 """`slurmpod report`: the efficiency report of one job, or of the fleet over a time window.
 
     slurmpod report 1234 [--json [--series] | --html FILE] [--site SITE] [--spool DIR]
-    slurmpod report --since 7d [--user U] [--account A] [--partition P] [--json | --csv | --html F]
+    slurmpod report --since 7d [--user U] [--account A] [--partition P] [--efficiency]
+    ... [--json | --csv | --html F]
     ... [--prometheus FILE]
 
 Data: sacct (slurmpod's `--parsable2` fields, every attempt of a requeued job; see
@@ -220,7 +221,8 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
 
 
 def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
-             filters: dict[str, str | None] | None = None, progress: bool = False) -> FleetReport:
+             filters: dict[str, str | None] | None = None, progress: bool = False,
+             usage: Mapping[str, Usage] | None = None) -> FleetReport:
     """The fleet report of these jobs, from their compact spool summaries (never the series).
 
     Each job's report is made, turned into its row and dropped (100,000 reports are not held
@@ -230,7 +232,7 @@ def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
     tenth of building them. That pays on a machine with a free core; where every core is busy
     the two processes only compete (benchmarks/report_scale.py prints both)."""
     from slurmpod.accounting.spool import latest_record_paths
-    from slurmpod.report.fleet import fleet_from_rows
+    from slurmpod.report.fleet import attach_usage, fleet_from_rows
 
     index = latest_record_paths(spool, compact=True)
     with _no_cyclic_gc():
@@ -239,7 +241,10 @@ def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
             rows, running = _rows_in_two(jobs[:half], jobs[half:], index, progress)
         else:
             rows, running = _fleet_rows(jobs, index, progress)
-        return fleet_from_rows(rows, running, window=window, filters=filters)
+        if usage is not None:  # `--efficiency`
+            attach_usage(rows, usage)
+        return fleet_from_rows(rows, running, window=window, filters=filters,
+                               efficiency=usage is not None)
 
 
 def _cpus() -> int:
@@ -319,6 +324,9 @@ def _rows_in_two(mine: list[SacctJob], theirs: list[SacctJob], index: dict[str, 
 @click.option("--reliability", is_flag=True,
               help="Fleet: failures per node and kind, suspect nodes, MTBF, GPU time lost "
                    "(one more sacct query; reads up to 500 jobs' attempts records).")
+@click.option("--efficiency", is_flag=True,
+              help="Fleet: CPU efficiency, memory used vs requested, time used vs limit per "
+                   "job, with verdict counts (one more sacct query over every step row).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a self-contained HTML report with plots.")
 @click.option("--prometheus", "prom_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -342,7 +350,7 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
            partition: str | None, as_json: bool, series: bool, with_jobs: bool, as_csv: bool,
            html_file: Path | None, prom_file: Path | None, typical_since: str | None,
            watch: bool, interval: float, count: int | None, site: str | None,
-           spool: str | None, reliability: bool = False) -> None:
+           spool: str | None, reliability: bool = False, efficiency: bool = False) -> None:
     """Efficiency report of JOB_ID, or of every job since a time (--since)."""
     if (job_id is None) == (since is None):
         raise UsageError("give a JOB_ID or --since WINDOW (not both)",
@@ -351,9 +359,10 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
         raise UsageError("--json and --csv are exclusive")
     spool_dir = _spool_dir(spool)
     if job_id is not None:
-        if user or account or partition or as_csv or with_jobs or reliability:
-            raise UsageError("--user/--account/--partition/--csv/--jobs/--reliability are for "
-                             "the fleet report (--since)")
+        if user or account or partition or as_csv or with_jobs or reliability or efficiency:
+            raise UsageError("--user/--account/--partition/--csv/--jobs/--reliability/"
+                             "--efficiency are for the fleet report (--since); a job report "
+                             "always has its efficiency")
         if watch:
             if as_json or html_file or prom_file or typical_since:
                 raise UsageError("--watch shows the report in the terminal: it takes no "
@@ -371,8 +380,11 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
             raise UsageError("--watch is for one running job (slurmpod report JOBID --watch)")
         if reliability and (as_csv or with_jobs or html_file or prom_file):
             raise UsageError("--reliability prints text or --json only")
+        if reliability and efficiency:
+            raise UsageError("--efficiency adds to the fleet report's rows, not to "
+                             "--reliability")
         _fleet(str(since), user, account, partition, as_json, with_jobs, as_csv, html_file,
-               prom_file, spool_dir, reliability)
+               prom_file, spool_dir, reliability, efficiency)
 
 
 def _load(selection: list[str]) -> list[SacctJob]:
@@ -388,13 +400,22 @@ def _load(selection: list[str]) -> list[SacctJob]:
 def load_usage(job_id: str) -> dict[str, Usage]:
     """The job's seff-style usage (every step row); {} when sacct cannot give it: the report
     then says "not measured" rather than failing."""
+    return load_usage_of([f"--jobs={job_id}"])
+
+
+def load_usage_of(selection: list[str], warn: bool = False) -> dict[str, Usage]:
+    """The seff-style usage of every job `selection` picks (a fresh delimiter: JobID first and
+    JobIDRaw last frame each row, so no job text can plant a field); {} when sacct fails."""
     from slurmpod.backends.parse import sacct_delimiter
-    from slurmpod.report.sacct import parse_usage, usage_argv
+    from slurmpod.report.sacct import parse_usage, usage_selection_argv
 
     delim = sacct_delimiter()
     try:
-        return parse_usage(_sacct(usage_argv(job_id, delim)), delim)
-    except (SlurmError, UsageError):
+        return parse_usage(_sacct(usage_selection_argv(selection, delim)), delim)
+    except (SlurmError, UsageError) as exc:
+        if warn:
+            click.echo(f"slurmpod: warning: usage query failed, no efficiency figures: {exc}",
+                       err=True)
         return {}
 
 
@@ -442,7 +463,8 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
 
 def _fleet(since: str, user: str | None, account: str | None, partition: str | None,
            as_json: bool, with_jobs: bool, as_csv: bool, html_file: Path | None,
-           prom_file: Path | None, spool: Path, reliability: bool = False) -> None:
+           prom_file: Path | None, spool: Path, reliability: bool = False,
+           efficiency: bool = False) -> None:
     from slurmpod.report.sacct import select
 
     start = slurm_since(since)
@@ -456,8 +478,13 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
     # 70 MB JSON document are all acyclic (see _no_cyclic_gc).
     with _no_cyclic_gc():
         jobs = select(_load(sel), user=user, account=account, partition=partition)
+        # The same selection, every step row: only jobs of `jobs` get their usage attached.
+        usage = None
+        if efficiency:
+            usage = load_usage_of(sel, warn=True) if jobs else {}
         fl = fleet_of(jobs, spool, window=since, progress=True,
-                      filters={"user": user, "account": account, "partition": partition})
+                      filters={"user": user, "account": account, "partition": partition},
+                      usage=usage)
         if reliability:
             _reliability(jobs, sel, spool, since, fl, as_json)
             return

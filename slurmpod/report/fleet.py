@@ -28,7 +28,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from slurmpod.report.model import LOSS_CAUSES, JobReport
-from slurmpod.report.rules import size_class
+from slurmpod.report.rules import (
+    GPU_IDLE_PCT,
+    LOW_CPU_EFFICIENCY,
+    MEM_OVER_REQUESTED,
+    MIN_MEM_NOTE_BYTES,
+    MIN_TIME_NOTE_S,
+    MIN_USAGE_S,
+    TIME_OVER_REQUESTED,
+    size_class,
+)
+from slurmpod.report.sacct import Usage
 
 MFU_BIN = 0.05
 TOP_N = 10
@@ -37,7 +47,11 @@ CSV_COLUMNS = ("job_id", "name", "user", "account", "partition", "state", "exit_
                "mfu_p90", "tflops_per_gpu", "tokens_per_s", "goodput", "productive_gpu_hours",
                *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "gpu_util",
                "energy_j", "source", "implausible")
+# `--efficiency` (the usage query over the window): seff's figures per job, after CSV_COLUMNS.
+EFFICIENCY_COLUMNS = ("cpu_eff", "mem_used_gib", "mem_req_gib", "time_used_frac",
+                      "time_limit_s")
 IMPLAUSIBLE_SEP = ";"
+GIB = float(1 << 30)
 
 
 @dataclass(slots=True)
@@ -74,6 +88,14 @@ class JobRow:
     # the energy of the job's GPUs (J); None: not measured.
     gpu_util: float | None = None
     energy_j: float | None = None
+    # seff's figures from the usage query (`--efficiency` only; None: not asked or not
+    # measured): CPU efficiency, peak memory and the request (GiB), elapsed / time limit.
+    cpu_eff: float | None = None
+    mem_used_gib: float | None = None
+    mem_req_gib: float | None = None
+    time_used_frac: float | None = None
+    time_limit_s: int | None = None
+    alloc_cpus: int = 0  # > 1 for a CPU verdict (one core cannot be over-requested)
 
     @property
     def goodput(self) -> float | None:
@@ -112,10 +134,54 @@ class JobRow:
             float(util) if isinstance(util, int | float) else None,
             eff.energy_j if eff is not None else None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, efficiency: bool = False) -> dict[str, Any]:
         out = {k: v for k, v in zip(CSV_COLUMNS, self.csv_values(), strict=True)}
         out["implausible"] = list(self.implausible)
+        if efficiency:
+            out.update(zip(EFFICIENCY_COLUMNS, self.efficiency_values(), strict=True))
         return out
+
+    def efficiency_values(self) -> list[Any]:
+        return [self.cpu_eff, self.mem_used_gib, self.mem_req_gib, self.time_used_frac,
+                self.time_limit_s]
+
+    @property
+    def mem_frac(self) -> float | None:
+        if self.mem_used_gib is None or not self.mem_req_gib:
+            return None
+        return self.mem_used_gib / self.mem_req_gib
+
+    def verdicts(self) -> tuple[str, ...]:
+        """The fleet's counts of report/rules.py's verdicts, on the same thresholds (the
+        short-job and small-request exemptions included)."""
+        out = []
+        if self.gpu_util is not None and self.n_gpus and self.gpu_util < GPU_IDLE_PCT:
+            out.append("gpu_idle")
+        long = self.elapsed_s >= MIN_USAGE_S
+        if (self.cpu_eff is not None and long and self.cpu_eff < LOW_CPU_EFFICIENCY
+                and self.alloc_cpus > 1):
+            out.append("cpu_low")
+        m = self.mem_frac
+        if (m is not None and long and m < MEM_OVER_REQUESTED
+                and (self.mem_req_gib or 0.0) * GIB >= MIN_MEM_NOTE_BYTES):
+            out.append("mem_over_requested")
+        if (self.time_used_frac is not None and self.time_limit_s is not None
+                and self.time_limit_s >= MIN_TIME_NOTE_S
+                and self.time_used_frac < TIME_OVER_REQUESTED and self.state == "COMPLETED"):
+            out.append("time_over_requested")
+        return tuple(out)
+
+    def attach(self, u: Usage) -> None:
+        """This job's usage (the latest attempt's, as seff shows): seff's figures, and Slurm's
+        gres/gpuutil where the spool has no telemetry (as the job report falls back)."""
+        self.cpu_eff = u.cpu_efficiency
+        self.mem_used_gib = None if u.mem_peak_bytes is None else u.mem_peak_bytes / GIB
+        self.mem_req_gib = None if u.req_mem_bytes is None else u.req_mem_bytes / GIB
+        self.time_used_frac = u.time_fraction
+        self.time_limit_s = u.limit_s
+        self.alloc_cpus = u.req_cpus or u.alloc_cpus
+        if self.gpu_util is None:
+            self.gpu_util = u.gpu_util_pct
 
     def csv_values(self) -> list[Any]:
         iso = (lambda t: datetime.fromtimestamp(t, UTC).isoformat() if t else None)  # noqa: E731
@@ -204,6 +270,9 @@ class FleetReport:
     bucket: str  # "day" | "hour"
     typical_mfu: dict[str, float]
     implausible: list[JobRow] = field(default_factory=list)  # in `rows`, in no aggregate
+    # `--efficiency`: None when not asked; else verdict -> jobs, and per user/account/partition
+    # the medians over the jobs Slurm measured.
+    efficiency: Efficiencies | None = None
 
     @property
     def jobs_with_mfu(self) -> int:
@@ -227,8 +296,11 @@ class FleetReport:
                 {"t": t, **c} for t, c in self.lost_over_time]},
             "typical_mfu_by_size": self.typical_mfu,
         }
+        if self.efficiency is not None:
+            out["efficiency"] = self.efficiency.to_json()
         if jobs:
-            out["job_rows"] = [r.to_json() for r in self.rows]
+            eff = self.efficiency is not None
+            out["job_rows"] = [r.to_json(eff) for r in self.rows]
         return out
 
     def to_csv(self) -> str:
@@ -236,12 +308,14 @@ class FleetReport:
         # RFC 4180's CRLF: the writer quotes a cell holding any line-terminator character, and
         # with "\n" alone a job name's bare \r went out unquoted, a row break to CSV readers.
         w = csv.writer(buf, lineterminator="\r\n")
-        w.writerow(CSV_COLUMNS)
+        eff = self.efficiency is not None
+        w.writerow((*CSV_COLUMNS, *EFFICIENCY_COLUMNS) if eff else CSV_COLUMNS)
         start = _FORMULA_START
         for r in self.rows:
             # csv_cell, inline (2.5 million cells at 100,000 jobs)
             w.writerow(["" if v is None else "'" + v if isinstance(v, str) and v.startswith(start)
-                        else v for v in r.csv_values()])
+                        else v for v in r.csv_values()]
+                       + (["" if v is None else v for v in r.efficiency_values()] if eff else []))
         return buf.getvalue()
 
 
@@ -258,6 +332,71 @@ def csv_cell(value: Any) -> Any:
     if isinstance(value, str) and value.startswith(_FORMULA_START):
         return "'" + value
     return value
+
+
+VERDICTS = ("gpu_idle", "cpu_low", "mem_over_requested", "time_over_requested")
+
+
+@dataclass(frozen=True)
+class EffGroup:
+    """Medians over one user's (account's, partition's) jobs that Slurm measured."""
+
+    key: str
+    jobs: int  # jobs with any seff figure
+    cpu_eff: float | None
+    mem_frac: float | None  # peak / requested
+    time_frac: float | None  # elapsed / limit
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "jobs": self.jobs, "cpu_eff_median": self.cpu_eff,
+                "mem_used_frac_median": self.mem_frac, "time_used_frac_median": self.time_frac}
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    measured: int  # finished plausible jobs with usage from Slurm
+    verdicts: dict[str, int]  # VERDICTS -> jobs
+    by: dict[str, list[EffGroup]]  # "user" | "account" | "partition" -> groups, most jobs first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"jobs_measured": self.measured, "verdicts": self.verdicts,
+                **{f"by_{k}": [g.to_json() for g in v] for k, v in self.by.items()}}
+
+
+def attach_usage(rows: Iterable[JobRow], usage: Mapping[str, Usage]) -> None:
+    for r in rows:
+        u = usage.get(r.job_id)
+        if u is not None:
+            r.attach(u)
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values.sort()
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def efficiencies(rows: Sequence[JobRow]) -> Efficiencies:
+    """Verdict counts over `rows` (the plausible finished jobs) and the medians per group."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    for r in rows:
+        for v in r.verdicts():
+            counts[v] += 1
+    measured = [r for r in rows if r.cpu_eff is not None or r.mem_used_gib is not None
+                or r.time_used_frac is not None]
+    by: dict[str, list[EffGroup]] = {}
+    for attr in ("user", "account", "partition"):
+        groups: dict[str, list[JobRow]] = {}
+        for r in measured:
+            groups.setdefault(getattr(r, attr), []).append(r)
+        by[attr] = sorted(
+            (EffGroup(k, len(g), _median([r.cpu_eff for r in g if r.cpu_eff is not None]),
+                      _median([m for r in g if (m := r.mem_frac) is not None]),
+                      _median([r.time_used_frac for r in g if r.time_used_frac is not None]))
+             for k, g in groups.items()), key=lambda e: (-e.jobs, e.key))
+    return Efficiencies(len(measured), counts, by)
 
 
 def weighted_median(pairs: Sequence[tuple[float, float]]) -> float | None:
@@ -312,7 +451,10 @@ def build_fleet(reports: Iterable[JobReport], *, window: str,
 
 
 def fleet_from_rows(rows: list[JobRow], running: int, *, window: str,
-                    filters: Mapping[str, str | None] | None = None) -> FleetReport:
+                    filters: Mapping[str, str | None] | None = None,
+                    efficiency: bool = False) -> FleetReport:
+    """`efficiency`: the rows carry the usage query's figures (`attach_usage`); the report
+    gets their verdict counts and medians."""
     ok = [r for r in rows if not r.implausible]
     total = Group("all")
     users: dict[str, Group] = {}
@@ -360,4 +502,5 @@ def fleet_from_rows(rows: list[JobRow], running: int, *, window: str,
         by_user=sorted(users.values(), key=by_hours),
         by_account=sorted(accounts.values(), key=by_hours), top_lost=top,
         mfu_hist=mfu_hist, lost_over_time=over, bucket="hour" if hourly else "day",
-        typical_mfu=typical_mfu(ok), implausible=[r for r in rows if r.implausible])
+        typical_mfu=typical_mfu(ok), implausible=[r for r in rows if r.implausible],
+        efficiency=efficiencies(ok) if efficiency else None)

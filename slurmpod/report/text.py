@@ -8,6 +8,12 @@ from typing import Any
 
 from slurmpod.report.fleet import FleetReport, Group, JobRow
 from slurmpod.report.model import LOSS_CAUSES, Dist, Efficiency, JobReport
+from slurmpod.report.rules import (
+    GPU_IDLE_PCT,
+    LOW_CPU_EFFICIENCY,
+    MEM_OVER_REQUESTED,
+    TIME_OVER_REQUESTED,
+)
 from slurmpod.textfmt import table
 
 
@@ -218,6 +224,7 @@ def fleet_text(fl: FleetReport) -> str:
                 table(["job", "user", "name", "state", "GPU-h", "reasons"],
                       [[r.job_id, r.user, r.name, r.state, gpuh(r.gpu_hours),
                         ", ".join(r.implausible)] for r in fl.implausible]), ""]
+    out += _efficiency_lines(fl)
     hist = [(lo, n) for lo, n, _ in fl.mfu_hist if n]
     if hist:
         width = max(n for _, n in hist)
@@ -226,3 +233,31 @@ def fleet_text(fl: FleetReport) -> str:
             bar = "#" * max(1, round(30 * n / width))
             out.append(f"  {100 * lo:5.1f}% {bar} {n}")
     return "\n".join(out).rstrip() + "\n"
+
+
+_VERDICT_TEXT = (
+    ("gpu_idle", f"idle GPUs (under {GPU_IDLE_PCT:g} % utilisation)"),
+    ("cpu_low", f"low CPU efficiency (under {LOW_CPU_EFFICIENCY:.0%})"),
+    ("mem_over_requested",
+     f"memory over-requested (peak under {MEM_OVER_REQUESTED:.0%} of the request)"),
+    ("time_over_requested", f"time over-requested (under {TIME_OVER_REQUESTED:.0%} of the limit)"))
+
+
+def _efficiency_lines(fl: FleetReport) -> list[str]:
+    """`--efficiency`: verdict counts (the job report's notes, counted) and medians per group."""
+    e = fl.efficiency
+    if e is None:
+        return []
+    out = [f"Efficiency (Slurm's usage, {e.measured} of {fl.total.jobs} finished jobs measured)"]
+    out += [f"  {e.verdicts.get(k, 0)} job(s): {text}" for k, text in _VERDICT_TEXT]
+    out.append("")
+    for attr, groups in e.by.items():
+        if groups:
+            out += [f"Efficiency per {attr} (medians)",
+                    table([attr, "jobs", "CPU eff", "mem used/req", "time used/limit"],
+                          [[g.key, str(g.jobs), pct(g.cpu_eff), pct(g.mem_frac),
+                            pct(g.time_frac)] for g in groups[:MAX_EFF_ROWS]]), ""]
+    return out
+
+
+MAX_EFF_ROWS = 50
