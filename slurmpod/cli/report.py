@@ -493,10 +493,10 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
 
 def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
                  fl: FleetReport, as_json: bool) -> None:
-    """The reliability report (report/reliability.py): the phases query, then the attempts
+    """The reliability report (resilience/reliability.py): the phases query, then the attempts
     records next to the logs of at most MAX_RECORDS jobs, those that were interrupted first."""
     from slurmpod.backends.parse import sacct_delimiter
-    from slurmpod.report.reliability import (
+    from slurmpod.resilience.reliability import (
         MAX_RECORDS,
         build_reliability,
         parse_phases,

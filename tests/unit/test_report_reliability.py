@@ -1,4 +1,4 @@
-"""The fleet reliability report (slurmpod.report.reliability) on recorded-shape inputs:
+"""The fleet reliability report (slurmpod.resilience.reliability) on recorded-shape inputs:
 tests/data/report/reliability/phases.txt is the phases query's output (`sacct --parsable2
 --duplicates --allocations --format=JobID,Start,End,ElapsedRaw,State,NodeList,AllocTRES`), one
 row per attempt or resize phase; attempts-101.jsonl is a job script's attempts record
@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from slurmpod.backends.parse import _merge_attempts
 from slurmpod.model.jobs import JobRecord, JobState
-from slurmpod.report.reliability import (
+from slurmpod.report.sacct import Attempt, SacctJob
+from slurmpod.resilience.reliability import (
     build_reliability,
     failure_kind,
     parse_phases,
     phases_argv,
     reliability_text,
 )
-from slurmpod.report.sacct import Attempt, SacctJob
 from slurmpod.runs.attempts import parse_attempts
 
 DATA = Path(__file__).parents[1] / "data" / "report" / "reliability"
