@@ -381,7 +381,7 @@ def test_prometheus_textfiles_pass_promtool(sandbox: Any, jobs: Jobs) -> None:
 
 def _screenshot(html: Path) -> np.ndarray:
     chromium = need_tool("chromium")
-    from matplotlib.image import imread
+    from PIL import Image
 
     with tempfile.TemporaryDirectory(prefix="slurmpod-chromium-") as tmp:
         png = Path(tmp) / "shot.png"
@@ -392,7 +392,8 @@ def _screenshot(html: Path) -> np.ndarray:
              "--window-size=1200,3000", html.resolve().as_uri()],
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert png.exists(), f"chromium made no screenshot (rc {cp.returncode}): {cp.stderr[-800:]}"
-        return imread(str(png))[:, :, :3]
+        # RGB in 0..1, as colour_pixels compares
+        return np.asarray(Image.open(png).convert("RGB"), dtype=np.float64) / 255.0
 
 
 def colour_pixels(img: np.ndarray, hex_colour: str, tol: float = 0.06) -> int:

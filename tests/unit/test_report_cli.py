@@ -117,7 +117,6 @@ def test_since_forms() -> None:
 
 
 def test_html_is_self_contained_with_plots(fake_sacct: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     out = tmp_path / "r.html"
     spool = tmp_path / "spool" / "records"
     spool.mkdir(parents=True)
@@ -141,7 +140,6 @@ def test_html_is_self_contained_with_plots(fake_sacct: Path, tmp_path: Path) -> 
 
 
 def test_html_escapes_job_names(fake_sacct: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     import dataclasses
 
     from slurmpod.report.build import build_job_report
