@@ -102,6 +102,12 @@ def _nvlink_only(site: Site, path: Path, limit: int, as_json: bool) -> int:
     if report.clean:
         click.echo("clean: the NVLink domains match the site's racks")
         return 0
+    _print_findings(report, limit)
+    return 1
+
+
+def _print_findings(report: CheckReport, limit: int) -> None:
+    """The findings with their fixes, at most `limit` (0: all)."""
     counts = ", ".join(f"{k} {v}" for k, v in report.counts().items())
     click.echo(f"{len(report.findings)} findings ({counts}):")
     shown = report.findings if limit == 0 else report.findings[:limit]
@@ -111,7 +117,6 @@ def _nvlink_only(site: Site, path: Path, limit: int, as_json: bool) -> int:
     if len(shown) < len(report.findings):
         click.echo(f"... and {len(report.findings) - len(shown)} more (--limit 0 or --json for "
                    "all)")
-    return 1
 
 
 def _print_report(report: CheckReport, limit: int) -> None:
@@ -133,15 +138,7 @@ def _print_report(report: CheckReport, limit: int) -> None:
     if report.clean:
         click.echo("clean: the fabric matches the plan")
         return
-    counts = ", ".join(f"{k} {v}" for k, v in report.counts().items())
-    click.echo(f"{len(report.findings)} findings ({counts}):")
-    shown = report.findings if limit == 0 else report.findings[:limit]
-    for f in shown:
-        click.echo(f"{f.severity.upper():7} {f.kind}: {f.message}")
-        click.echo(f"        fix: {f.fix}")
-    if len(shown) < len(report.findings):
-        click.echo(f"... and {len(report.findings) - len(shown)} more (--limit 0 or --json for "
-                   "all)")
+    _print_findings(report, limit)
 
 
 @click.command()

@@ -20,7 +20,7 @@ from typing import Any
 from slurmpod import __version__
 from slurmpod.report.extras import JobExtras
 from slurmpod.report.fleet import FleetReport, Group, JobRow
-from slurmpod.report.model import LOSS_CAUSES, SPIKE_FACTOR, JobReport
+from slurmpod.report.model import LOSS_CAUSES, SPIKE_FACTOR, JobReport, finite
 from slurmpod.report.text import dist_text
 
 DASH = "–"
@@ -43,14 +43,7 @@ STATE_END = (("COMPLETED", "completed"), ("TIMEOUT", "timelimit"), ("PREEMPTED",
 
 # --- numbers for people ----------------------------------------------------------------------
 
-def _ok(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+_ok = finite  # one reading of JSON numbers for the report (report.model)
 
 
 def _fixed(v: float, sig: int) -> str:

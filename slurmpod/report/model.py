@@ -297,7 +297,8 @@ def _h(gpu_s: float | None) -> float | None:
     return None if gpu_s is None else gpu_s / 3600.0
 
 
-def _f(x: Any) -> float | None:
+def finite(x: Any) -> float | None:
+    """A finite float from a JSON value, else None (missing, bool, text, NaN, inf)."""
     if type(x) is float:  # the usual case, first: a fleet report reads ~20 per job
         return x if x - x == 0.0 else None  # NaN and ±inf give NaN
     if x is None or isinstance(x, bool):
@@ -307,6 +308,9 @@ def _f(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) else None
+
+
+_f = finite
 
 
 def _i(x: Any) -> int | None:

@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 
 from slurmpod.report.fleet import FleetReport
-from slurmpod.report.model import LOSS_CAUSES, JobReport
+from slurmpod.report.model import LOSS_CAUSES, JobReport, finite
 
 MFU_COLOUR = "#1d3557"
 STEP_COLOUR = "#e76f51"
@@ -83,14 +83,7 @@ def _t(s: Any) -> str:
     return escape(str(s), quote=True)
 
 
-def _f(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+_f = finite  # one reading of JSON numbers for the report (report.model)
 
 
 class _Frame:
