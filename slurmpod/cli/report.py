@@ -21,7 +21,7 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
@@ -30,6 +30,7 @@ from slurmpod.errors import CommandError, SlurmError, UsageError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
+    from slurmpod.model.jobs import JobState
     from slurmpod.model.site import Inventory, Site
     from slurmpod.report.fleet import FleetReport, JobRow
     from slurmpod.report.model import JobReport, LogHints
@@ -562,6 +563,7 @@ def _watch(job_id: str, site: str | None, spool: Path, interval: float,
            count: int | None) -> None:
     """`--watch`: the job report again every `interval` seconds (report/watch.py)."""
     import time
+    from dataclasses import replace
 
     from slurmpod.report.watch import Frame, Progress, watch
 
@@ -578,8 +580,13 @@ def _watch(job_id: str, site: str | None, spool: Path, interval: float,
                                   "submission")
         (r,) = build_reports(jobs, spool, inv, with_series=True, hints=False,
                              usage=load_usage(job_id))
+        live = _live_job(job_id) if r.job.state.is_active else None
+        if live is not None and live.state is not None and live.state != r.job.state:
+            # slurmdbd learns of a start or an end after slurmctld does (the controller sends
+            # it asynchronously), so a running job can read PENDING in sacct for a while.
+            r = replace(r, job=replace(r.job, state=live.state))
         if not log:
-            log.append(_live_log(job_id) if r.job.state.is_active else None)
+            log.append(live.log if live is not None else None)
         prog = _log_progress(*log[0]) if log[0] else None
         if prog is None and r.figures.last_iter is not None:
             prog = Progress(r.figures.last_iter, source="comment")
@@ -592,13 +599,20 @@ def _watch(job_id: str, site: str | None, spool: Path, interval: float,
         sys.exit(rc)
 
 
-def _live_log(job_id: str) -> tuple[str, int] | None:
-    """The running job's stdout file and owner, from `squeue --json` (JSON: no job text can
-    plant a field), expanded as slurmd does; None when squeue does not say."""
+class _LiveJob(NamedTuple):
+    state: JobState | None  # slurmctld's view, ahead of slurmdbd's
+    log: tuple[str, int] | None  # stdout file and owner uid
+
+
+def _live_job(job_id: str) -> _LiveJob | None:
+    """The job as slurmctld sees it, from `squeue --json` (JSON: no job text can plant a
+    field): its state, and its stdout file expanded as slurmd does. None when squeue does not
+    know the job (ended and purged, or an array task/het component, whose raw id differs)."""
     import json
 
     from slurmpod.accounting.safeio import expand_output_pattern
     from slurmpod.backends.cli import CliBackend
+    from slurmpod.model.jobs import JobState
     from slurmpod.transport.local import LocalRunner
 
     if not job_id.isdigit():
@@ -614,16 +628,20 @@ def _live_log(job_id: str) -> tuple[str, int] | None:
         jid = jid.get("number") if isinstance(jid, dict) else jid
         if str(jid) != job_id:
             continue
+        # job_state: a string on 22.05, a list of state and flags on 23.02 and later
+        raw = job.get("job_state")
+        raw = raw[0] if isinstance(raw, list) and raw else raw
+        state = JobState.parse(raw) if isinstance(raw, str) else None
         uid = job.get("user_id")
         uid = uid.get("number") if isinstance(uid, dict) else uid
         pattern, nodes = job.get("standard_output"), job.get("nodes")
         if not isinstance(uid, int) or not isinstance(pattern, str):
-            return None
+            return _LiveJob(state, None)
         env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": str(job.get("name") or ""),
                "SLURM_JOB_USER": str(job.get("user_name") or ""),
                "SLURM_JOB_NODELIST": nodes if isinstance(nodes, str) else "",
                "SLURM_JOB_WORK_DIR": str(job.get("current_working_directory") or "")}
-        return expand_output_pattern(pattern, env), uid
+        return _LiveJob(state, (expand_output_pattern(pattern, env), uid))
     return None
 
 

@@ -129,3 +129,36 @@ def test_watch_option_errors(args: list[str], capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert exc.value.code == 2, err
     assert err.startswith(("slurmpod: error: ", "Usage:")) and "Traceback" not in err
+
+
+SLURM_DATA = Path(__file__).parents[1] / "data" / "slurm"
+
+
+@pytest.mark.parametrize(("version", "job_id", "state", "log"), [
+    ("22.05", "4", JobState.RUNNING, ("/tmp/rec/out/4.out", 0)),
+    ("22.05", "14", JobState.PENDING, ("/tmp/rec/slurm-14.out", 0)),  # slurmd's default name
+    ("24.11", "21", JobState.RUNNING, None),  # job_state is a list on 23.02+
+    ("24.11", "23", JobState.PENDING, None),  # ["PENDING", "REQUEUED"]
+])
+def test_live_state_comes_from_slurmctld(monkeypatch: pytest.MonkeyPatch, version: str,
+                                         job_id: str, state: JobState,
+                                         log: tuple[str, int] | None) -> None:
+    """sacct can say PENDING for a job slurmctld already runs (slurmdbd hears of the start
+    asynchronously): the watch takes the state from squeue's JSON, of both eras."""
+    from slurmpod.backends.cli import CliBackend
+    from slurmpod.cli import report as cli_report
+    from slurmpod.transport.base import CommandResult
+
+    text = (SLURM_DATA / version / "squeue.json").read_text()
+    seen: list[list[str]] = []
+
+    def query(self: object, argv: list[str], env: object = None) -> CommandResult:
+        seen.append(list(argv))
+        return CommandResult(argv=tuple(argv), returncode=0, stdout=text, stderr="",
+                             duration_s=0.01)
+
+    monkeypatch.setattr(CliBackend, "query", query)
+    live = cli_report._live_job(job_id)
+    assert seen == [["squeue", "--json", f"--jobs={job_id}"]]
+    assert live is not None and live.state is state and live.log == log
+    assert cli_report._live_job("999") is None  # not in squeue: purged or never there
