@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-EMU = [sys.executable, "-m", "slurmpod.workload.megatron_emu"]
+from slurmpod.sandbox.workload import EMULATOR_MODULE
+
+# The emulated trainer (docs/workload.md): every test that starts it builds its command line from
+# these, so a move of the module is one edit (slurmpod/sandbox/workload/__init__.py).
+EMU_MODULE = EMULATOR_MODULE
+EMU = [sys.executable, "-m", EMU_MODULE]
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
         "--vocab-size", "256", "--log-interval", "1", "--lr", "1e-3"]

@@ -83,6 +83,7 @@ def _echo_indented(text: str) -> None:
 def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> None:
     """Run slurmpod end to end on the embedded sandbox (a real Slurm on this machine)."""
     from slurmpod.sandbox.cluster import Sandbox, default_state_dir
+    from slurmpod.sandbox.workload import EMULATOR_MODULE
 
     state = (state_dir or default_state_dir()).absolute()
     total = 6
@@ -108,7 +109,7 @@ def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> No
     # A fresh run each time: the last demo's checkpoint is at the final iteration, so resuming
     # from it would end the job at once with nothing to report.
     shutil.rmtree(run_dir, ignore_errors=True)
-    entry = f"{sys.executable} -m slurmpod.workload.megatron_emu"
+    entry = f"{sys.executable} -m {EMULATOR_MODULE}"
     run_file.write_text(DEMO_RUN.format(entrypoint=json.dumps(entry),
                                         work_dir=json.dumps(str(run_dir)), iters=iters))
     _echo_indented(_slurmpod(["plan", str(run_file)], env).stdout)

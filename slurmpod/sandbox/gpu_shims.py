@@ -4,7 +4,7 @@ Sandbox only. `slurmpod sandbox up` writes two small scripts into `<state>/bin/`
 `main()` here, and a TaskProlog that puts that directory first on every task's PATH (and
 exports `SLURMPOD_EMU_GPU_DIR`); the EpilogSlurmctld wrapper has it on PATH too. So
 `slurmpod hook monitor` inside a job and the epilog's DCGM source run exactly as on a real
-site, against figures derived from what the emulator really did (workload/gpu_activity.py):
+site, against figures derived from what the emulator really did (sandbox/workload/gpu_activity.py):
 
 - utilisation: the share of wall time the emulator spent in its GEMMs (every GPU with a rank of
   the job shows rank 0's activity; an allocated GPU without a rank is idle, 0 %);
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from slurmpod.workload import gpu_activity
+from slurmpod.sandbox.workload import gpu_activity
 
 IDLE_SHARE = 0.10  # idle power as a share of the board limit (H100 SXM: ~70 of 700 W)
 LIVE_S = 15.0  # nvidia-smi: a job whose counters moved within this is running

@@ -146,7 +146,7 @@ class Layout:
 
     @property
     def gpu_state(self) -> Path:
-        """What the emulator's ranks did, per job (workload/gpu_activity.py)."""
+        """What the emulator's ranks did, per job (sandbox/workload/gpu_activity.py)."""
         return self.root / "gpu"
 
     @property

@@ -1,9 +1,9 @@
 """The sandbox's site file with its emulated GPUs' peak measured on this machine's CPU.
 
 The sandbox workload does its "GPU" work as numpy float32 matmuls, so the honest peak for MFU is
-what this CPU's matmul reaches (`slurmpod.workload.calibrate`). `sandbox up` writes the site with
-that number as `<state>/site.toml`, and `sandbox env` points `$SLURMPOD_SITE` at it, so plan,
-submit, the hooks and reports all use the same measured peak.
+what this CPU's matmul reaches (`slurmpod.sandbox.workload.calibrate`). `sandbox up` writes the
+site with that number as `<state>/site.toml`, and `sandbox env` points `$SLURMPOD_SITE` at it, so
+plan, submit, the hooks and reports all use the same measured peak.
 
 `up` may run while the machine is busy (other jobs, test suites), which only ever slows matmuls
 down, so the peak is the second-best of 24 matmuls spread over about a second
@@ -49,7 +49,7 @@ def render_measured_site(site_data: dict[str, Any], peak_tflops: float, source: 
 
 def measure_peak() -> float:
     """This CPU's float32 matmul peak, TFLOP/s, robust to load during the measurement."""
-    from slurmpod.workload.calibrate import sample_peak
+    from slurmpod.sandbox.workload.calibrate import sample_peak
 
     return sample_peak().peak_tflops
 

@@ -24,7 +24,7 @@ import pytest
 
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.hostlist import expand
-from slurmpod.workload import megatron_emu
+from slurmpod.sandbox.workload import megatron_emu
 from tests.helpers import EMU, LOADED, TINY, segments, wait_for
 
 SLOWER = ["--hidden-size", "256", "--seq-length", "128"]

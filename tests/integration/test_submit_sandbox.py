@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-EMU = f"{sys.executable} -m slurmpod.workload.megatron_emu"
+from tests.helpers import EMU
 
 
 def write_run(path: Path, name: str, nodes: int, *, tp: int = 8, train_iters: int = 6,
@@ -24,7 +24,7 @@ def write_run(path: Path, name: str, nodes: int, *, tp: int = 8, train_iters: in
 name = "{name}"
 nodes = {nodes}
 time_limit = "00:10:00"
-entrypoint = "{EMU}"
+entrypoint = "{' '.join(EMU)}"
 work_dir = "{path.parent / name}"
 {job_extra}
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from slurmpod.sandbox.workload import gpu_activity
 from slurmpod.telemetry.schema import read_gpu_summary
-from slurmpod.workload import gpu_activity
 from tests.helpers import EMU, TINY, log_iterations, wait_for
 
 IDLE_W, MAX_W = 70.0, 700.0  # the emulated GPU: 10 % of the schema's 700 W `emu` limit

@@ -1,7 +1,7 @@
 """`slurmpod report JOBID --watch`: the progress line from a Megatron log's tail, the refresh
 loop (terminal and no terminal, bounded, Ctrl-C) and the option checks.
-tests/data/report/watch-emu-head.log holds the first iteration lines the sandbox workload
-(`slurmpod.workload.megatron_emu`, Megatron-LM's line format) printed in a 400-iteration job."""
+tests/data/report/watch-emu-head.log holds the first iteration lines the sandbox's emulated
+trainer (`megatron_emu`, Megatron-LM's line format) printed in a 400-iteration job."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The sandbox's emulated GPU telemetry without Slurm: the emulator records what it did
-(workload/gpu_activity.py), the `dcgmi`/`nvidia-smi` shims answer from it, and slurmpod's own
-parsers (telemetry/dcgm.py, telemetry/nvidia_smi.py) read the answers."""
+(sandbox/workload/gpu_activity.py), the `dcgmi`/`nvidia-smi` shims answer from it, and slurmpod's
+own parsers (telemetry/dcgm.py, telemetry/nvidia_smi.py) read the answers."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 
 from slurmpod.sandbox import gpu_shims
 from slurmpod.sandbox.gpu_shims import EmuGpu
+from slurmpod.sandbox.workload import gpu_activity
+from slurmpod.sandbox.workload import megatron_emu as emu
 from slurmpod.telemetry import dcgm, nvidia_smi
-from slurmpod.workload import gpu_activity
-from slurmpod.workload import megatron_emu as emu
 from tests.helpers import TINY
 
 EMU_GPU = EmuGpu("emulated GPU (CPU matmul)", 80.0, 700.0, 70.0)

@@ -42,7 +42,7 @@ def test_written_site_loads_with_the_measured_peak(tmp_path: Path, monkeypatch) 
 def test_up_measures_a_peak_robust_to_load(monkeypatch) -> None:
     # `up` keeps the robust statistic of samples spread over time, not one quick burst.
     from slurmpod.sandbox import measured_site
-    from slurmpod.workload import calibrate
+    from slurmpod.sandbox.workload import calibrate
 
     seen: dict[str, object] = {}
 

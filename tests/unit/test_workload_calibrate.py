@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from slurmpod.workload.calibrate import (
+from slurmpod.sandbox.workload.calibrate import (
     Calibration,
     matmul_tflops,
     peak_tflops,

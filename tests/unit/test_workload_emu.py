@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,8 +21,9 @@ from slurmpod.config import builtin_site_path
 from slurmpod.megatron.args import parse_arguments_dump
 from slurmpod.megatron.flops import flops_per_iteration
 from slurmpod.sandbox.measured_site import write_measured_site
-from slurmpod.workload import megatron_emu as emu
-from slurmpod.workload.calibrate import PeakEstimate
+from slurmpod.sandbox.workload import megatron_emu as emu
+from slurmpod.sandbox.workload.calibrate import PeakEstimate
+from tests.helpers import EMU
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -173,7 +173,7 @@ def test_rejects_indivisible_layout() -> None:
 
 
 def emu_cmd(*extra: str) -> list[str]:
-    return [sys.executable, "-m", "slurmpod.workload.megatron_emu", *TINY, *extra]
+    return [*EMU, *TINY, *extra]
 
 
 def test_sigterm_saves_and_exits_then_resume_continues(tmp_path: Path) -> None:

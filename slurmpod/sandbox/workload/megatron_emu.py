@@ -1,11 +1,12 @@
 """A stand-in for Megatron-LM in the sandbox: Megatron's arguments, log lines and checkpoints,
 with real numpy matrix work per iteration instead of a GPU model.
 
-Run as `python -m slurmpod.workload.megatron_emu <megatron args>`. It accepts the flags slurmpod
-renders (unknown ones are tolerated), prints Megatron's `arguments` dump and iteration lines
-with measured timings, saves `iter_NNNNNNN/` checkpoints with `latest_checkpointed_iteration.txt`
-every `--save-interval`, resumes from `--load`, appends to `<save>/progress.txt`, and with
-`--exit-signal-handler` saves and exits on SIGTERM (as Megatron does).
+Run as `python -m slurmpod.sandbox.workload.megatron_emu <megatron args>`. It accepts the flags
+slurmpod renders (unknown ones are tolerated), prints Megatron's `arguments` dump and iteration
+lines with measured timings, saves `iter_NNNNNNN/` checkpoints with
+`latest_checkpointed_iteration.txt` every `--save-interval`, resumes from `--load`, appends to
+`<save>/progress.txt`, and with `--exit-signal-handler` saves and exits on SIGTERM (as Megatron
+does).
 
 The work: each iteration performs this rank's share of the model's FLOPs (slurmpod's Megatron
 FLOPs formula ÷ world size) as the forward, data-gradient and weight-gradient GEMMs of a real
@@ -41,16 +42,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from slurmpod.workload import gpu_activity
+from slurmpod.sandbox.workload import gpu_activity
 
 if TYPE_CHECKING:
-    from slurmpod.workload.calibrate import PeakEstimate
+    from slurmpod.sandbox.workload.calibrate import PeakEstimate
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _DATA_ROWS = 4096  # rows of the synthetic dataset, cycled through by consumed samples
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The emulator's one parser. argparse, not click like slurmpod's commands, on purpose: this
+    stands in for Megatron-LM, whose parser is argparse (megatron/training/arguments.py), so
+    argparse gives the same `--flag value` and `--flag=value` forms, `store_true` flags and,
+    through `parse_known_args`, the tolerance of flags it does not model that a job script
+    written for Megatron needs (docs/workload.md, "Arguments")."""
     p = argparse.ArgumentParser(prog="megatron_emu", allow_abbrev=False,
                                 description="Megatron-LM stand-in for the slurmpod sandbox")
     a = p.add_argument
@@ -229,7 +235,7 @@ def pacing_line(peak: Peak, flops_per_gpu: float, min_s: float,
                 measure: Callable[[], PeakEstimate] | None = None) -> str:
     """What the job measured and how it is paced, for its log. `measure()` returns a
     `calibrate.PeakEstimate` of this CPU now."""
-    from slurmpod.workload.calibrate import sample_peak
+    from slurmpod.sandbox.workload.calibrate import sample_peak
 
     # About 0.1 s on a quiet machine: a log figure, not the peak (that is the site's).
     est = (measure or (lambda: sample_peak(rounds=3, repeats=2, pause_s=0.02)))()
@@ -664,6 +670,8 @@ _LAST_SIGNALS = _Signals()
 
 def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
            measure: Callable[[], PeakEstimate] | None, coll: Collective | None) -> int:
+    """Megatron's order: arguments, load, initialise (the collective, the pacing record), the
+    `training ...` marker, then iterations until done, a fault or an exit condition."""
     t_start = time.monotonic()
     sig = _LAST_SIGNALS
     if args.exit_signal_handler:
@@ -672,88 +680,118 @@ def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
     flops_iter = model_flops_per_iteration(args)
     rows = round(flops_iter / dist.world_size / (6.0 * args.hidden_size**2))
     trainer = Trainer(args, rows)
-    save = Path(args.save) if args.save else None
-    if args.load:
-        loaded = trainer.load(Path(args.load))
-        if loaded is None:
-            print(f"WARNING: could not find the metadata file {Path(args.load) / TRACKER}",
-                  file=out)
-            print("    will not load any checkpoints and will start from random", file=out)
-        else:
-            print(f" successfully loaded checkpoint from {args.load} [ t 1/1, p 1/1 ] "
-                  f"at iteration {loaded}", file=out, flush=True)
+    _load_checkpoint(args, trainer, out)
     if args.emu_fail_at_start is not None:
         print(f"megatron_emu: failing at start with exit {args.emu_fail_at_start} (as asked)",
               file=out, flush=True)
         return int(args.emu_fail_at_start)
     if coll is not None:
         coll.accept_all(trainer.iteration)
+    save = Path(args.save) if args.save else None
     if save is not None:
         append_progress(save, dist, "Starting job")
+    min_s = _announce_pacing(args, dist, flops_iter, out, measure)
+    _print_initialized(t_start, out)
+    run = _Run(args, dist, out, trainer, save, flops_iter, t_start)
+    return run.loop(sig, coll, min_s)
+
+
+def _load_checkpoint(args: argparse.Namespace, trainer: Trainer, out: TextIO) -> None:
+    """`--load`: resume from the tracked iteration, with Megatron's lines for either outcome."""
+    if not args.load:
+        return
+    loaded = trainer.load(Path(args.load))
+    if loaded is None:
+        print(f"WARNING: could not find the metadata file {Path(args.load) / TRACKER}",
+              file=out)
+        print("    will not load any checkpoints and will start from random", file=out)
+    else:
+        print(f" successfully loaded checkpoint from {args.load} [ t 1/1, p 1/1 ] "
+              f"at iteration {loaded}", file=out, flush=True)
+
+
+def _announce_pacing(args: argparse.Namespace, dist: Dist, flops_iter: float, out: TextIO,
+                     measure: Callable[[], PeakEstimate] | None) -> float:
+    """The peak this run is paced to, logged with what this CPU does now; the shortest
+    iteration it allows (0 when not paced)."""
     peak = emulated_peak(args.emu_peak_tflops)
     flops_per_gpu = flops_iter / dist.world_size
     min_s = min_iteration_s(flops_per_gpu, peak.tflops)
     print(pacing_line(peak, flops_per_gpu, min_s, measure), file=out, flush=True)
+    return min_s
+
+
+def _print_initialized(t_start: float, out: TextIO) -> None:
     print(f"time to initialize megatron (seconds): {time.monotonic() - t_start:.3f}", file=out)
     # Megatron's print_datetime marker; the log parser dates the launch and start-up from it.
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     print(f"[after megatron is initialized] datetime: {stamp} ", file=out)
     print("training ...", file=out, flush=True)
-    job_flops = 0.0
-    job_t0 = time.monotonic()
 
-    def checkpoint() -> None:
-        if save is None:
+
+class _Run:
+    """Rank 0's training loop and what it keeps between iterations: the FLOPs of this job,
+    the last saved iteration, and the iterations of the current log interval."""
+
+    def __init__(self, args: argparse.Namespace, dist: Dist, out: TextIO, trainer: Trainer,
+                 save: Path | None, flops_iter: float, t_start: float) -> None:
+        self.args, self.dist, self.out, self.trainer = args, dist, out, trainer
+        self.save, self.flops_iter, self.t_start = save, flops_iter, t_start
+        self.job_flops = 0.0
+        self.job_t0 = time.monotonic()
+        self.saved_at = trainer.iteration
+        self.interval_t0 = self.job_t0
+        self.interval_iters = 0
+        self.losses: list[float] = []
+
+    def loop(self, sig: _Signals, coll: Collective | None, min_s: float) -> int:
+        args, trainer = self.args, self.trainer
+        activity = gpu_activity.Recorder.from_env()
+        self.interval_t0 = time.monotonic()
+        while trainer.iteration < args.train_iters:
+            t_step = time.monotonic()
+            loss, gnorm = trainer.step()
+            busy_s = time.monotonic() - t_step
+            if coll is not None and coll.allreduce(trainer.iteration, sig.received is not None) \
+                    and sig.received is None:
+                sig.received = signal.SIGTERM  # another rank was told to stop: stop together
+            pace(t_step + min_s)  # an emulated GPU is never faster than its peak
+            trainer.train_s += time.monotonic() - t_step
+            if activity is not None:  # the sandbox's emulated GPU counters (gpu_activity.py)
+                activity.iteration(busy_s, time.monotonic() - t_step,
+                                   gpu_activity.trainer_bytes(trainer))
+            self.job_flops += self.flops_iter
+            it = trainer.iteration
+            self._log(it, loss, gnorm)
+            if args.save_interval and it % args.save_interval == 0:
+                self.checkpoint()
+            rc = self._stop_after(it, sig)
+            if rc is not None:
+                return rc
+        if self.save is not None and self.saved_at != trainer.iteration:
+            self.checkpoint()
+        print("after training is done", file=self.out, flush=True)
+        return 0
+
+    def _log(self, it: int, loss: float, gnorm: float) -> None:
+        """Megatron's iteration line every `--log-interval`: the interval's mean time and loss."""
+        args = self.args
+        self.interval_iters += 1
+        self.losses.append(loss)
+        if it % args.log_interval:
             return
-        print(f"saving checkpoint at iteration {trainer.iteration:7d} to {save} in torch format",
-              file=out, flush=True)
-        trainer.save(save)
-        print(f"  successfully saved checkpoint from iteration {trainer.iteration:7d} to {save} "
-              f"[ t 1/1, p 1/1 ]", file=out, flush=True)
-        wall = max(time.monotonic() - job_t0, 1e-9)
-        job_tp = job_flops / wall / dist.world_size / 1e12  # as Megatron: model FLOPs per GPU
-        cum_tp = trainer.iteration * flops_iter / max(trainer.train_s, 1e-9) \
-            / dist.world_size / 1e12
-        append_progress(save, dist, (
-            f"Saved checkpoint\tIteration: {trainer.iteration}\t"
-            f"Job throughput: {job_tp:.3g} TFLOP/s/GPU\t"
-            f"Cumulative throughput: {cum_tp:.3g} TFLOP/s/GPU\t"
-            f"Floating-point operations: {trainer.iteration * flops_iter:.2e}\t"
-            f"Tokens (in billions): "
-            f"{trainer.consumed_samples * args.seq_length / 1e9:.2f}"))
+        elapsed = (time.monotonic() - self.interval_t0) / self.interval_iters
+        tflops = self.flops_iter / (elapsed * 1e12 * self.dist.world_size) \
+            if args.log_throughput else None
+        print(iteration_line(it, args, self.trainer.consumed_samples, elapsed, tflops,
+                             learning_rate(args, it), float(np.mean(self.losses)), gnorm),
+              file=self.out, flush=True)
+        self.interval_t0, self.interval_iters, self.losses = time.monotonic(), 0, []
 
-    saved_at = trainer.iteration
-    activity = gpu_activity.Recorder.from_env()
-    interval_t0 = time.monotonic()
-    interval_iters = 0
-    losses: list[float] = []
-    while trainer.iteration < args.train_iters:
-        t_step = time.monotonic()
-        loss, gnorm = trainer.step()
-        busy_s = time.monotonic() - t_step
-        if coll is not None and coll.allreduce(trainer.iteration, sig.received is not None) \
-                and sig.received is None:
-            sig.received = signal.SIGTERM  # another rank was told to stop: stop together
-        pace(t_step + min_s)  # an emulated GPU is never faster than its peak
-        trainer.train_s += time.monotonic() - t_step
-        if activity is not None:  # the sandbox's emulated GPU counters (gpu_activity.py)
-            activity.iteration(busy_s, time.monotonic() - t_step,
-                               gpu_activity.trainer_bytes(trainer))
-        job_flops += flops_iter
-        interval_iters += 1
-        losses.append(loss)
-        it = trainer.iteration
-        if it % args.log_interval == 0:
-            elapsed = (time.monotonic() - interval_t0) / interval_iters
-            tflops = flops_iter / (elapsed * 1e12 * dist.world_size) if args.log_throughput \
-                else None
-            print(iteration_line(it, args, trainer.consumed_samples, elapsed, tflops,
-                                 learning_rate(args, it), float(np.mean(losses)), gnorm),
-                  file=out, flush=True)
-            interval_t0, interval_iters, losses = time.monotonic(), 0, []
-        if args.save_interval and it % args.save_interval == 0:
-            checkpoint()
-            saved_at = it
+    def _stop_after(self, it: int, sig: _Signals) -> int | None:
+        """The exit code when iteration `it` ends the run (an asked-for crash, SIGTERM,
+        `--exit-duration-in-mins`, `--exit-interval`; saved first but for the crash), else None."""
+        args, out, save = self.args, self.out, self.save
         if args.emu_fail_at_iteration == it and save is not None \
                 and not (save / f".emu-crashed-{it}").exists():
             (save / f".emu-crashed-{it}").touch()  # once per run: the resumed attempt goes on
@@ -761,26 +799,47 @@ def _train(args: argparse.Namespace, dist: Dist, out: TextIO,
                   flush=True)
             return 1
         if sig.received is not None:
-            if saved_at != it:
-                checkpoint()
+            self._save_unless_saved(it)
             print("exiting program after receiving SIGTERM.", file=out, flush=True)
             return 0
         if args.exit_duration_in_mins is not None and \
-                (time.monotonic() - t_start) / 60.0 > args.exit_duration_in_mins:
-            if saved_at != it:
-                checkpoint()
-            print(f"exiting program after {(time.monotonic() - t_start) / 60.0:.2f} minutes",
-                  file=out, flush=True)
+                (time.monotonic() - self.t_start) / 60.0 > args.exit_duration_in_mins:
+            self._save_unless_saved(it)
+            print(f"exiting program after {(time.monotonic() - self.t_start) / 60.0:.2f} "
+                  f"minutes", file=out, flush=True)
             return 0
         if args.exit_interval and it % args.exit_interval == 0:
-            if saved_at != it:
-                checkpoint()
+            self._save_unless_saved(it)
             print(f"exiting program at iteration {it}", file=out, flush=True)
             return 0
-    if save is not None and saved_at != trainer.iteration:
-        checkpoint()
-    print("after training is done", file=out, flush=True)
-    return 0
+        return None
+
+    def _save_unless_saved(self, it: int) -> None:
+        if self.saved_at != it:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Save (with Megatron's lines) and append the throughput record to progress.txt."""
+        trainer, out, save, dist = self.trainer, self.out, self.save, self.dist
+        self.saved_at = trainer.iteration
+        if save is None:
+            return
+        print(f"saving checkpoint at iteration {trainer.iteration:7d} to {save} in torch format",
+              file=out, flush=True)
+        trainer.save(save)
+        print(f"  successfully saved checkpoint from iteration {trainer.iteration:7d} to {save} "
+              f"[ t 1/1, p 1/1 ]", file=out, flush=True)
+        wall = max(time.monotonic() - self.job_t0, 1e-9)
+        job_tp = self.job_flops / wall / dist.world_size / 1e12  # as Megatron: per GPU
+        cum_tp = trainer.iteration * self.flops_iter / max(trainer.train_s, 1e-9) \
+            / dist.world_size / 1e12
+        append_progress(save, dist, (
+            f"Saved checkpoint\tIteration: {trainer.iteration}\t"
+            f"Job throughput: {job_tp:.3g} TFLOP/s/GPU\t"
+            f"Cumulative throughput: {cum_tp:.3g} TFLOP/s/GPU\t"
+            f"Floating-point operations: {trainer.iteration * self.flops_iter:.2e}\t"
+            f"Tokens (in billions): "
+            f"{trainer.consumed_samples * self.args.seq_length / 1e9:.2f}"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,7 +104,7 @@ def peak_tflops(size: int = 1024, repeats: int = 7) -> float:
     return matmul_tflops(size, repeats).peak_tflops
 
 
-def main() -> None:  # python -m slurmpod.workload.calibrate
+def main() -> None:  # python -m slurmpod.sandbox.workload.calibrate
     for n in (256, 512, 1024, 2048):
         c = matmul_tflops(n)
         print(f"n={n:5d}  peak {c.peak_tflops * 1e3:8.1f} GFLOP/s  "
