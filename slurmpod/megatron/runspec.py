@@ -379,78 +379,33 @@ class ModelConfig:
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any] | MegatronArgs | ModelConfig) -> ModelConfig:
+        """From a run spec's Megatron arguments or a log's dump, with Megatron's defaults and
+        derived values (validate_args): the shape, vocabulary padding, the virtual pipeline."""
         if isinstance(args, ModelConfig):
             return args
         a: Mapping[str, Any] = args.values() if isinstance(args, MegatronArgs) else args
 
         def get(key: str, default: Any = None) -> Any:
-            v = a.get(key, default)
-            return default if v is None else v
+            return _get(a, key, default)
 
-        try:
-            h = int(a["hidden_size"])
-            heads = int(a["num_attention_heads"])
-            layers = int(a["num_layers"])
-            seq = int(a["seq_length"])
-        except KeyError as exc:
-            raise ConfigError(f"Megatron argument {exc.args[0]} is required",
-                              key=str(exc.args[0])) from None
-        if not 1 <= layers <= MAX_LAYERS:  # a log's dump is not validated by MegatronArgs
-            raise ConfigError(f"num_layers={layers} is outside 1..{MAX_LAYERS}", key="num_layers")
+        h, heads, layers, seq = _required_shape(a)
         swiglu = bool(get("swiglu", False))
-        ffn = a.get("ffn_hidden_size")
-        if ffn is None:
-            ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
+        ffn = _ffn_hidden_size(a, h, swiglu)
         gqa = bool(get("group_query_attention", False))
         groups = int(get("num_query_groups", 1)) if gqa else heads
         tp = int(get("tensor_model_parallel_size", 1))
         pp = int(get("pipeline_model_parallel_size", 1))
-        padded = a.get("padded_vocab_size")
-        if padded is None:
-            vocab = a.get("vocab_size")
-            if vocab is None:
-                raise ConfigError("Megatron argument vocab_size (or padded_vocab_size) is required "
-                                  "to count embedding parameters and logit FLOPs",
-                                  key="vocab_size")
-            padded = padded_vocab_size(int(vocab), int(get("make_vocab_size_divisible_by", 128)),
-                                       tp)
         num_experts = a.get("num_experts")
         pattern = (moe_layer_pattern(get("moe_layer_freq", 1), layers)
                    if num_experts is not None else (0,) * layers)
-        vpp = a.get("virtual_pipeline_model_parallel_size")
-        per_stage = a.get("num_layers_per_virtual_pipeline_stage")
-        acct_e = _flag(get("account_for_embedding_in_pipeline_split", False))
-        acct_l = _flag(get("account_for_loss_in_pipeline_split", False))
-        layout = a.get("pipeline_model_parallel_layout")
-        layout = None if layout in (None, "None", "") else str(layout)
-        if vpp is None and a.get("num_virtual_stages_per_pipeline_rank") is not None:
-            vpp = int(a["num_virtual_stages_per_pipeline_rank"])
-        elif vpp is None and per_stage:
-            # Megatron counts the embedding/loss slots here too (arguments.py, core_v0.13+).
-            slots = layers + int(acct_e) + int(acct_l)
-            vpp = (slots // pp) // int(per_stage) if slots % pp == 0 else None
-        vpp_given = None if vpp is None else int(vpp)
-        if layout is not None:
-            from slurmpod.megatron.pipeline import layout_vpp
-
-            vpp = layout_vpp(layout, pp)  # the layout decides (transformer_config.py)
-        if vpp == 1:
-            vpp = None  # Megatron: a VPP of 1 is the non-interleaved schedule
-        fp8 = a.get("fp8")
-        fp8 = None if fp8 in (None, "None", False, "") else str(fp8)
-        modules = a.get("recompute_modules")
-        if isinstance(modules, str):
-            modules = modules.split()
+        vp = _virtual_pipeline(a, layers, pp)
         fsdp = _flag(get("use_megatron_fsdp", False))
         bf16_grads = (_flag(get("grad_reduce_in_bf16", False))
                       or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
-        gran = a.get("recompute_granularity")
-        if gran is None and a.get("recompute_activations"):
-            gran = "selective"  # --recompute-activations is selective recompute
         return cls(
             num_layers=layers, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
-            kv_channels=int(get("kv_channels", h // heads)), ffn_hidden_size=int(ffn),
-            swiglu=swiglu, seq_length=seq, padded_vocab_size=int(padded),
+            kv_channels=int(get("kv_channels", h // heads)), ffn_hidden_size=ffn,
+            swiglu=swiglu, seq_length=seq, padded_vocab_size=_padded_vocab_size(a, tp),
             normalization=str(get("normalization", "LayerNorm")),
             untie_embeddings_and_output_weights=bool(
                 get("untie_embeddings_and_output_weights", False)),
@@ -466,22 +421,25 @@ class ModelConfig:
             qk_pos_emb_head_dim=int(get("qk_pos_emb_head_dim", 64)),
             v_head_dim=int(get("v_head_dim", 128)),
             attention_output_gate=bool(get("attention_output_gate", False)),
-            tp=tp, pp=pp, vpp=None if vpp is None else int(vpp),
+            tp=tp, pp=pp, vpp=vp.vpp,
             cp=int(get("context_parallel_size", 1)), ep=int(get("expert_model_parallel_size", 1)),
             etp=int(get("expert_tensor_parallel_size", tp)),
             sequence_parallel=bool(get("sequence_parallel", False)),
             use_distributed_optimizer=bool(get("use_distributed_optimizer", False)),
-            recompute_granularity=gran, recompute_method=a.get("recompute_method"),
+            recompute_granularity=_recompute_granularity(a),
+            recompute_method=a.get("recompute_method"),
             recompute_num_layers=a.get("recompute_num_layers"),
             global_batch_size=a.get("global_batch_size"),
             micro_batch_size=int(get("micro_batch_size", 1)), group_query_attention=gqa,
             first_stage_layers=_opt_int(a.get("decoder_first_pipeline_num_layers")),
             last_stage_layers=_opt_int(a.get("decoder_last_pipeline_num_layers")),
-            account_for_embedding=acct_e, account_for_loss=acct_l, pipeline_layout=layout,
-            vpp_given=vpp_given, fp8=fp8, fp8_param_gather=_flag(get("fp8_param_gather", False)),
+            account_for_embedding=vp.account_for_embedding,
+            account_for_loss=vp.account_for_loss, pipeline_layout=vp.layout,
+            vpp_given=vp.vpp_given, fp8=_fp8(a),
+            fp8_param_gather=_flag(get("fp8_param_gather", False)),
             grad_bytes=2 if bf16_grads else 4,
             hidden_dropout=float(get("hidden_dropout", 0.1)),
-            recompute_modules=tuple(modules) if modules else ("core_attn",),
+            recompute_modules=_recompute_modules(a),
             add_bias_linear=_flag(get("add_bias_linear", True)),
             moe_shared_expert_gate=_flag(get("moe_shared_expert_gate", False)),
             megatron_fsdp=fsdp,
@@ -491,6 +449,102 @@ class ModelConfig:
                                         if _flag(get("optimizer_cpu_offload", False)) else 0.0),
             cpu_offloading_num_layers=int(get("cpu_offloading_num_layers", 0)),
         )
+
+
+def _get(a: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """An argument, with `default` also for a stated None (a dump prints unset ones as None)."""
+    v = a.get(key, default)
+    return default if v is None else v
+
+
+def _required_shape(a: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(hidden size, attention heads, layers, sequence length): no FLOPs without them."""
+    try:
+        h = int(a["hidden_size"])
+        heads = int(a["num_attention_heads"])
+        layers = int(a["num_layers"])
+        seq = int(a["seq_length"])
+    except KeyError as exc:
+        raise ConfigError(f"Megatron argument {exc.args[0]} is required",
+                          key=str(exc.args[0])) from None
+    if not 1 <= layers <= MAX_LAYERS:  # a log's dump is not validated by MegatronArgs
+        raise ConfigError(f"num_layers={layers} is outside 1..{MAX_LAYERS}", key="num_layers")
+    return h, heads, layers, seq
+
+
+def _ffn_hidden_size(a: Mapping[str, Any], h: int, swiglu: bool) -> int:
+    """Megatron's default: 4h, or for SwiGLU ⅔·4h rounded down to a multiple of 64."""
+    ffn = a.get("ffn_hidden_size")
+    if ffn is None:
+        ffn = int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h
+    return int(ffn)
+
+
+def _padded_vocab_size(a: Mapping[str, Any], tp: int) -> int:
+    """The dump's padded_vocab_size, else vocab_size padded as Megatron pads it."""
+    padded = a.get("padded_vocab_size")
+    if padded is None:
+        vocab = a.get("vocab_size")
+        if vocab is None:
+            raise ConfigError("Megatron argument vocab_size (or padded_vocab_size) is required "
+                              "to count embedding parameters and logit FLOPs",
+                              key="vocab_size")
+        padded = padded_vocab_size(int(vocab), int(_get(a, "make_vocab_size_divisible_by", 128)),
+                                   tp)
+    return int(padded)
+
+
+@dataclass(frozen=True)
+class _VirtualPipeline:
+    vpp: int | None  # None: the non-interleaved schedule
+    vpp_given: int | None  # what the arguments stated (checked against a layout)
+    layout: str | None
+    account_for_embedding: bool
+    account_for_loss: bool
+
+
+def _virtual_pipeline(a: Mapping[str, Any], layers: int, pp: int) -> _VirtualPipeline:
+    """The virtual pipeline size from whichever of Megatron's ways the arguments state it:
+    the size itself, stages per rank, layers per virtual stage, or a layout (which decides)."""
+    vpp = a.get("virtual_pipeline_model_parallel_size")
+    per_stage = a.get("num_layers_per_virtual_pipeline_stage")
+    acct_e = _flag(_get(a, "account_for_embedding_in_pipeline_split", False))
+    acct_l = _flag(_get(a, "account_for_loss_in_pipeline_split", False))
+    layout = a.get("pipeline_model_parallel_layout")
+    layout = None if layout in (None, "None", "") else str(layout)
+    if vpp is None and a.get("num_virtual_stages_per_pipeline_rank") is not None:
+        vpp = int(a["num_virtual_stages_per_pipeline_rank"])
+    elif vpp is None and per_stage:
+        # Megatron counts the embedding/loss slots here too (arguments.py, core_v0.13+).
+        slots = layers + int(acct_e) + int(acct_l)
+        vpp = (slots // pp) // int(per_stage) if slots % pp == 0 else None
+    vpp_given = None if vpp is None else int(vpp)
+    if layout is not None:
+        from slurmpod.megatron.pipeline import layout_vpp
+
+        vpp = layout_vpp(layout, pp)  # the layout decides (transformer_config.py)
+    if vpp == 1:
+        vpp = None  # Megatron: a VPP of 1 is the non-interleaved schedule
+    return _VirtualPipeline(None if vpp is None else int(vpp), vpp_given, layout, acct_e, acct_l)
+
+
+def _fp8(a: Mapping[str, Any]) -> str | None:
+    fp8 = a.get("fp8")
+    return None if fp8 in (None, "None", False, "") else str(fp8)
+
+
+def _recompute_granularity(a: Mapping[str, Any]) -> str | None:
+    gran = a.get("recompute_granularity")
+    if gran is None and a.get("recompute_activations"):
+        gran = "selective"  # --recompute-activations is selective recompute
+    return gran
+
+
+def _recompute_modules(a: Mapping[str, Any]) -> tuple[str, ...]:
+    modules = a.get("recompute_modules")
+    if isinstance(modules, str):
+        modules = modules.split()
+    return tuple(modules) if modules else ("core_attn",)
 
 
 def _flag(v: Any) -> bool:
