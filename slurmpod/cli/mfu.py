@@ -131,57 +131,14 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
         gpus: int | None, peak_tflops: float | None, warmup_iters: int, attempt: int | None,
         series: bool, as_json: bool) -> None:
     """MFU and throughput from a Megatron LOG (any release, submitted by slurmpod or not)."""
-    from slurmpod.accounting.metrics import flops_fn_for, job_metrics
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.megatron.runspec import ModelConfig, load_run
-    from slurmpod.megatron.validate import check_dump_args
+    from slurmpod.accounting.metrics import job_metrics
 
-    summary = _read_log(log, attempt)
-    if len(summary.iterations) == 0:
-        raise UsageError(f"{log}: no Megatron iteration lines found "
-                         f"({summary.n_rejected} malformed)",
-                         hint="is this the job's stdout? Megatron prints `iteration N/ M | ...` "
-                              "every --log-interval iterations")
-
-    site_path = resolve_site_path(site, default="dgx-h100-superpod")
-    site_obj = load_site(site_path)
+    summary = _read_iterations(log, attempt)
+    site_obj = _site_for(site, node_type)
     site_name = site_obj.site.name
-    if node_type is not None and node_type not in site_obj.node_types:
-        raise UsageError(f"--node-type {node_type!r}: not a node type of site {site_name}",
-                         hint=f"node types: {', '.join(sorted(site_obj.node_types))}")
-
-    world_size: int | None = None
-    args: Any = None
-    source = None
-    if run_file is not None:
-        run = load_run(run_file)
-        args = run.megatron
-        source = f"run spec {run_file}"
-        nt_name = node_type or (next(iter(site_obj.node_types)) if len(site_obj.node_types) == 1
-                                else None)
-        if nt_name in site_obj.node_types:
-            world_size = run.job.nodes * site_obj.node_types[nt_name].gpus
-    elif summary.args is not None:
-        args = summary.args
-        source = "the log's arguments dump"
-        # A dump is the job's word, not checked by slurmpod: refuse nonsense before using it
-        # (a negative layer count gave a negative MFU, 1e12 layers a MemoryError).
-        problem = check_dump_args(args)
-        if problem is not None:
-            raise ConfigError(f"arguments dump: {problem}", file=str(log),
-                              hint="fix the numbers with --run RUN.toml (the job's run spec)")
-        ws = args.get("world_size")
-        world_size = ws if isinstance(ws, int) and ws > 0 else None
+    args, source, world_size = _model_args(log, run_file, summary, site_obj, node_type)
     n_gpus = gpus or world_size
-
-    if peak_tflops is not None:
-        if not math.isfinite(peak_tflops):  # click's FloatRange lets nan and inf through
-            raise UsageError(f"--peak-tflops {peak_tflops}: give the GPU's finite dense peak in "
-                             "TFLOP/s (H100 SXM: 989)")
-        peak, peak_src = float(peak_tflops), "--peak-tflops"
-    else:
-        peak, peak_src = _peak(site_obj, site_name, node_type)
-
+    peak, peak_src = _peak_for(peak_tflops, site_obj, site_name, node_type)
     if args is None:
         # No model: what the log itself says (iteration times, Megatron's own TFLOP/s, power).
         m = job_metrics(summary, None, peak, n_gpus or 1, seq_length=None,
@@ -196,12 +153,90 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
             return
         click.echo(_text(log, summary, m, None, peak_src, n_gpus))
         return
-
     if n_gpus is None:
         where = ("the run spec's nodes need the node type (the site has several)" if run_file
                  else "no world_size in the log's arguments")
         raise UsageError(f"the number of GPUs is unknown: {where}",
                          hint="give it with --gpus N" + (" or --node-type" if run_file else ""))
+    m = _model_metrics(log, run_file, summary, args, peak, n_gpus, warmup_iters,
+                       series and as_json)
+    # FP8 runs: MFU against the BF16 dense peak (the usual convention) and, labelled, the FP8
+    # one; the site's, so only with the site's peak.
+    peak_fp8 = (_fp8_peak(site_obj, node_type) if peak_tflops is None and _fp8_run(args)
+                else None)
+    if as_json:
+        _emit_model_json(log, attempt, source, peak_src, summary, m, series, peak, peak_fp8)
+    else:
+        click.echo(_model_text(log, summary, m, source, peak_src, n_gpus, peak, peak_fp8))
+
+
+def _read_iterations(log: Path, attempt: int | None) -> Any:
+    """The log's parsed summary; a log without one iteration line is a usage error."""
+    summary = _read_log(log, attempt)
+    if len(summary.iterations) == 0:
+        raise UsageError(f"{log}: no Megatron iteration lines found "
+                         f"({summary.n_rejected} malformed)",
+                         hint="is this the job's stdout? Megatron prints `iteration N/ M | ...` "
+                              "every --log-interval iterations")
+    return summary
+
+
+def _site_for(site: str | None, node_type: str | None) -> Site:
+    """The site (default the built-in dgx-h100-superpod), with `--node-type` one of its types."""
+    from slurmpod.config import load_site, resolve_site_path
+
+    site_obj = load_site(resolve_site_path(site, default="dgx-h100-superpod"))
+    if node_type is not None and node_type not in site_obj.node_types:
+        raise UsageError(f"--node-type {node_type!r}: not a node type of site "
+                         f"{site_obj.site.name}",
+                         hint=f"node types: {', '.join(sorted(site_obj.node_types))}")
+    return site_obj
+
+
+def _model_args(log: Path, run_file: Path | None, summary: Any, site_obj: Site,
+                node_type: str | None) -> tuple[Any, str | None, int | None]:
+    """(Megatron arguments, where they came from, world size) from `--run`, else the log's
+    arguments dump (checked first: it is the job's word), else (None, None, None)."""
+    from slurmpod.megatron.runspec import load_run
+    from slurmpod.megatron.validate import check_dump_args
+
+    if run_file is not None:
+        run = load_run(run_file)
+        nt_name = node_type or (next(iter(site_obj.node_types)) if len(site_obj.node_types) == 1
+                                else None)
+        world_size = (run.job.nodes * site_obj.node_types[nt_name].gpus
+                      if nt_name in site_obj.node_types else None)
+        return run.megatron, f"run spec {run_file}", world_size
+    if summary.args is None:
+        return None, None, None
+    args = summary.args
+    # A dump is the job's word, not checked by slurmpod: refuse nonsense before using it
+    # (a negative layer count gave a negative MFU, 1e12 layers a MemoryError).
+    problem = check_dump_args(args)
+    if problem is not None:
+        raise ConfigError(f"arguments dump: {problem}", file=str(log),
+                          hint="fix the numbers with --run RUN.toml (the job's run spec)")
+    ws = args.get("world_size")
+    return args, "the log's arguments dump", ws if isinstance(ws, int) and ws > 0 else None
+
+
+def _peak_for(peak_tflops: float | None, site_obj: Site, site_name: str,
+              node_type: str | None) -> tuple[float, str]:
+    """(dense BF16 peak per GPU, where it came from): `--peak-tflops`, else the site's."""
+    if peak_tflops is None:
+        return _peak(site_obj, site_name, node_type)
+    if not math.isfinite(peak_tflops):  # click's FloatRange lets nan and inf through
+        raise UsageError(f"--peak-tflops {peak_tflops}: give the GPU's finite dense peak in "
+                         "TFLOP/s (H100 SXM: 989)")
+    return float(peak_tflops), "--peak-tflops"
+
+
+def _model_metrics(log: Path, run_file: Path | None, summary: Any, args: Any, peak: float,
+                   n_gpus: int, warmup_iters: int, series: bool) -> JobMetrics:
+    """The job's figures with slurmpod's FLOPs of the model; a model it cannot count is a
+    config error naming the run spec or the log."""
+    from slurmpod.accounting.metrics import flops_fn_for, job_metrics
+    from slurmpod.megatron.runspec import ModelConfig
 
     try:
         cfg = ModelConfig.from_args(args)
@@ -209,36 +244,38 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
     except ConfigError as exc:
         where = str(run_file) if run_file else f"{log} (arguments dump)"
         raise ConfigError(exc.message, file=where, hint=exc.hint) from None
+    return job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
+                       default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
+                       warmup_iters=warmup_iters, series=series)
 
-    m = job_metrics(summary, flops_fn, peak, n_gpus, seq_length=cfg.seq_length,
-                    default_global_batch_size=cfg.global_batch_size, flops_formula=formula,
-                    warmup_iters=warmup_iters, series=series and as_json)
-    # FP8 runs: MFU against the BF16 dense peak (the usual convention) and, labelled, the FP8
-    # one; the site's, so only with the site's peak.
-    peak_fp8 = (_fp8_peak(site_obj, node_type) if peak_tflops is None and _fp8_run(args)
-                else None)
-    flags = _implausible(m)
-    if as_json:
-        from slurmpod.cli.output import emit_json
 
-        doc = _json_doc(log, attempt, source, peak_src, summary, m, series)
-        if peak_fp8 and m.mfu is not None:
-            scale = peak / peak_fp8
-            doc["mfu_fp8"] = {"median": m.mfu.median * scale, "p10": m.mfu.p10 * scale,
-                              "p90": m.mfu.p90 * scale}
-            doc["peak_fp8_tflops"] = peak_fp8
-        doc["implausible"] = list(flags)
-        emit_json(doc)
-        return
+def _emit_model_json(log: Path, attempt: int | None, source: str | None, peak_src: str,
+                     summary: Any, m: JobMetrics, series: bool, peak: float,
+                     peak_fp8: float | None) -> None:
+    from slurmpod.cli.output import emit_json
+
+    doc = _json_doc(log, attempt, source, peak_src, summary, m, series)
+    if peak_fp8 and m.mfu is not None:
+        scale = peak / peak_fp8
+        doc["mfu_fp8"] = {"median": m.mfu.median * scale, "p10": m.mfu.p10 * scale,
+                          "p90": m.mfu.p90 * scale}
+        doc["peak_fp8_tflops"] = peak_fp8
+    doc["implausible"] = list(_implausible(m))
+    emit_json(doc)
+
+
+def _model_text(log: Path, summary: Any, m: JobMetrics, source: str | None, peak_src: str,
+                n_gpus: int, peak: float, peak_fp8: float | None) -> str:
     text = _text(log, summary, m, source, peak_src, n_gpus)
     if peak_fp8 and m.mfu is not None:
         text += (f"\nFP8 run: MFU {m.mfu.median * peak / peak_fp8 * 100:.2f} % of the FP8 dense "
                  f"peak {peak_fp8:g} TFLOP/s (the MFU above is against BF16, the usual "
                  "convention)")
+    flags = _implausible(m)
     if flags:
         text += (f"\nIMPLAUSIBLE: {', '.join(flags)}: the FLOPs, the GPU count or the peak "
                  "cannot be right for this log (check --gpus, --peak-tflops, the model)")
-    click.echo(text)
+    return text
 
 
 def _implausible(m: JobMetrics) -> tuple[str, ...]:
