@@ -78,10 +78,28 @@ def _end_fix(state: JobState) -> str:
 
 def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
               typical_mfu: Mapping[str, float] | None = None) -> list[Note]:
-    from slurmpod.report.model import SPIKE_FACTOR, Note
+    """Every note on a job, in the order a reader goes through the report: how it ended, MFU,
+    placement, the log's hints, lost GPU time, stability, the prediction, then seff/jobstats."""
+    out = [*_end_notes(r), *_mfu_notes(r, typical_mfu), *_placement_notes(r)]
+    if log_hints is not None:
+        out += _log_notes(log_hints)
+    out += _lost_time_notes(r)
+    out += _stability_notes(r)
+    v = r.predicted
+    if v is not None and v.flagged:
+        from slurmpod.report.predicted import cause_note
+
+        out.append(cause_note(v, r.stability))
+    out += efficiency_notes(r)
+    return out
+
+
+def _end_notes(r: JobReport) -> list[Note]:
+    """A job that ended badly (with the fix for its state), or one without a training log."""
+    from slurmpod.report.model import Note
 
     out: list[Note] = []
-    j, f, loss = r.job, r.figures, r.loss
+    j = r.job
     if j.state in (JobState.FAILED, JobState.TIMEOUT, JobState.NODE_FAIL,
                    JobState.OUT_OF_MEMORY, JobState.BOOT_FAIL, JobState.CANCELLED):
         sig = f", signal {j.signal}" if j.signal else ""
@@ -89,54 +107,90 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
                                                f"{sig})", _end_fix(j.state)))
     if r.status == "no-training-log":
         out.append(Note("info", "no-training-log", r.status_text))
-    if f.mfu and f.mfu.median is not None:
-        if f.mfu.median > 1.0:
-            out.append(Note("warn", "mfu-over-peak",
-                            f"MFU {_pct(f.mfu.median)} is above 100 %: the peak "
-                            f"({f.peak_tflops} TFLOP/s) or the FLOPs per iteration is wrong",
-                            "check the site's gpu.peak_tflops_bf16 and the run's FLOPs "
-                            "(`slurmpod mfu LOG`)"))
-        cls = size_class(r.params_b)
-        typical = (typical_mfu or {}).get(cls or "", DEFAULT_TYPICAL_MFU)
-        if f.mfu.median < LOW_MFU_FRACTION * typical:
-            what = f"{cls} models" if cls and typical_mfu and cls in typical_mfu else (
-                "large training runs (30-50 %)")
-            out.append(Note("warn", "low-mfu",
-                            f"MFU {_pct(f.mfu.median)} is far below the typical "
-                            f"{_pct(typical)} for {what}",
-                            "look for a faster parallel layout with `slurmpod plan RUN.toml "
-                            "--search`; check the notes on placement and start-up"))
+    return out
+
+
+def _mfu_notes(r: JobReport, typical_mfu: Mapping[str, float] | None) -> list[Note]:
+    """MFU over 100 % (a wrong peak or FLOPs), or far below the typical for the size class."""
+    from slurmpod.report.model import Note
+
+    f = r.figures
+    if not (f.mfu and f.mfu.median is not None):
+        return []
+    out: list[Note] = []
+    if f.mfu.median > 1.0:
+        out.append(Note("warn", "mfu-over-peak",
+                        f"MFU {_pct(f.mfu.median)} is above 100 %: the peak "
+                        f"({f.peak_tflops} TFLOP/s) or the FLOPs per iteration is wrong",
+                        "check the site's gpu.peak_tflops_bf16 and the run's FLOPs "
+                        "(`slurmpod mfu LOG`)"))
+    cls = size_class(r.params_b)
+    typical = (typical_mfu or {}).get(cls or "", DEFAULT_TYPICAL_MFU)
+    if f.mfu.median < LOW_MFU_FRACTION * typical:
+        what = f"{cls} models" if cls and typical_mfu and cls in typical_mfu else (
+            "large training runs (30-50 %)")
+        out.append(Note("warn", "low-mfu",
+                        f"MFU {_pct(f.mfu.median)} is far below the typical "
+                        f"{_pct(typical)} for {what}",
+                        "look for a faster parallel layout with `slurmpod plan RUN.toml "
+                        "--search`; check the notes on placement and start-up"))
+    return out
+
+
+def _placement_notes(r: JobReport) -> list[Note]:
+    """Nodes spread over more SUs or racks than the job needs; nodes the site does not list."""
+    from slurmpod.report.model import Note
+
     p = r.placement
-    if p is not None:
-        for level in p.wider_than_needed:
-            have, need = ((len(p.sus), p.min_sus) if level == "SUs"
-                          else (len(p.racks), p.min_racks))
-            out.append(Note("warn", f"placement-wide-{level.lower()}",
-                            f"the job spans {have} {level} ({', '.join(p.sus if level == 'SUs' else p.racks)}) "  # noqa: E501
-                            f"but {j.n_nodes} nodes fit in {need}: more traffic crosses the "
-                            f"{'spine' if level == 'SUs' else 'rack boundary'}",
-                            "submit with the site's topology (slurmpod submit sets --switches "
-                            "/ --segment) or ask for a block of nodes"))
-        if p.unknown:
-            out.append(Note("info", "unknown-nodes",
-                            f"{len(p.unknown)} node(s) not in the site file "
-                            f"({', '.join(p.unknown[:5])}): placement is partial"))
-    if log_hints is not None:
-        if log_hints.nccl_topo_warning:
-            out.append(Note("warn", "nccl-topo-missing",
-                            "NCCL_TOPO_FILE was set but not readable on the nodes, so NCCL "
-                            "detected the topology itself (a missing topology file has cost "
-                            "~20 % throughput on some sites)",
-                            "make the file readable on every node, or unset NCCL_TOPO_FILE"))
-        elif log_hints.nccl_info and not log_hints.nccl_topo_loaded:
-            out.append(Note("info", "nccl-topo-unset",
-                            "NCCL ran without a topology file (no NCCL_TOPO_FILE in its INFO "
-                            "output)"))
-        if len(log_hints.attempt_ends) > 1:
-            ends = log_hints.attempt_ends
-            out.append(Note("info", "attempt-ends",
-                            f"{len(ends)} attempts ended: {', '.join(ends)} (why each ended: "
-                            "`slurmpod runs`, docs/submit.md)"))
+    if p is None:
+        return []
+    out: list[Note] = []
+    for level in p.wider_than_needed:
+        have, need = ((len(p.sus), p.min_sus) if level == "SUs"
+                      else (len(p.racks), p.min_racks))
+        spanned = ", ".join(p.sus if level == "SUs" else p.racks)
+        out.append(Note("warn", f"placement-wide-{level.lower()}",
+                        f"the job spans {have} {level} ({spanned}) "
+                        f"but {r.job.n_nodes} nodes fit in {need}: more traffic crosses the "
+                        f"{'spine' if level == 'SUs' else 'rack boundary'}",
+                        "submit with the site's topology (slurmpod submit sets --switches "
+                        "/ --segment) or ask for a block of nodes"))
+    if p.unknown:
+        out.append(Note("info", "unknown-nodes",
+                        f"{len(p.unknown)} node(s) not in the site file "
+                        f"({', '.join(p.unknown[:5])}): placement is partial"))
+    return out
+
+
+def _log_notes(log_hints: LogHints) -> list[Note]:
+    """NCCL's topology file (unreadable, or none) and how each attempt ended."""
+    from slurmpod.report.model import Note
+
+    out: list[Note] = []
+    if log_hints.nccl_topo_warning:
+        out.append(Note("warn", "nccl-topo-missing",
+                        "NCCL_TOPO_FILE was set but not readable on the nodes, so NCCL "
+                        "detected the topology itself (a missing topology file has cost "
+                        "~20 % throughput on some sites)",
+                        "make the file readable on every node, or unset NCCL_TOPO_FILE"))
+    elif log_hints.nccl_info and not log_hints.nccl_topo_loaded:
+        out.append(Note("info", "nccl-topo-unset",
+                        "NCCL ran without a topology file (no NCCL_TOPO_FILE in its INFO "
+                        "output)"))
+    if len(log_hints.attempt_ends) > 1:
+        ends = log_hints.attempt_ends
+        out.append(Note("info", "attempt-ends",
+                        f"{len(ends)} attempts ended: {', '.join(ends)} (why each ended: "
+                        "`slurmpod runs`, docs/submit.md)"))
+    return out
+
+
+def _lost_time_notes(r: JobReport) -> list[Note]:
+    """GPU time lost to start-up, checkpoint stalls and restarts; low goodput overall."""
+    from slurmpod.report.model import Note
+
+    out: list[Note] = []
+    j, f, loss = r.job, r.figures, r.loss
     alloc = loss.allocated_gpu_s
     causes = loss.by_cause_gpu_s
     if alloc > 0 and causes:
@@ -163,25 +217,28 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
         out.append(Note("info", "low-goodput",
                         f"goodput {_pct(good)}: {_pct(1 - good)} of the allocated GPU time "
                         "trained nothing"))
-    s = r.stability
-    if s is not None:
-        if s.spikes:
-            out.append(Note("info", "iteration-spikes",
-                            f"{s.spikes} iteration record(s) took over {SPIKE_FACTOR:g}x the "
-                            f"median "
-                            f"(worst {s.max_ratio:.2f}x): stragglers or hiccups"))
-        if s.cv is not None and s.cv > UNSTABLE_CV:
-            out.append(Note("warn", "unstable-iterations",
-                            f"iteration time varies by {_pct(s.cv)} (std/mean) in steady state",
-                            "look for a slow node (clocks, throttling: "
-                            "`nvidia-smi -q -d PERFORMANCE`) "
-                            "or I/O contention"))
-    v = r.predicted
-    if v is not None and v.flagged:
-        from slurmpod.report.predicted import cause_note
+    return out
 
-        out.append(cause_note(v, s))
-    out += efficiency_notes(r)
+
+def _stability_notes(r: JobReport) -> list[Note]:
+    """Iteration records far over the median, and iteration times that vary in steady state."""
+    from slurmpod.report.model import SPIKE_FACTOR, Note
+
+    s = r.stability
+    if s is None:
+        return []
+    out: list[Note] = []
+    if s.spikes:
+        out.append(Note("info", "iteration-spikes",
+                        f"{s.spikes} iteration record(s) took over {SPIKE_FACTOR:g}x the "
+                        f"median "
+                        f"(worst {s.max_ratio:.2f}x): stragglers or hiccups"))
+    if s.cv is not None and s.cv > UNSTABLE_CV:
+        out.append(Note("warn", "unstable-iterations",
+                        f"iteration time varies by {_pct(s.cv)} (std/mean) in steady state",
+                        "look for a slow node (clocks, throttling: "
+                        "`nvidia-smi -q -d PERFORMANCE`) "
+                        "or I/O contention"))
     return out
 
 
