@@ -155,3 +155,60 @@ def test_pure_core_runs_no_commands(core: str) -> None:
             text = path.read_text(encoding="utf-8")
             assert not re.search(r"^\s*(import|from) (subprocess|paramiko|pty)\b", text, re.M), \
                 module
+
+
+# Functions say what they do in named steps: none longer than this many lines (the `def` line
+# to the last, docstring included).
+MAX_FUNCTION_LINES = 100
+# Still longer, in files other engineers own while they split them (issue 20). The list may only
+# shrink: an entry whose function is short now, or gone, fails the test below until removed.
+LONG_FUNCTIONS_ALLOWED = {
+    "slurmpod/perf/model.py::predict",  # the performance model's one prediction
+    "slurmpod/resilience/reliability.py::build_reliability",  # the fleet reliability report
+}
+
+
+def long_functions(root: Path = PACKAGE) -> dict[str, int]:
+    """`path::Qual.name` → lines, for every function or method over MAX_FUNCTION_LINES
+    (nested ones too, under their parent's name)."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, where: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    lines = (child.end_lineno or child.lineno) - child.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        out[f"{where}::{name}"] = lines
+                visit(child, where, name + ".")
+            else:
+                visit(child, where, prefix)
+
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root.parent).as_posix()
+        visit(ast.parse(path.read_text(encoding="utf-8")), where, "")
+    return out
+
+
+def test_no_function_is_longer_than_a_screen() -> None:
+    found = long_functions()
+    new = {k: v for k, v in found.items() if k not in LONG_FUNCTIONS_ALLOWED}
+    assert not new, (f"functions over {MAX_FUNCTION_LINES} lines: split them into named steps: "
+                     f"{new}")
+    stale = sorted(LONG_FUNCTIONS_ALLOWED - set(found))
+    assert not stale, f"short now (or gone): remove from LONG_FUNCTIONS_ALLOWED: {stale}"
+
+
+def test_the_length_scan_can_fail(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+
+    def lines(n: int, indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(n))
+
+    # A method of MAX + 1 lines is found under its class; one of exactly MAX lines is not.
+    (pkg / "m.py").write_text("class C:\n    def long(self):\n"
+                              + lines(MAX_FUNCTION_LINES, " " * 8)
+                              + "def exact():\n" + lines(MAX_FUNCTION_LINES - 1, " " * 4))
+    assert long_functions(pkg) == {"pkg/m.py::C.long": MAX_FUNCTION_LINES + 1}
