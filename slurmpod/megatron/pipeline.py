@@ -23,10 +23,33 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from slurmpod.megatron.runspec import ModelConfig
+
+class ModelConfig(Protocol):
+    """What the split reads of a model (runspec.ModelConfig has it): named here, not imported,
+    because runspec calls the split."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def mtp_num_layers(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vpp(self) -> int | None: ...
+    @property
+    def vpp_given(self) -> int | None: ...
+    @property
+    def first_stage_layers(self) -> int | None: ...
+    @property
+    def last_stage_layers(self) -> int | None: ...
+    @property
+    def account_for_embedding(self) -> bool: ...
+    @property
+    def account_for_loss(self) -> bool: ...
+    @property
+    def pipeline_layout(self) -> str | None: ...
 
 LAYOUT_KEY = "pipeline_model_parallel_layout"
 # A layout longer than this (after unrolling repeats) is refused before it is built.

@@ -140,7 +140,7 @@ def test_no_import_cycles_but_the_documented_ones() -> None:
 def test_the_scan_can_fail() -> None:
     # Honest probes: a function-level import and a TYPE_CHECKING one are both seen.
     assert "slurmpod.megatron.placement" in imports_of(PACKAGE / "megatron" / "plan.py")
-    assert "slurmpod.megatron.runspec" in imports_of(PACKAGE / "megatron" / "pipeline.py")
+    assert "slurmpod.report.model" in imports_of(PACKAGE / "report" / "watch.py")
     table = rows()
     assert row_of("slurmpod.render.sbatch", table) != row_of("slurmpod.render.env", table)
     assert row_of("slurmpod.errors", table) != row_of("slurmpod", table)
