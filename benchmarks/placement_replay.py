@@ -84,7 +84,7 @@ def slurmpod_flags(nodes: int) -> tuple[list[str], int]:
     """Whole-node and placement options exactly as `slurmpod render` writes them."""
     from slurmpod.config import builtin_site_path, load_site
     from slurmpod.megatron.runspec import run_from_dict
-    from slurmpod.render.sbatch import RenderOptions, build_context, plan_facts_from_json
+    from slurmpod.render.sbatch import PlanFacts, RenderOptions, build_context
     from slurmpod.submit import plan_or_refuse
 
     site = load_site(builtin_site_path("sandbox"))
@@ -92,7 +92,7 @@ def slurmpod_flags(nodes: int) -> tuple[list[str], int]:
         "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,
         "vocab_size": 1024, "tensor_model_parallel_size": 8, "global_batch_size": 2 * nodes,
     }}, "replay.toml")
-    facts = plan_facts_from_json(plan_or_refuse(run, site))
+    facts = PlanFacts.of(plan_or_refuse(run, site))
     ctx = build_context(run, site, facts, RenderOptions(run_dir="/tmp"))
     keep = ("--nodes=", "--ntasks-per-node=", "--gpus-per-node=", "--exclusive", "--mem=",
             "--switches=", "--segment=")

@@ -61,6 +61,12 @@ class SlurmBackend(Protocol):
         comment for jobs still active. Oldest submission first."""
         ...
 
+    def queued(self, name: str) -> list[JobStatus]:
+        """Jobs named `name` that the controller holds and that have not ended (every user's),
+        with the controller's comment. From slurmctld, never accounting: slurmdbd hears of a
+        job asynchronously, and this answers "did that sbatch queue it?" right after sbatch."""
+        ...
+
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
         """Accounting records with their steps; jobs not (yet) in the database are left out."""
         ...

@@ -169,6 +169,13 @@ class CliBackend:
                 found.setdefault(rec.job_id, _status_from_record(rec))
         return found
 
+    def queued(self, name: str) -> list[JobStatus]:
+        # Slurm 22.05's `squeue --json` ignores its filters (as --jobs in `status`): filter
+        # here too. --name takes a comma list, so the exact name is checked as well.
+        result = self.query(["squeue", "--json", f"--name={name}"])
+        return [s for s in parse_squeue_json(result.stdout)
+                if s.name == name and s.state.is_active]
+
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
         if not job_ids:
             return {}

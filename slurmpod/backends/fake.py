@@ -216,6 +216,11 @@ class FakeBackend:
             out.append(self._status(job))
         return out
 
+    def queued(self, name: str) -> list[JobStatus]:
+        self._tick()
+        return [self._status(j) for j in self._jobs.values()
+                if j.name == name and j.state.is_active]
+
     def accounting(self, job_ids: Sequence[str]) -> dict[str, JobRecord]:
         self._tick()
         return {j.job_id: self._record(j) for j in self._jobs.values()

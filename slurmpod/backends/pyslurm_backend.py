@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
@@ -401,17 +401,25 @@ class PyslurmBackend:
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         if not job_ids:
             return {}
+        return {s.job_id: s for s in self._controller_jobs(lambda jid, _: wanted(jid, job_ids))}
+
+    def queued(self, name: str) -> list[JobStatus]:
+        return [s for s in self._controller_jobs(lambda _, n: n == name) if s.state.is_active]
+
+    def _controller_jobs(self, keep: Callable[[str, str], bool]) -> list[JobStatus]:
+        """The jobs slurmctld holds (pyslurm.Jobs.load: one RPC, as `squeue --all`) whose
+        (id, name) `keep` accepts."""
         jobs = _call("loading jobs", self.ps.Jobs.load)
-        out: dict[str, JobStatus] = {}
+        out: list[JobStatus] = []
         for job in jobs.values():
             jid = str(job.id)
             if getattr(job, "array_id", None) and getattr(job, "array_task_id", None) is not None:
                 jid = f"{job.array_id}_{job.array_task_id}"
-            if not wanted(jid, job_ids):
+            if not keep(jid, _s(job.name)):
                 continue
             state = JobState.parse(_s(job.state))
             limit = _g(job, "time_limit")
-            out[jid] = JobStatus(
+            out.append(JobStatus(
                 job_id=jid, name=_s(job.name), state=state,
                 reason=_s(_g(job, "state_reason", default="")), user=_s(_g(job, "user_name")),
                 account=_s(_g(job, "account")), partition=_s(_g(job, "partition")),
@@ -423,7 +431,7 @@ class PyslurmBackend:
                 end_time=_dt(_g(job, "end_time")) if state.is_terminal else None,
                 time_limit_s=int(limit) * 60 if isinstance(limit, int) and limit else None,
                 work_dir=_s(_g(job, "working_directory", default="")),
-            )
+            ))
         return out
 
     def jobs(

@@ -9,7 +9,7 @@ group map, and numpy alone costs more start-up than the whole plan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
@@ -90,8 +90,11 @@ def _site_arrays(site: Site) -> _SiteArrays:
     return arrays
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """One run's plan: what `slurmpod plan` prints, what `render` and `submit` consume (through
+    `render.sbatch.PlanFacts.of`), and what `to_json` writes (the stable `plan --json` keys)."""
+
     run_name: str
     site: str
     nodes: int
@@ -128,12 +131,17 @@ class Plan:
     min_sus: int = 1
     min_blocks: int = 1
     is_moe: bool = False
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.errors and self.fits
+
+    @property
+    def flops_formula_version(self) -> str:
+        """The FLOPs formula behind `flops_per_token` (megatron.flops), kept with the job."""
+        return FLOPS_FORMULA_VERSION
 
     @property
     def peak_pflops_job(self) -> float:
@@ -147,6 +155,7 @@ class Plan:
         return self.flops_per_iteration / (self.world_size * self.peak_tflops_per_gpu * 1e12)
 
     def to_json(self) -> dict[str, Any]:
+        """The `plan --json` document (its keys and order are stable: tests/golden)."""
         return {
             "ok": self.ok, "run": self.run_name, "site": self.site, "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node, "world_size": self.world_size,
@@ -165,7 +174,7 @@ class Plan:
             "tokens_per_iteration": self.tokens_per_iteration,
             "flops_per_token": self.flops_per_token,
             "flops_per_iteration": self.flops_per_iteration,
-            "flops_formula_version": FLOPS_FORMULA_VERSION,
+            "flops_formula_version": self.flops_formula_version,
             "params_total": self.params_total, "params_active": self.params_active,
             "weight_and_optimizer_bytes_per_gpu": self.weight_and_optimizer_bytes_per_gpu,
             "megatron_weight_and_optimizer_bytes_per_gpu":
@@ -239,7 +248,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
         gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=where,
         is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
         min_blocks=math.ceil(n_nodes / sa.block_nodes),
-        errors=errors, warnings=warnings,
+        errors=tuple(errors), warnings=tuple(warnings),
     )
 
 

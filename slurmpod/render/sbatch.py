@@ -14,13 +14,15 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmpod import __version__
 from slurmpod.errors import ConfigError
 from slurmpod.model.comment import submit_comment
+from slurmpod.model.site import NodeType, Site
 from slurmpod.render import launch
 from slurmpod.render.nccl_env import (
+    EnvPlan,
     EnvVar,
     FabricFacts,
     build_env,
@@ -29,8 +31,8 @@ from slurmpod.render.nccl_env import (
 )
 
 if TYPE_CHECKING:
-    from slurmpod.megatron.runspec import RunSpec
-from slurmpod.model.site import NodeType, Site
+    from slurmpod.megatron.plan import Plan
+    from slurmpod.megatron.runspec import JobSpec, RunSpec
 
 DEFAULT_TEMPLATE = "sbatch/megatron.sbatch.j2"
 
@@ -66,7 +68,7 @@ def sbatch_line(key: str, value: object = True) -> str | None:
 
 @dataclass(frozen=True)
 class PlanFacts:
-    """What the script needs from the plan (slurmpod.megatron's Plan.to_json())."""
+    """What the script needs from the plan (`PlanFacts.of` a megatron.plan.Plan)."""
 
     nodes: int
     gpus_per_node: int
@@ -79,6 +81,17 @@ class PlanFacts:
     errors: tuple[str, ...] = ()
     tokens_per_iteration: int | None = None
     params_total: float = 0.0
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanFacts:
+        return cls(
+            nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, min_sus=plan.min_sus or 1,
+            min_blocks=plan.min_blocks or 1, flops_per_iteration=plan.flops_per_iteration or 0.0,
+            peak_tflops=plan.peak_tflops_per_gpu, formula=plan.flops_formula_version,
+            fits=plan.fits, errors=plan.errors,
+            tokens_per_iteration=plan.tokens_per_iteration or None,
+            params_total=plan.params_total,
+        )
 
 
 @dataclass(frozen=True)
@@ -184,28 +197,6 @@ class SbatchContext:
         return [tuple(g) for g in groups]
 
 
-def plan_facts_from_json(data: Mapping[str, Any]) -> PlanFacts:
-    """Adapter from the planner's JSON (stable keys) to what rendering needs."""
-    try:
-        return PlanFacts(
-            nodes=int(data["nodes"]),
-            gpus_per_node=int(data["gpus_per_node"]),
-            min_sus=int(data.get("min_sus") or 1),
-            min_blocks=int(data.get("min_blocks") or 1),
-            flops_per_iteration=float(data.get("flops_per_iteration") or 0.0),
-            peak_tflops=float(data.get("peak_tflops_per_gpu") or 0.0),
-            formula=str(data.get("flops_formula_version") or ""),
-            fits=bool(data.get("fits", True)),
-            errors=tuple(str(e) for e in data.get("errors") or ()),
-            tokens_per_iteration=(int(data["tokens_per_iteration"])
-                                  if data.get("tokens_per_iteration") else None),
-            params_total=float(data.get("params_total") or 0.0),
-        )
-    except KeyError as exc:
-        raise ConfigError(f"plan lacks {exc.args[0]!r}; slurmpod's planner and renderer "
-                          "disagree (internal)") from None
-
-
 def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     """The job's `--comment`: compact JSON the accounting hooks parse (sacct keeps it when
     AccountingStoreFlags=job_comment). Keys as slurmpod.accounting.hooks reads them; the live
@@ -263,22 +254,91 @@ def default_run_dir(run_name: str) -> str:
     return f"slurmpod-runs/{run_name}"
 
 
+class _Paths(NamedTuple):
+    run_dir: str
+    log_dir: str
+    checkpoint_dir: str
+
+
+class _Timing(NamedTuple):
+    limit_min: int | None  # the job's time limit; None: no limit
+    save_s: float  # predicted checkpoint save
+    lead_s: int  # --signal lead before the time limit
+
+
+class _Launch(NamedTuple):
+    command: tuple[str, ...]
+    srun: tuple[str, ...]
+    checkpoint_dir: str  # inside the container for container runs
+    container: bool
+    trainer_dirs: tuple[str, ...]
+    gpu_numa: list[int]
+
+
 def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions) -> SbatchContext:
     """Decide the whole script. Raises ConfigError for combinations Slurm would refuse."""
-    job = run.job
     nt_name, nt = _node_type(site)
-    gpn = nt.gpus
+    _check_options(opts)
+    paths = _paths(run.job, opts)
+    timing = _timing(run.job, site, plan, opts)
+    placement, imex = _placement_directives(run, site, nt, plan, opts)
+    comment = compact_comment(run.job.name, plan, opts.token)
+    pairs = [*_job_directives(run.job, plan, nt, opts, paths, timing), *placement,
+             *_chain_directives(opts), ("comment", comment)]
+    directives = tuple(line for k, v in pairs if (line := sbatch_line(k, v)) is not None)
+    env_plan = _nccl_environment(site, nt_name, nt, run.job, opts)
+    lc = _launch(run, nt, plan, opts, paths, timing)
+    train_iters = run.megatron.explicit().get("train_iters")
+    hcas = tuple(h.device for h in nt.compute_hcas)
+    return SbatchContext(
+        header=_header(run.job.name, site, nt_name, nt.gpus, plan, opts), directives=directives,
+        run_name=run.job.name, run_dir=paths.run_dir, log_dir=paths.log_dir,
+        checkpoint_dir=lc.checkpoint_dir,
+        fabric=site.fabric.kind + ("+sharp" if site.fabric.sharp else ""),
+        env=env_plan.variables, gated_out=env_plan.gated_out,
+        gpu_numa_map=launch.gpu_numa_map(lc.gpu_numa), cpu_bind=opts.cpu_bind,
+        rank_wrapper=launch.RANK_WRAPPER, srun=lc.srun, command=lc.command,
+        nodes=plan.nodes, spares=opts.spares, tasks_per_node=nt.gpus,
+        master_port=opts.master_port, max_restarts=opts.max_restarts,
+        train_iters=int(train_iters) if isinstance(train_iters, int) else None,
+        monitor=opts.monitor, comment=comment, signal_lead_s=timing.lead_s,
+        save_on_cancel=opts.save_on_cancel, python=opts.python, imex=imex,
+        container=lc.container, trainer_dirs=lc.trainer_dirs,
+        hang_k=opts.hang_k, hang_floor_s=opts.hang_floor_s,
+        hang_setup_s=float(launch.DISTRIBUTED_TIMEOUT_MIN * 60), health_gate=opts.health_gate,
+        health_check=opts.health_check, shed_fraction=opts.shed_fraction,
+        drain_bad_nodes=opts.drain_bad_nodes, gpus_expected=nt.gpus,
+        hcas_expected="" if nt.gpu.emulated else ",".join(hcas),
+        # two checkpoints' bytes: the one being written and the last good one
+        checkpoint_free_bytes=int(2 * plan.params_total * launch.CHECKPOINT_BYTES_PER_PARAM),
+        dump_script=launch.DUMP_SCRIPT, health_script=_health_script(),
+    )
+
+
+def _check_options(opts: RenderOptions) -> None:
     if opts.spares < 0 or opts.max_restarts < 0 or opts.chain < 1:
         raise ConfigError("spares and max_restarts must be >= 0 and chain >= 1")
     _check_time(opts.switch_wait, "switch_wait")
+
+
+def _paths(job: JobSpec, opts: RenderOptions) -> _Paths:
     run_dir = (opts.run_dir or job.work_dir or default_run_dir(job.name)).rstrip("/") or "/"
-    log_dir = f"{run_dir}/logs"
-    ckpt = job.checkpoint_dir or f"{run_dir}/checkpoints"
+    return _Paths(run_dir, f"{run_dir}/logs", job.checkpoint_dir or f"{run_dir}/checkpoints")
+
+
+def _timing(job: JobSpec, site: Site, plan: PlanFacts, opts: RenderOptions) -> _Timing:
+    """When the trainer is asked to save before the time limit: the lead covers the predicted
+    checkpoint save (launch.signal_lead)."""
     limit_min = launch.parse_time_limit_min(job.time_limit)
     save_s = launch.predicted_save_s(plan.params_total, site.storage.checkpoint_write_gb_per_s)
-    lead_s = launch.signal_lead(limit_min, save_s, opts.signal_lead_s)
+    return _Timing(limit_min, save_s, launch.signal_lead(limit_min, save_s, opts.signal_lead_s))
 
-    d: list[tuple[str, object]] = [
+
+def _job_directives(job: JobSpec, plan: PlanFacts, nt: NodeType, opts: RenderOptions,
+                    paths: _Paths, timing: _Timing) -> list[tuple[str, object]]:
+    """Whole exclusive nodes, one task per GPU, where the job runs and logs, requeue, signal."""
+    gpn = nt.gpus
+    return [
         ("job-name", job.name),
         ("nodes", plan.nodes + opts.spares),
         ("ntasks-per-node", gpn),
@@ -289,49 +349,61 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         ("partition", job.partition),
         ("account", job.account),
         ("qos", job.qos),
-        ("chdir", run_dir),
+        ("chdir", paths.run_dir),
         # %x job name, %j job id; a requeued job keeps its id, so append, never truncate.
-        ("output", f"{log_dir.replace('%', '%%')}/%x-%j.out"),
+        ("output", f"{paths.log_dir.replace('%', '%%')}/%x-%j.out"),
         ("open-mode", "append"),
         ("requeue", bool(job.requeue)),
         # B: only the batch shell hears the time-limit warning, and USR2 tells it apart from
         # every SIGTERM Slurm sends (cancel, preemption, requeue); the shell asks the trainer to
         # save. SIGUSR1 is taken by NCCL (its own debug/abort handler).
-        ("signal", f"B:USR2@{lead_s}"),
+        ("signal", f"B:USR2@{timing.lead_s}"),
     ]
-    topo = site.topology_plugin
-    imex = False
-    if topo == "tree":
+
+
+def _placement_directives(run: RunSpec, site: Site, nt: NodeType, plan: PlanFacts,
+                          opts: RenderOptions) -> tuple[list[tuple[str, object]], bool]:
+    """Placement by topology (--switches on a tree, --segment on blocks) and whether the job
+    gets an IMEX channel."""
+    gpn = nt.gpus
+    if site.topology_plugin == "tree":
         # The spares are part of the allocation: count them in the leaf switches (SUs) asked for.
         su_nodes = site.su_groups[0].nodes_per_su
         sus = max(plan.min_sus, -(-(plan.nodes + opts.spares) // su_nodes))
-        d.append(("switches", f"{sus}@{opts.switch_wait}"))
-    elif site.slurm.version_tuple >= (24, 5):
-        # --segment (and --exclusive=topo) came with Slurm 24.05 (NEWS 24.05.0). Never
-        # --nodelist with block topology: it can make the job unplaceable (-x is fine).
-        # Plain --exclusive, not =topo: NVL72's NVSwitch trays are non-blocking and the IMEX
-        # channel (switch/nvidia_imex) isolates a job's memory, so sharing a rack with another
-        # job costs nothing, while =topo would idle the rest of every block (2 of 18 trays for
-        # a 16-node segment). No --network=unique-channel-per-segment (25.11): Megatron's DP/PP
-        # groups span segments, and ranks of two segments in one rack import each other's
-        # memory over NVLink (NCCL MNNVL) only while they share one IMEX channel.
-        # The segment divides the whole allocation, spares included: Slurm refuses a node count
-        # that is not a multiple of it (topology/block eval_nodes_block.c, "segment_size does
-        # not fit the job size"), so the job could never start.
-        domain_nodes = max(1, nt.domain_gpus // gpn)
-        from slurmpod.topology.generate import imex_enabled
+        return [("switches", f"{sus}@{opts.switch_wait}")], False
+    if site.slurm.version_tuple < (24, 5):
+        return [], False
+    # --segment (and --exclusive=topo) came with Slurm 24.05 (NEWS 24.05.0). Never
+    # --nodelist with block topology: it can make the job unplaceable (-x is fine).
+    # Plain --exclusive, not =topo: NVL72's NVSwitch trays are non-blocking and the IMEX
+    # channel (switch/nvidia_imex) isolates a job's memory, so sharing a rack with another
+    # job costs nothing, while =topo would idle the rest of every block (2 of 18 trays for
+    # a 16-node segment). No --network=unique-channel-per-segment (25.11): Megatron's DP/PP
+    # groups span segments, and ranks of two segments in one rack import each other's
+    # memory over NVLink (NCCL MNNVL) only while they share one IMEX channel.
+    # The segment divides the whole allocation, spares included: Slurm refuses a node count
+    # that is not a multiple of it (topology/block eval_nodes_block.c, "segment_size does
+    # not fit the job size"), so the job could never start.
+    domain_nodes = max(1, nt.domain_gpus // gpn)
+    from slurmpod.topology.generate import imex_enabled
 
-        imex = imex_enabled(site, site.slurm.version_tuple)
-        tp_nodes = -(-run.megatron.tensor_model_parallel_size // gpn)
-        d.append(("segment", segment_size(plan.nodes + opts.spares, domain_nodes, tp_nodes)))
+    imex = imex_enabled(site, site.slurm.version_tuple)
+    tp_nodes = -(-run.megatron.tensor_model_parallel_size // gpn)
+    return [("segment", segment_size(plan.nodes + opts.spares, domain_nodes, tp_nodes))], imex
+
+
+def _chain_directives(opts: RenderOptions) -> list[tuple[str, object]]:
+    d: list[tuple[str, object]] = []
     if opts.spares:
         d.append(("no-kill", True))  # keep the allocation when a node dies; a spare takes over
     if opts.chain > 1:
         d.append(("dependency", "singleton"))
-    comment = compact_comment(job.name, plan, opts.token)
-    d.append(("comment", comment))
-    directives = tuple(line for k, v in d if (line := sbatch_line(k, v)) is not None)
+    return d
 
+
+def _nccl_environment(site: Site, nt_name: str, nt: NodeType, job: JobSpec,
+                      opts: RenderOptions) -> EnvPlan:
+    """The fabric's NCCL variables, then the site's, the run's and the debug layer."""
     hcas = tuple(h.device for h in nt.compute_hcas)
     mgmt = [h.netdev for h in nt.hcas if h.role == "management" and h.netdev]
     rail0 = [h.netdev for h in nt.compute_hcas[:1] if h.netdev]
@@ -342,54 +414,43 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         nccl_version=parse_nccl_version(opts.nccl_version),
     )
     run_env = {**dict(job.env), **dict(opts.run_env)}
-    env_plan = build_env(facts, site_overrides=opts.site_env, run_overrides=run_env,
-                         debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
+    return build_env(facts, site_overrides=opts.site_env, run_overrides=run_env,
+                     debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
 
+
+def _launch(run: RunSpec, nt: NodeType, plan: PlanFacts, opts: RenderOptions, paths: _Paths,
+            timing: _Timing) -> _Launch:
+    """The trainer's command (Megatron's arguments with the derived save/exit timing) and the
+    srun line, inside a container when the run names an image."""
+    job = run.job
     container = None
+    ckpt = paths.checkpoint_dir
     trainer_dirs: tuple[str, ...] = ()
     if job.container_image:
         from slurmpod.render.container import container_run
 
-        crun = container_run(job, run_dir=run_dir, log_dir=log_dir, checkpoint_dir=ckpt,
-                             topo_dir=opts.topo_dir)
+        crun = container_run(job, run_dir=paths.run_dir, log_dir=paths.log_dir,
+                             checkpoint_dir=ckpt, topo_dir=opts.topo_dir)
         container, ckpt, trainer_dirs = crun.container, crun.checkpoint_dir, crun.trainer_dirs
-    margs = run.megatron.explicit()
-    exit_min = launch.exit_duration_min(limit_min, lead_s, save_s)
-    full = launch.with_derived(margs, checkpoint_dir=ckpt, exit_duration=exit_min,
-                               save_interval=opts.save_interval)
+    exit_min = launch.exit_duration_min(timing.limit_min, timing.lead_s, timing.save_s)
+    full = launch.with_derived(run.megatron.explicit(), checkpoint_dir=ckpt,
+                               exit_duration=exit_min, save_interval=opts.save_interval)
     command = (*_command(job.entrypoint, opts.python), *launch.megatron_argv(full))
     gpu_numa = [p.numa for p in nt.gpu_pci]
-    srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=gpn, container=container,
+    srun = launch.srun_argv(nodes=plan.nodes, tasks_per_node=nt.gpus, container=container,
                             cpu_bind=opts.cpu_bind, gpu_numa=gpu_numa)
     if opts.cpu_bind not in ("numactl", "slurm", "none"):
         raise ConfigError(f"cpu_bind {opts.cpu_bind!r}: use numactl, slurm or none")
-    train_iters = margs.get("train_iters")
-    head = (f"# Generated by slurmpod {__version__} from template {opts.template} for site "
-            f"{opts.site_label}.\n# Run {job.name}: {plan.nodes} nodes x {gpn} GPUs "
-            f"({nt_name}), fabric {site.fabric.kind}{' + SHARP' if site.fabric.sharp else ''}, "
-            f"topology {topo}.")
-    return SbatchContext(
-        header=head, directives=directives, run_name=job.name, run_dir=run_dir,
-        log_dir=log_dir, checkpoint_dir=ckpt,
-        fabric=site.fabric.kind + ("+sharp" if site.fabric.sharp else ""),
-        env=env_plan.variables, gated_out=env_plan.gated_out,
-        gpu_numa_map=launch.gpu_numa_map(gpu_numa), cpu_bind=opts.cpu_bind,
-        rank_wrapper=launch.RANK_WRAPPER, srun=tuple(srun), command=command,
-        nodes=plan.nodes, spares=opts.spares, tasks_per_node=gpn,
-        master_port=opts.master_port, max_restarts=opts.max_restarts,
-        train_iters=int(train_iters) if isinstance(train_iters, int) else None,
-        monitor=opts.monitor, comment=comment, signal_lead_s=lead_s,
-        save_on_cancel=opts.save_on_cancel, python=opts.python, imex=imex,
-        container=container is not None, trainer_dirs=trainer_dirs,
-        hang_k=opts.hang_k, hang_floor_s=opts.hang_floor_s,
-        hang_setup_s=float(launch.DISTRIBUTED_TIMEOUT_MIN * 60), health_gate=opts.health_gate,
-        health_check=opts.health_check, shed_fraction=opts.shed_fraction,
-        drain_bad_nodes=opts.drain_bad_nodes, gpus_expected=gpn,
-        hcas_expected="" if nt.gpu.emulated else ",".join(hcas),
-        # two checkpoints' bytes: the one being written and the last good one
-        checkpoint_free_bytes=int(2 * plan.params_total * launch.CHECKPOINT_BYTES_PER_PARAM),
-        dump_script=launch.DUMP_SCRIPT, health_script=_health_script(),
-    )
+    return _Launch(command, tuple(srun), ckpt, container is not None, tuple(trainer_dirs),
+                   gpu_numa)
+
+
+def _header(run_name: str, site: Site, nt_name: str, gpn: int, plan: PlanFacts,
+            opts: RenderOptions) -> str:
+    return (f"# Generated by slurmpod {__version__} from template {opts.template} for site "
+            f"{opts.site_label}.\n# Run {run_name}: {plan.nodes} nodes x {gpn} "
+            f"GPUs ({nt_name}), fabric {site.fabric.kind}"
+            f"{' + SHARP' if site.fabric.sharp else ''}, topology {site.topology_plugin}.")
 
 
 def _health_script() -> str:

@@ -118,6 +118,18 @@ def test_non_transient_query_failure_is_not_retried() -> None:
     assert slept == [] and len(runner.calls) == 1
 
 
+def test_queued_filters_squeue_by_exact_name_and_live_state() -> None:
+    # 22.05's squeue --json prints every job whatever --name says: run-e is RUNNING, train-a
+    # (COMPLETED) has ended, and no job is named "run".
+    squeue = (DATA / "squeue.json").read_text()
+    runner = CannedRunner({"squeue": [squeue, squeue, squeue]})
+    backend, _ = cli(runner)
+    got = backend.queued("run-e")
+    assert [j.job_id for j in got] == ["7"] and got[0].comment == '{"run":"e"}'
+    assert runner.calls[0][0] == ["squeue", "--json", "--name=run-e"]
+    assert backend.queued("train-a") == [] and backend.queued("run") == []
+
+
 def test_status_filters_squeue_and_falls_back_to_sacct() -> None:
     # 22.05's squeue --json prints every job whatever --jobs says; ids gone from the
     # controller are looked up in accounting, once, for all of them.

@@ -153,6 +153,18 @@ class BackendContract:
         assert [j.job_id for j in backend.jobs(job_ids=[jid])] == [jid]
         backend.cancel([jid])
 
+    def test_queued_finds_held_jobs_by_name_with_their_comment(self, backend) -> None:
+        # submit's lookup right after sbatch: the controller's jobs under one name, not sacct's
+        mine = backend.submit(batch_script("sleep 30", name="queued-x"),
+                              args=['--comment={"token":"t1"}'])
+        other = backend.submit(batch_script("sleep 30", name="queued-y"))
+        held = {j.job_id: j for j in backend.queued("queued-x")}
+        assert list(held) == [mine] and held[mine].comment == '{"token":"t1"}'
+        assert backend.queued("queued") == []  # exact names only
+        backend.cancel([mine, other])
+        self.wait_status(backend, mine, lambda s: s.state.is_terminal)
+        assert backend.queued("queued-x") == []  # an ended job is not held for queueing
+
     def test_partition_max_time(self, backend) -> None:
         # The sandbox's slurm.conf: batch (Default=YES, MaxTime=01:00:00), preemptible
         # (MaxTime=INFINITE); the fake is set up the same.

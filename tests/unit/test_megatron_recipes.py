@@ -22,7 +22,7 @@ from slurmpod.megatron.memory import (
 from slurmpod.megatron.pipeline import LayoutError, balanced_layout, parse_layout
 from slurmpod.megatron.plan import HBM_HEADROOM_FRACTION, make_plan
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path, run_from_dict
-from slurmpod.render.sbatch import RenderOptions, build_context, plan_facts_from_json, render_script
+from slurmpod.render.sbatch import PlanFacts, RenderOptions, build_context, render_script
 
 RECIPES = Path(__file__).resolve().parents[1] / "data" / "recipes"
 RECIPE_FILES = sorted(RECIPES.glob("*.toml"))
@@ -46,7 +46,7 @@ def test_the_recipes_are_there() -> None:
 def test_published_recipe_plans_valid_and_fitting(recipe: Path) -> None:
     site = load_site(builtin_site_path(_site(recipe)))
     plan = make_plan(load_run(recipe), site, placement=False)
-    assert plan.errors == [] and plan.fits, (plan.errors, plan.total_bytes_per_gpu / GIB)
+    assert plan.errors == () and plan.fits, (plan.errors, plan.total_bytes_per_gpu / GIB)
     assert plan.ok
 
 
@@ -157,10 +157,10 @@ def test_plan_refuses_a_split_megatron_refuses_with_a_fix() -> None:
         RECIPES / "llama31-405b-h100-fp8cs-1024gpu.toml").megatron.explicit()}
     data["megatron"]["account_for_loss_in_pipeline_split"] = False
     plan = make_plan(run_from_dict(data, "x.toml"), site, placement=False)
-    assert plan.errors == ["megatron.num_layers: num_layers + 1 (account_for_embedding/loss_in_"
+    assert plan.errors == ("megatron.num_layers: num_layers + 1 (account_for_embedding/loss_in_"
                            "pipeline_split) = 127 is not divisible by PP=8: use account_for_"
                            "embedding_in_pipeline_split = true and account_for_loss_in_pipeline"
-                           "_split = true"]
+                           "_split = true",)
 
 
 def test_a_split_no_flag_cures_gets_a_balanced_layout_megatron_accepts() -> None:
@@ -267,7 +267,7 @@ def test_fp8_in_the_run_spec_renders_megatrons_flag() -> None:
     run = load_run(recipe)
     assert run.megatron.fp8 == "hybrid"
     site = load_site(builtin_site_path("dgx-h100-superpod"))
-    facts = plan_facts_from_json(make_plan(run, site).to_json())
+    facts = PlanFacts.of(make_plan(run, site))
     text = render_script(build_context(run, site, facts, RenderOptions(run_dir="/r/x")))
     assert "--fp8-format hybrid" in text and "--fp8 " not in text
     assert "--fp8-param-gather" in text and "--grad-reduce-in-bf16" in text

@@ -144,7 +144,7 @@ def test_examples_plan_ok():
     llama = make_plan(load_run(EXAMPLES / "llama3-8b.toml"), dgx)
     assert llama.ok and llama.nodes == 2
     tiny = make_plan(load_run(EXAMPLES / "sandbox-run.toml"), sandbox)
-    assert tiny.ok and tiny.world_size == 16 and tiny.warnings == []
+    assert tiny.ok and tiny.world_size == 16 and tiny.warnings == ()
 
 
 def test_oversize_job_is_an_error_with_numbers():
@@ -208,8 +208,8 @@ def test_partition_checks():
     mg = load_run(preset_path("llama3-8b")).megatron.explicit()
 
     def errors(**job):
-        return make_plan(run_from_dict({"job": {"nodes": 2, **job}, "megatron": mg}, "r.toml"),
-                         site).errors
+        return list(make_plan(run_from_dict({"job": {"nodes": 2, **job}, "megatron": mg},
+                                            "r.toml"), site).errors)
 
     assert errors(partition="batch", time_limit="4-00:00:00") == []
     assert errors(partition="bach") == ["job.partition: no partition 'bach' on site "
@@ -220,9 +220,9 @@ def test_partition_checks():
     big = make_plan(run_from_dict({"job": {"nodes": 40, "partition": "debug",
                                            "time_limit": "01:00:00"},
                                    "megatron": mg | {"global_batch_size": 320}}, "r.toml"), site)
-    assert big.errors == ["job.nodes: partition debug has 32 nodes, 40 requested: use at most "
-                          "32 nodes or partition batch"]
+    assert big.errors == ("job.nodes: partition debug has 32 nodes, 40 requested: use at most "
+                          "32 nodes or partition batch",)
     # the default time limit only warns
     default = make_plan(run_from_dict({"job": {"nodes": 2, "partition": "debug"},
                                        "megatron": mg}, "r.toml"), site)
-    assert default.errors == [] and any("default [job] time_limit" in w for w in default.warnings)
+    assert default.errors == () and any("default [job] time_limit" in w for w in default.warnings)

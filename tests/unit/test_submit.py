@@ -4,6 +4,7 @@ mapping nodes to SUs, and the CLI's exit codes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from slurmpod.config import builtin_site_path, load_site
 from slurmpod.errors import CommandError, ConfigError, SlurmError
 from slurmpod.megatron.runspec import run_from_dict
 from slurmpod.render.sbatch import RenderOptions
+from slurmpod.runs import files
 from slurmpod.submit import (
     MARKER,
     load_site_env,
@@ -35,14 +37,15 @@ GOOD = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_leng
 
 
 class FakeRunner:
-    """Files in a dict (shared with the FakeBackend), canned squeue output, a command log."""
+    """Files in a dict (shared with the FakeBackend), the run-file reader of slurmpod.runs.files
+    answered from them, a command log. Slurm is the FakeBackend's alone: any other command
+    through the runner fails the test."""
 
     where = "fake"
 
-    def __init__(self, backend: FakeBackend, squeue_out: str = "") -> None:
+    def __init__(self, backend: FakeBackend) -> None:
         self.files: dict[str, str] = {}
         self.backend = backend
-        self.squeue_out = squeue_out
         self.commands: list[list[str]] = []
 
     def run(self, argv: Sequence[str], *, input_text: str | None = None,
@@ -50,12 +53,15 @@ class FakeRunner:
             cwd: str | None = None, check: bool = True) -> CommandResult:
         argv = list(argv)
         self.commands.append(argv)
-        if argv[0] == "cat":
-            text = self.files.get(argv[1])
-            return CommandResult(tuple(argv), 0 if text is not None else 1, text or "",
-                                 "" if text is not None else "No such file", 0.0)
-        if argv[0] == "squeue":
-            return CommandResult(tuple(argv), 0, self.squeue_out, "", 0.0)
+        if argv[:2] == ["sh", "-c"] and argv[2] == files._READ:  # path, offset, length
+            text = self.files.get(argv[4])
+            if text is None:
+                if check:
+                    raise CommandError(argv, 66, "")
+                return CommandResult(tuple(argv), 66, "", "", 0.0)
+            data, offset = text.encode(), int(argv[5])
+            piece = base64.b64encode(data[offset:offset + int(argv[6])]).decode()
+            return CommandResult(tuple(argv), 0, f"{len(data)} {offset}\n{piece}\n", "", 0.0)
         raise AssertionError(f"unexpected command {argv}")
 
     def write_text(self, path: str, text: str, mode: int = 0o644) -> str:
@@ -128,12 +134,35 @@ def test_lost_marker_update_adopts_job_found_by_token() -> None:
     be = FakeBackend()
     _blocker(be)
     prep = _prep()
+    be.submit(_prep(train_iters=11).script)  # same name, another script: not ours
     jid = be.submit(prep.script)  # queued, but the client died before writing the job id
-    runner = FakeRunner(be, squeue_out=f'{jid}|{{"run":"t","token":"{prep.token}"}}\n')
+    runner = FakeRunner(be)
     runner.files[f"/runs/t/{MARKER}"] = json.dumps(
         {"token": prep.token, "state": "submitting", "job_ids": []})
     res = submit(prep, runner, be)
     assert res.reused and res.job_ids == [jid]
+
+
+def test_slurm_is_asked_through_the_backend_only() -> None:
+    # The runner stores and reads the run directory's files; sbatch, squeue and scontrol are
+    # the backend's (here the FakeBackend, which runs nothing through the runner).
+    be = FakeBackend()
+    _blocker(be)
+    runner = FakeRunner(be)
+    prep = _prep()
+    assert submit(prep, runner, be).job_ids == ["2"]
+    # as if the client died between sbatch and the marker update: found by its token
+    runner.files[f"/runs/t/{MARKER}"] = json.dumps(
+        {"token": prep.token, "state": "submitting", "job_ids": []})
+    assert submit(prep, runner, be).job_ids == ["2"]
+    assert runner.commands and {c[0] for c in runner.commands} == {"sh"}
+
+
+def test_an_unreadable_marker_is_no_marker() -> None:
+    be = FakeBackend()
+    runner = FakeRunner(be)
+    runner.files[f"/runs/t/{MARKER}"] = "{not json"
+    assert submit(_prep(), runner, be).job_ids == ["1"]
 
 
 def test_chain_submits_n_singleton_jobs() -> None:
