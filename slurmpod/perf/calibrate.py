@@ -95,7 +95,7 @@ def load_published(path: Path | str) -> list[Point]:
         if "seq_length" in raw:
             args["seq_length"] = raw["seq_length"]
         for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap",
-                    "moe_token_dispatcher_type"):
+                    "moe_token_dispatcher_type", "pipeline_model_parallel_layout"):
             if key in raw:
                 args[key] = raw[key]
         if raw["precision"] == "fp8":
@@ -151,7 +151,7 @@ def _solve(f: Callable[[float], float], lo: float = 0.05, hi: float = 1.5) -> fl
 
 def fit_generation(points: Sequence[Point], generation: str) -> Efficiency:
     """Fit `gemm` on the generation's BF16 calibration row and `fp8` on its FP8 row (at most
-    two rows; FP8 takes the BF16 figure when there is no FP8 row)."""
+    two rows); with one row, one factor serves both."""
     cal = [p for p in points if p.role == "calibration" and p.generation == generation]
     if len(cal) > 2:
         raise ValueError(f"{generation}: {len(cal)} calibration points; at most two")
@@ -165,6 +165,10 @@ def fit_generation(points: Sequence[Point], generation: str) -> Efficiency:
         assert pred is not None
         return math.log(pred.step_time_s / p.published_s)
 
+    if not bf16 and fp8:
+        # One FP8 row only (Hopper): one factor for both, as Ampere's one BF16 row gives.
+        x = _solve(lambda x: err(fp8[0], Efficiency(x, x)))
+        return Efficiency(x, x, names)
     gemm = FITTED[generation].gemm
     if bf16:
         gemm = _solve(lambda x: err(bf16[0], Efficiency(x, x)))

@@ -108,9 +108,8 @@ class Efficiency:
 # refits them and checks these values.
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
-    "hopper": Efficiency(0.5581, 0.6484, "bridge2511-h100-llama3-70b-fp8, "
-                                        "bridge2511-h100-gptoss120b-bf16"),
-    "blackwell": Efficiency(0.8058, 0.4609, "bridge2511-gb200-llama3-8b-fp8, "
+    "hopper": Efficiency(0.6153, 0.6153, "bridge2511-h100-llama3-70b-fp8"),
+    "blackwell": Efficiency(0.8001, 0.4621, "bridge2511-gb200-llama3-8b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox measures its own peak"),
 }
@@ -317,6 +316,36 @@ def _flex_time(tokens: float, h: int, topk: float, domains: int, opts: RunOption
     return max(fabric, inside) / FLEX_EFFICIENCY
 
 
+
+def _stage_work(c: ModelConfig, t_logits: float) -> list[tuple[float, float]]:
+    """(transformer + MTP layers, logits time) of each pipeline rank, from the split Megatron
+    builds: the rank holding the loss chunk also runs the output layer and cross-entropy, so a
+    split that gives the loss a layer slot (`account_for_loss_in_pipeline_split`, a
+    `pipeline_model_parallel_layout` ending in `tL`) evens the slowest stage out, which is why
+    NVIDIA pins such a layout for Llama 3 70B at PP8 x VPP5 (Megatron-Bridge's H100 recipe)."""
+    mtp = c.mtp_num_layers
+    if c.pp == 1:
+        return [(float(c.num_layers + mtp), t_logits)]
+    sp = c.pipeline_split()
+    if sp.errors or len(sp.chunks) != c.pp:
+        first, most = c.stage_layers()
+        last = (c.num_layers - first) / max(1, c.pp - 1)
+        return [(first, 0.0), (most, 0.0), (last + mtp, t_logits)]
+    hit = _RANK_WORK.get(id(sp))
+    if hit is None or hit[0] is not sp:
+        if len(_RANK_WORK) > 4096:
+            _RANK_WORK.clear()
+        hit = (sp, tuple((float(sum(ch.decoder + ch.mtp for ch in chunks)),
+                          any(ch.loss for ch in chunks)) for chunks in sp.chunks))
+        _RANK_WORK[id(sp)] = hit
+    return [(n, t_logits if loss else 0.0) for n, loss in hit[1]]
+
+
+# Per pipeline split (by identity; ModelConfig caches its splits): each rank's layers and
+# whether it holds the loss. The search predicts thousands of candidates per split.
+_RANK_WORK: dict[int, tuple[Any, tuple[tuple[float, bool], ...]]] = {}
+
+
 def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = None,
             opts: RunOptions | None = None, *, weights: WeightMemory | None = None
             ) -> Prediction | None:
@@ -442,20 +471,8 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
     heads = 1 + c.mtp_num_layers
     t_logits = heads * (6.0 * tok * k.logits / tp / (peak16 * _eff(min(h, v_local)))
                         + 4 * 4 * tok * v_local / hbm)
-    mtp_layers = c.mtp_num_layers
 
-    first, most = c.stage_layers()
-    if pp == 1:
-        stage_layers_list = [(float(n_layers + mtp_layers), t_logits)]
-    else:
-        last: float
-        if c.last_stage_layers is not None:
-            last = c.last_stage_layers
-        else:
-            fixed = [x for x in (c.first_stage_layers,) if x is not None]
-            last = (n_layers - sum(fixed)) / max(1, pp - len(fixed))
-        stage_layers_list = [(float(first), 0.0), (float(most), 0.0),
-                             (float(last) + mtp_layers, t_logits)]
+    stage_layers_list = _stage_work(c, t_logits)
     t_stage_compute, t_stage_comm, layers_stage = max(
         ((n * layer_compute + extra, n * layer_comm, n) for n, extra in stage_layers_list),
         key=lambda x: x[0] + x[1])
@@ -498,10 +515,18 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         else:
             gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == nic else 1.0
             t_rs += 2 * params * gb * ring / (bw * gain)
+    # What the overlap hides behind (Megatron's DDP bucket hooks): a model chunk's gradients
+    # are reduced once its last microbatch's backward is done, its parameters gathered as its
+    # first microbatch's forward reaches them. With one chunk (1F1B) that is one microbatch's
+    # backward / forward; with VPP chunks the interleaved schedule runs (VPP-1) x PP chunk
+    # steps of other chunks' backward (cool-down) / forward (warm-up) after the first chunk's
+    # gradients are ready / before the last chunk's first forward, so the window grows to
+    # (1 + (VPP-1) x PP) / VPP microbatch-times.
+    chunk_steps = (1 + (vpp - 1) * pp) / vpp
     if opts.overlap_grad_reduce:
-        t_rs = max(DP_EXPOSED_TAIL * t_rs, t_rs - 2 / 3 * t_mb)
+        t_rs = max(DP_EXPOSED_TAIL * t_rs, t_rs - 2 / 3 * t_mb * chunk_steps)
     if opts.overlap_param_gather:
-        t_ag = max(DP_EXPOSED_TAIL * t_ag, t_ag - 1 / 3 * t_mb)
+        t_ag = max(DP_EXPOSED_TAIL * t_ag, t_ag - 1 / 3 * t_mb * chunk_steps)
     t_dp = t_rs + t_ag
 
     p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu

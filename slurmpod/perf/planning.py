@@ -46,8 +46,12 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                ) -> tuple[list[Candidate], int]:
     hw = hardware_from_site(site)
     c = ModelConfig.from_args(spec.megatron)
+    args = spec.megatron.values()
+    vocab = None
+    if args.get("padded_vocab_size") is None and args.get("vocab_size") is not None:
+        vocab = (int(args["vocab_size"]), int(args.get("make_vocab_size_divisible_by") or 128))
     return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
-                  RunOptions.from_args(spec.megatron.values()), top)
+                  RunOptions.from_args(args), top, vocab)
 
 
 def summary_line(p: Prediction) -> str:

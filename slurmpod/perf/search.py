@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
-from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
 from slurmpod.perf.model import Efficiency, Hardware, Prediction, RunOptions, predict
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -133,6 +133,55 @@ def _split_args(base: ModelConfig, pp: int, vpp: int | None) -> dict[str, Any] |
     return args
 
 
+def _split_choice(base: ModelConfig, pp: int, vpp: int | None, loss_layers: float
+                  ) -> dict[str, Any] | None:
+    """The split to predict at `pp` x `vpp`: the one Megatron accepts by default
+    (`_split_args`) or, when it leaves a slower slowest stage, the balanced layout that gives
+    the embedding and the loss a layer slot each. The rank holding the loss also runs the
+    output layer and cross-entropy (`loss_layers` layer-times), and the slowest stage sets the
+    pipeline's pace: NVIDIA pins such a layout for Llama 3 70B at PP8 x VPP5 (Megatron-Bridge's
+    H100 FP8 recipe, "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL")."""
+    from slurmpod.megatron.pipeline import balanced_layout
+
+    first = _split_args(base, pp, vpp)
+    if pp == 1 or (first is not None and (first["pipeline_layout"] is not None
+                                          or first["account_for_loss"])):
+        return first
+    layout = balanced_layout(base.num_layers, pp, vpp or 1, base.mtp_num_layers)
+    if layout is None:
+        return first
+    args = _NO_SPLIT | {"pipeline_layout": layout}
+    trial = dataclasses.replace(base, pp=pp, vpp=vpp, **args)
+    if trial.pipeline_split().errors:
+        return first
+    if first is None:
+        return args
+
+    def slowest(c: ModelConfig) -> float:
+        return max(sum(ch.decoder + ch.mtp + (loss_layers if ch.loss else 0.0) for ch in r)
+                   for r in c.pipeline_split().chunks)
+
+    even = dataclasses.replace(base, pp=pp, vpp=vpp, **first)
+    return args if slowest(trial) < slowest(even) else first
+
+
+def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None,
+                 opts: RunOptions | None) -> float:
+    """The output layer and loss in layer-times: their multiply-adds over a layer's, times how
+    much slower the BF16 output GEMM runs than the layers' GEMMs (FP8 with Transformer Engine)."""
+    from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, _costs
+
+    k = _costs(base)
+    layer = k.attn_linear + k.attn_core + (
+        k.n_dense * k.mlp_dense + k.n_moe * (k.moe_routed + k.moe_shared)) / max(
+        1, k.n_dense + k.n_moe)
+    e = eff or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+    slow = 1.0
+    if opts is not None and opts.fp8 and hw.peak_fp8:
+        slow = hw.peak_fp8 * e.fp8 / (hw.peak_bf16 * e.gemm)
+    return k.logits * (1 + base.mtp_num_layers) / max(layer, 1.0) * slow
+
+
 def _vpps(base: ModelConfig, pp: int) -> list[int | None]:
     """Virtual stage counts worth trying at `pp`: every count whose chunks split the layers
     (with or without the embedding/loss slots) evenly, up to MAX_VPP, and the run's own."""
@@ -152,7 +201,7 @@ def _vpps(base: ModelConfig, pp: int) -> list[int | None]:
 def layouts(base: ModelConfig, world: int, domain_gpus: int
             ) -> list[tuple[int, int, int, int | None, int, int]]:
     """(tp, cp, pp, vpp, ep, etp) of every valid layout of `base`'s model on `world` GPUs."""
-    return [lay for lay, _ in _layouts(base, world, domain_gpus)]
+    return [lay for lay, _ in _layouts(base, world, domain_gpus, 1.0)]
 
 
 def _ep_fits_domain(span: int, domain: int) -> bool:
@@ -160,7 +209,7 @@ def _ep_fits_domain(span: int, domain: int) -> bool:
     return span <= domain or span % domain == 0
 
 
-def _layouts(base: ModelConfig, world: int, domain_gpus: int
+def _layouts(base: ModelConfig, world: int, domain_gpus: int, loss_layers: float = 0.0
              ) -> list[tuple[tuple[int, int, int, int | None, int, int], dict[str, Any]]]:
     c = base
     tps = [t for t in _divisors(domain_gpus)
@@ -187,7 +236,7 @@ def _layouts(base: ModelConfig, world: int, domain_gpus: int
                 for vpp in _vpps(c, pp):
                     key = (pp, vpp)
                     if key not in splits:
-                        splits[key] = _split_args(c, pp, vpp)
+                        splits[key] = _split_choice(c, pp, vpp, loss_layers)
                     args = splits[key]
                     if args is None:
                         continue
@@ -216,9 +265,12 @@ def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
 
 def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
            eff: Efficiency | None = None, opts: RunOptions | None = None,
-           top: int | None = 10) -> tuple[list[Candidate], int]:
+           top: int | None = 10, vocab: tuple[int, int] | None = None
+           ) -> tuple[list[Candidate], int]:
     """The fastest `top` candidates (all when None) that fit, sorted by predicted step time,
-    and how many layouts were evaluated. When none fits, the least memory-hungry ones, marked
+    and how many layouts were evaluated. `vocab`: the run's (vocab_size,
+    make_vocab_size_divisible_by) when it gives no padded size, so each TP pads it as Megatron
+    does. When none fits, the least memory-hungry ones, marked
     `fits = False`, so the caller can say by how much."""
     import heapq
 
@@ -231,10 +283,14 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     best: list[float] = []
     ladder = _recompute_ladder(base)
     n = 0
-    for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus):
+    loss_layers = _loss_layers(base, hw, eff, opts)
+    for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
+                                                           loss_layers):
         dp = world // (tp * cp * pp)
+        pad = ({"padded_vocab_size": padded_vocab_size(vocab[0], vocab[1], tp)}
+               if vocab else {})
         lay = _with(base, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp,
-                    sequence_parallel=tp > 1, **split_args)
+                    sequence_parallel=tp > 1, **split_args, **pad)
         weights: list[Any] | None = None
         wmax: Any = None
         for mbs in MICRO_BATCH_SIZES:

@@ -150,3 +150,27 @@ def test_kernel_gaps_favour_fewer_larger_kernels() -> None:
     gaps = model.KERNEL_GAP_S * model.DENSE_LAYER_KERNELS * 32 * 32  # layers x microbatches
     assert one.breakdown_s["compute"] - two.breakdown_s["compute"] == pytest.approx(
         gaps / 2, rel=0.05)
+
+
+def test_interleaving_widens_the_window_the_dp_overlap_hides_behind() -> None:
+    """GPT-3 175B at TP4 PP8 on 128 GPUs: with one chunk the reduce-scatter hides behind one
+    microbatch's backward; with VPP6 behind the cool-down's other chunks too."""
+    c = cfg("gpt3-175b", tp=4, pp=8, cp=1, global_batch_size=256, micro_batch_size=1,
+            sequence_parallel=True, use_distributed_optimizer=True)
+    opts = RunOptions(fp8=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    one = predict(dataclasses.replace(c, vpp=None), 128, H100, None, opts)
+    six = predict(dataclasses.replace(c, vpp=6), 128, H100, None, opts)
+    plain = predict(dataclasses.replace(c, vpp=6), 128, H100, None, RunOptions(fp8=True))
+    assert one and six and plain
+    assert six.breakdown_s["dp"] < one.breakdown_s["dp"] < plain.breakdown_s["dp"]
+
+
+def test_the_rank_holding_the_loss_runs_the_output_layer() -> None:
+    """Llama 3 70B at PP8 x VPP5: an even split leaves 10 layers and the output layer on the
+    last rank; the layout that gives the loss (and embedding) a slot is faster."""
+    c = cfg("llama3-70b", tp=4, pp=8, vpp=5, cp=1, global_batch_size=128,
+            micro_batch_size=1, sequence_parallel=True)
+    even = step(c, 64, fp8=True)
+    slots = step(dataclasses.replace(
+        c, pipeline_layout="Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), 64, fp8=True)
+    assert slots < even

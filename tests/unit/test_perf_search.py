@@ -40,8 +40,11 @@ def test_candidates_are_valid_sorted_and_fit() -> None:
         assert k.global_batch_size % (k.micro_batch_size * dp) == 0
         assert not k.pipeline_split().errors  # a split Megatron accepts
         uneven = k.num_layers % (k.pp * (k.vpp or 1)) != 0
-        assert uneven == (k.pipeline_layout is not None or k.account_for_embedding
-                          or k.account_for_loss)
+        if uneven:
+            assert k.pipeline_layout is not None or k.account_for_embedding or k.account_for_loss
+        if k.pipeline_layout is not None and not uneven:
+            # An even split replaced only by a layout that gives the loss its own slot.
+            assert k.pipeline_layout.endswith("L")
         assert k.sequence_parallel == (k.tp > 1)
 
 
@@ -145,3 +148,22 @@ def test_in_flight_counts_match_the_schedule_walk() -> None:
         for r in range(pp):
             walk = Counter(_in_flight_chunks(k, r, nmb))
             assert [walk.get(i, 0) for i in range(v or 1)] == _in_flight_counts(k, r, nmb)
+
+
+def test_the_loss_gets_a_layer_slot_where_the_last_stage_would_be_slowest() -> None:
+    """Llama 3 70B FP8 at PP8 x VPP5: the output layer and loss (~2-3 FP8 layer-times) make the
+    evenly split last rank the slowest, so the search predicts the balanced layout with the
+    loss in its own slot, as Megatron-Bridge's H100 recipe pins ("...,tL")."""
+    import dataclasses
+
+    from slurmpod.perf.model import RunOptions
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    c = dataclasses.replace(c, global_batch_size=128)
+    opts = RunOptions(fp8=True, tp_comm_overlap=True, overlap_grad_reduce=True,
+                      overlap_param_gather=True)
+    cands, _ = search(c, 64, H100, USABLE, None, opts, top=None)
+    pp8 = [x for x in cands
+           if (x.config.tp, x.config.pp, x.config.vpp, x.config.cp) == (4, 8, 5, 1)]
+    assert pp8 and all(x.config.pipeline_layout and x.config.pipeline_layout.endswith("tL")
+                       for x in pp8)
