@@ -70,6 +70,11 @@ def runs(since: str, all_users: bool, host: str | None, remote_env: tuple[str, .
     from slurmpod.cli.output import table
 
     click.echo(table(HEADERS, [v.row() for v in views]))
+    faults = [line for v in views for line in v.fault_lines()]
+    if faults:
+        click.echo("\nfaults (hangs, failed steps, nodes shed with their evidence):")
+        for line in faults:
+            click.echo(f"  {line}")
 
 
 @click.command("logs")

@@ -176,7 +176,8 @@ def parse_line(line: bytes | str) -> dict[str, Any] | None:
             return None
         action = doc.get("action")
         out["exclude"] = {"node": node, "evidence": _text(doc.get("evidence")),
-                          "action": action if action in EXCLUDE_ACTIONS else None}
+                          "action": action if action in EXCLUDE_ACTIONS else None,
+                          "time": out["time"]}
     else:
         end = doc.get("end")
         out["end"] = end if end in ENDS else ("unknown" if end is not None else None)
@@ -252,6 +253,54 @@ def _with_log_ends(atts: list[Attempt]) -> Iterable[Attempt]:
 def byte_range(att: Attempt) -> tuple[int, int | None]:
     """(first byte, end byte or None = to the end of the log) of one attempt's lines."""
     return att.log_offset or 0, att.log_end
+
+
+FAILED_ENDS = ("failure", "node_fail", "hang")
+
+
+def faults(att: Attempt) -> list[dict[str, Any]]:
+    """The attempt's fault events, in the order they happened: nodes the health gate failed
+    (before the step), a hang the monitor declared, the step's failure (`failure`: a rank or
+    the step failed; `node_fail`: Slurm lost a node), then each node shed after it (`excluded`,
+    `drained`, or `not_excluded` when the run's exclusion bound was reached) with its evidence.
+    Display only, like every figure of the record."""
+    out: list[dict[str, Any]] = []
+    if att.health and att.health.get("failed"):
+        out.append({"kind": "health", "time": att.start_s,
+                    "failed": dict(att.health["failed"]),
+                    "duration_s": att.health.get("duration_s")})
+    if att.hang is not None:
+        out.append({"kind": "hang", **att.hang})
+    if att.end in ("failure", "node_fail"):
+        out.append({"kind": att.end, "time": att.end_s, "rc": att.rc})
+    for ex in att.excluded:
+        out.append({"kind": ex.get("action") or "excluded", "time": ex.get("time"),
+                    "node": ex.get("node"), "evidence": ex.get("evidence")})
+    return out
+
+
+def fault_text(fault: Mapping[str, Any], width: int = 60) -> str:
+    """One fault as a few words for a terminal (`runs`' text view)."""
+    kind = str(fault.get("kind"))
+
+    def cut(text: Any) -> str:
+        t = "".join(c if c.isprintable() else "?" for c in str(text or ""))
+        return t if len(t) <= width else t[:width - 1] + "…"
+
+    if kind == "hang":
+        silent, bound = fault.get("silent_s"), fault.get("bound_s")
+        told = f" after {silent:.0f} s (bound {bound:.0f} s)" \
+            if isinstance(silent, float) and isinstance(bound, float) else ""
+        return f"hang in {fault.get('phase') or '?'}{told}"
+    if kind == "health":
+        failed = fault.get("failed") or {}
+        return "health gate failed " + ", ".join(f"{n} ({cut(w)})" for n, w in
+                                                  list(failed.items())[:3]) \
+            + (f" +{len(failed) - 3}" if len(failed) > 3 else "")
+    if kind in ("failure", "node_fail"):
+        return ("step failed" if kind == "failure" else "node failure") \
+            + (f" (exit {fault['rc']})" if fault.get("rc") is not None else "")
+    return f"{kind.replace('_', ' ')} {fault.get('node')}: {cut(fault.get('evidence'))}"
 
 
 def summarize(atts: Iterable[Attempt]) -> Mapping[str, Any]:

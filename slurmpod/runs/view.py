@@ -23,7 +23,7 @@ from slurmpod.accounting.hooks import decode_field, parse_initial_comment
 from slurmpod.accounting.logparse import LogSummary
 from slurmpod.model.hostlist import compress
 from slurmpod.model.jobs import JobState, JobStatus
-from slurmpod.runs.attempts import Attempt
+from slurmpod.runs.attempts import Attempt, fault_text, faults
 
 RECENT_ITERS = 20
 JSON_KEYS = (
@@ -31,7 +31,11 @@ JSON_KEYS = (
     "last_end", "last_rc", "failures", "max_restarts", "iteration", "train_iters",
     "checkpoint_iteration", "iteration_s", "mfu", "mfu_source", "eta_s", "nodes", "n_nodes",
     "work_dir", "log", "submit_time", "start_time", "end_time", "attempts_skipped_lines",
+    "attempts",
 )
+ATTEMPT_KEYS = ("attempt", "restart", "start_time", "end_time", "nodes", "end", "rc",
+                "iteration", "progress", "faults")
+SHOWN_ATTEMPTS = 5  # the text view's fault lines: the latest attempts of each run
 
 
 def comment_doc(comment: str) -> dict[str, Any]:
@@ -186,8 +190,19 @@ class RunView:
             "work_dir": j.work_dir or None, "log": log_path(j) or None,
             "submit_time": t(j.submit_time), "start_time": t(j.start_time),
             "end_time": t(j.end_time), "attempts_skipped_lines": self.skipped_lines,
+            "attempts": [attempt_json(x) for x in self.attempts],
         }
         return out
+
+    def fault_lines(self, limit: int = SHOWN_ATTEMPTS) -> list[str]:
+        """`JOB attempt N: fault; fault` for the latest attempts that met a fault."""
+        hit = [(a, f) for a in self.attempts if (f := faults(a))]
+        lines = [f"{self.job.job_id} attempt {a.attempt}: " + "; ".join(fault_text(x) for x in f)
+                 for a, f in hit[-limit:]]
+        if len(hit) > limit:
+            lines.insert(0, f"{self.job.job_id}: {len(hit) - limit} earlier attempts with "
+                            "faults (runs --json lists them all)")
+        return lines
 
     def row(self) -> list[str]:
         it, total = self.iteration
@@ -199,6 +214,13 @@ class RunView:
                 ended.end if ended and ended.end else "-", iters,
                 "-" if mfu is None else f"{100 * mfu:.1f}%", duration(self.eta_s),
                 self.nodes or "-"]
+
+
+def attempt_json(att: Attempt) -> dict[str, Any]:
+    """One attempt of `runs --json`: where it ran, how it ended, and its fault events."""
+    return {"attempt": att.attempt, "restart": att.restart, "start_time": att.start_s,
+            "end_time": att.end_s, "nodes": list(att.nodes), "end": att.end, "rc": att.rc,
+            "iteration": att.iteration, "progress": att.progress, "faults": faults(att)}
 
 
 HEADERS = ("JOB", "RUN", "STATE", "ATTEMPT", "LAST END", "ITER", "MFU", "ETA", "NODES")

@@ -334,3 +334,62 @@ def test_cancel_save_of_a_pending_job_cancels_outright(cluster: FakeBackend,
     assert rc == 0 and "cancelled job" in out and cluster.signals == []
     assert cluster.status([jid])[jid].state is JobState.CANCELLED
     assert cluster.status([big])[big].state is JobState.RUNNING
+
+
+def test_runs_lists_each_attempts_faults(cluster: FakeBackend, tmp_path: Path) -> None:
+    """A hang, a failed step, nodes shed (one drained, one refused by the bound) and a failed
+    health gate reach `runs --json` per attempt and the text view in brief."""
+    jid = submit(cluster, tmp_path)
+    log, record = make_run(tmp_path, jid)
+    lines = [
+        ev("start", 1, jid, nodes=["gpu001", "gpu002"], log=str(log), log_offset=0),
+        ev("hang", 1, jid, phase="train", silent_s=31.2, bound_s=30.0, iteration=1180,
+           step_s=2.9),
+        ev("exclude", 1, jid, node="gpu002", evidence="hang: rank 9 (pid 4242) stopped",
+           action="excluded"),
+        ev("end", 1, jid, end="hang", rc=137, iteration=1150, progress=True, failures=1,
+           max_restarts=3),
+        ev("health", 2, jid, checked=["gpu001", "gpu003", "gpu004"],
+           failed={"gpu004": "no answer"}, duration_s=1.4),
+        ev("exclude", 2, jid, node="gpu004", evidence="health: no answer", action="drained"),
+        ev("start", 2, jid, nodes=["gpu001", "gpu003"], log=str(log), log_offset=10),
+        ev("exclude", 2, jid, node="gpu003", evidence="srun: task 12 Killed",
+           action="not_excluded"),
+        ev("end", 2, jid, end="failure", rc=1, iteration=1150, progress=False, failures=2,
+           max_restarts=3),
+        ev("start", 3, jid, nodes=["gpu001", "gpu005"], log=str(log), log_offset=20),
+    ]
+    record.write_text("".join(lines))
+    (row,) = json.loads(invoke("runs", "--json")[1])
+    atts = row["attempts"]
+    assert [a["attempt"] for a in atts] == [1, 2, 3] and atts[2]["faults"] == []
+    assert [f["kind"] for f in atts[0]["faults"]] == ["hang", "excluded"]
+    hang, shed = atts[0]["faults"]
+    assert (hang["phase"], hang["silent_s"], hang["bound_s"]) == ("train", 31.2, 30.0)
+    assert (shed["node"], shed["evidence"]) == ("gpu002", "hang: rank 9 (pid 4242) stopped")
+    assert shed["time"] == 1_700_000_001
+    assert [f["kind"] for f in atts[1]["faults"]] == ["health", "failure", "drained",
+                                                      "not_excluded"]
+    assert atts[1]["faults"][0]["failed"] == {"gpu004": "no answer"}
+    assert (atts[1]["end"], atts[1]["rc"], atts[1]["nodes"]) == ("failure", 1,
+                                                                 ["gpu001", "gpu003"])
+    rc, out, _ = invoke("runs")
+    assert rc == 0
+    assert f"{jid} attempt 1: hang in train after 31 s (bound 30 s); excluded gpu002: " \
+           "hang: rank 9 (pid 4242) stopped" in out
+    assert f"{jid} attempt 2: health gate failed gpu004 (no answer); step failed (exit 1); " \
+           "drained gpu004: health: no answer; not excluded gpu003: srun: task 12 Killed" in out
+    assert f"{jid} attempt 3" not in out
+
+
+def test_fault_lines_keep_the_latest_attempts() -> None:
+    from slurmpod.model.jobs import JobStatus
+    from slurmpod.runs.view import LogFigures, RunView
+
+    text = "".join(ev("start", i, nodes=["gpu001"]) + ev("end", i, end="failure", rc=1)
+                   for i in range(1, 9))
+    job = JobStatus(job_id="1", name="x", state=JobState.RUNNING)
+    view = RunView(job, parse_attempts(text).of_job("1"), LogFigures())
+    lines = view.fault_lines(limit=3)
+    assert lines[0].startswith("1: 5 earlier attempts with faults")
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["1 attempt 6", "1 attempt 7", "1 attempt 8"]
