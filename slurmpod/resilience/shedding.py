@@ -62,14 +62,21 @@ def _strip_label(line: str) -> str:
 def from_srun(log_part: str) -> list[Culprit]:
     """Nodes srun's own lines blame, up to the moment srun starts ending the step."""
     out: list[Culprit] = []
+    node_failed = False
     for raw in log_part.splitlines():
         line = _strip_label(raw)
         if _STEP_ENDING.search(line):
             break
         if m := _SRUN_NODE_FAIL.search(line):
             out.append(Culprit(m["node"], "srun: node failure"))
+            node_failed = True
         elif m := _SRUN_LAUNCH.search(line):
             out.append(Culprit(m["node"], f"srun: task launch failed: {m['why']}"))
+        elif node_failed:
+            # Once a node of the step failed, Slurm kills the step's other tasks, and srun may
+            # report them `Killed` before its `Terminating StepId` line (seen on 22.05 when a
+            # node's slurmd died: the surviving node's tasks came first): not their fault.
+            continue
         elif (m := _SRUN_TASK.match(line)) and not m["why"].startswith(NOT_BLAMED):
             out.append(Culprit(m["node"], f"srun: task {m['tasks']} {m['why']}"))
     return out

@@ -25,6 +25,7 @@ within the sampling error.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -183,6 +184,23 @@ def draw_paths(scn: Scenario, samples: int, seed: int | None = 0) -> Paths:
     return Paths(samples=samples, horizon_s=horizon, sample=ev_path,
                  length_s=ev_time - prev_time, restart_s=gap_restart, last=ev_last,
                  failures=np.bincount(path, minlength=samples))
+
+
+def timeline(gaps_s: Sequence[float], restarts_s: Sequence[float]) -> Paths:
+    """One observed run as a sample path: gap i runs from failure i (the run's start for the
+    first) to failure i + 1 (the run's end for the last) and opens with `restarts_s[i]` (the
+    first gap with none: pass 0). For replaying a measured run (the sandbox's fault campaign)
+    through the same scoring as the simulated ones."""
+    if len(gaps_s) != len(restarts_s) or not gaps_s:
+        raise ValueError("one restart per gap, at least one gap")
+    g = np.asarray(gaps_s, float)
+    r = np.asarray(restarts_s, float)
+    if (g < 0).any() or (r < 0).any() or not np.isfinite(g).all() or not np.isfinite(r).all():
+        raise ValueError("gaps and restarts must be finite and >= 0")
+    last = np.zeros(g.size, bool)
+    last[-1] = True
+    return Paths(samples=1, horizon_s=float(g.sum()), sample=np.zeros(g.size, np.int64),
+                 length_s=g, restart_s=r, last=last, failures=np.array([g.size - 1]))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import random
 import re
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -584,6 +585,49 @@ class Sandbox:
         raise SandboxError(
             f"{len(bad)} of {len(nodes)} nodes not idle after {self.idle_timeout_s:g} s ({shown});"
             f" reasons: {reasons.stdout.strip() or 'none given'}; see {self.layout.log}/")
+
+    # -- one node's slurmd (fault injection) --------------------------------------------------
+    def kill_slurmd(self, node: str) -> bool:
+        """SIGKILL one node's slurmd, as a crash would: its jobs' slurmstepd and tasks live on,
+        and slurmctld marks the node NOT_RESPONDING, then DOWN after `SlurmdTimeout`. False when
+        that slurmd is not running (or its PID is no longer ours)."""
+        with self._locked():
+            rec = self._slurmd_record(node)
+            if rec is None or not procs.is_ours(rec):
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec.pid, signal.SIGKILL)
+            procs.stop([rec], timeout_s=5, children=self._children())  # reaps it
+            return True
+
+    def start_slurmd(self, node: str) -> bool:
+        """Start a node's slurmd again with the command line it was started with, recorded in
+        the state file so that `down` stops it; False when it is already running. slurmd
+        re-attaches to the slurmstepds it finds in its spool directory and registers, and
+        with ReturnToService=2 a node DOWN for not responding comes back."""
+        with self._locked():
+            state = self._read_state()
+            rec = self._slurmd_record(node, state)
+            if rec is None:
+                raise SandboxError(f"no slurmd of node {node} recorded in {self.state_dir}")
+            if procs.is_ours(rec):
+                return False
+            if self._launcher is None:
+                self._launcher = procs.Launcher(self.client_env(), self.layout.root)
+            out = self.layout.log / f"{rec.name.replace(':', '-')}.out"
+            new = self._launcher.start(rec.name, rec.argv, out, Path(rec.log) if rec.log else None)
+            assert state is not None
+            state["processes"] = [new.to_dict() if d.get("name") == rec.name else d
+                                  for d in state.get("processes", [])]
+            self._records = [new if r.name == rec.name else r for r in self._records] \
+                if self._records else self._records_from(state)
+            write_atomic(self.layout.state_file, json.dumps(state, indent=2) + "\n")
+            return True
+
+    def _slurmd_record(self, node: str, state: dict[str, Any] | None = None
+                       ) -> procs.ProcRecord | None:
+        recs = self._records_from(state if state is not None else self._read_state())
+        return next((r for r in recs if r.name == f"slurmd:{node}"), None)
 
     # -- down --------------------------------------------------------------------------------
     def down(self) -> list[str]:

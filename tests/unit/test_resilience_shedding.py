@@ -22,6 +22,25 @@ def test_the_task_killed_first_is_blamed_not_those_srun_killed_after() -> None:
     assert shedding.from_srun(KILLED) == [Culprit("gpu002", "srun: task 3 Killed")]
 
 
+# A node whose slurmd was killed (the fault campaign, Slurm 22.05.8): once slurmctld declares it
+# DOWN (SlurmdTimeout), srun reports the node failure and the *other* node's tasks, killed by
+# Slurm, before its `Terminating StepId` line; the failed node's own tasks never report.
+SLURMD_KILLED = """\
+ 0: [2026-12-01 17:22:50.120] iteration      352/     600 | elapsed time per iteration (ms): 21.1 |
+srun: error: Node failure on gpu007
+srun: error: gpu005: tasks 0-7: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=1.3
+srun: Force Terminated StepId=1.3
+"""
+
+
+def test_after_a_node_failure_the_tasks_slurm_killed_are_not_blamed() -> None:
+    assert shedding.from_srun(SLURMD_KILLED) == [Culprit("gpu007", "srun: node failure")]
+    # A task killed before the node failure is still its node's fault.
+    text = "srun: error: gpu002: task 3: Killed\n" + SLURMD_KILLED
+    assert [c.node for c in shedding.from_srun(text)] == ["gpu002", "gpu007"]
+
+
 def test_exit_codes_and_terminated_tasks_blame_nobody() -> None:
     text = ("srun: error: gpu003: tasks 8-15: Exited with exit code 1\n"
             "srun: error: gpu001: task 0: Terminated\n")

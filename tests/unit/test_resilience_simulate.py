@@ -150,3 +150,25 @@ def test_cli_bad_input_is_one_line(args: list[str]) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith("slurmpod: error: ") and "Traceback" not in r.stderr
+
+
+def test_replayed_timeline_is_scored_by_hand() -> None:
+    """A measured run replayed: gaps between faults with their restart latencies, scored as the
+    simulated paths are (whole cycles of tau + delta kept; the cycle a fault cuts is lost)."""
+    from slurmpod.resilience.simulate import timeline
+
+    tau, delta = 10.0, 2.0
+    # start -> fault at 50 s; 8 s restart; fault 30 s later; 5 s restart; run ends 40 s later.
+    out = score(timeline([50.0, 30.0, 40.0], [0.0, 8.0, 5.0]), tau, delta)
+    # gap 1: 50 s = 4 cycles (48 s) + 2 s lost; gap 2: 22 s = 1 cycle + 10 s lost;
+    # gap 3 (the end): 35 s = 2 cycles + 10 s more of work kept (the run ended, nothing lost)
+    #   + 1 s left that the last partial cycle spends saving.
+    assert out.work_s[0] == pytest.approx(4 * tau + tau + 2 * tau + 10.0)
+    assert out.lost_s[0] == pytest.approx(2.0 + 10.0)
+    assert out.restart_s[0] == pytest.approx(13.0)
+    assert out.save_s[0] == pytest.approx(7 * delta + 1.0)
+    assert out.work_s[0] + out.lost_s[0] + out.restart_s[0] + out.save_s[0] == pytest.approx(120)
+    with pytest.raises(ValueError):
+        timeline([1.0], [0.0, 1.0])
+    with pytest.raises(ValueError):
+        timeline([-1.0], [0.0])
