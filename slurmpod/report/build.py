@@ -24,7 +24,7 @@ from slurmpod.report.model import (
 )
 from slurmpod.report.placement import placement_of
 from slurmpod.report.rules import notes_for
-from slurmpod.report.sacct import SacctJob, Usage
+from slurmpod.report.sacct import SacctJob, Usage, restarts_of
 from slurmpod.telemetry.schema import read_gpu_util_energy
 
 
@@ -45,7 +45,7 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     gpus = job.n_gpus or fig.gpus or 0
     attempts = sj.attempts or ()
     elapsed = [a.elapsed_s for a in attempts] or [job.elapsed_s]
-    loss = split_loss(gpus, elapsed, fig)
+    loss = split_loss(gpus, elapsed, fig, attempts)
     series: dict[str, list[Any]] = {}
     if spool_record is not None and with_series:
         series = {k: list(v) for k, v in (spool_record.get("series") or {}).items()
@@ -72,7 +72,7 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
                        figures=fig, loss=loss, stability=stab, placement=placement,
                        params_b=params_estimate(fig, gpus), series=series,
                        implausible=implausible_reasons(
-                           fig, len(elapsed) > 1 or fig.log_restarts > 0),
+                           fig, restarts_of(attempts) > 0 or fig.log_restarts > 0),
                        efficiency=None if with_notes else _row_gpu(spool_record))
     if not with_notes:
         return report

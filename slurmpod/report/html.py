@@ -402,7 +402,7 @@ def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
     return {"r": r, "x": x, "tiles": headline(r, x), "verdict": verdict_of(r),
             "resources": resource_rows(r),
             "attempts": rows, "plots": plot, "band": band, "lost": lost,
-            "restarts": max(r.job.restarts, len(r.attempts) - 1)}
+            "restarts": r.restarts}
 
 
 def job_html(r: JobReport, *, generated: str, extras: JobExtras | None = None) -> str:

@@ -19,13 +19,20 @@ restarted (relaunch start-ups, the failed attempt's tail), the rest as "other" o
 (evaluation, shutdown, hangs). Each part is capped by what is left of A − P, in that order, so
 the causes add up to A − P exactly; Slurm's whole-second elapsed times can only squeeze the
 estimated parts. Goodput = P / A.
+
+A resized job (with `--no-kill`, slurmpod's `--spares`, Slurm removes a node that went down from
+the job: the old allocation's record ends RESIZING and a new one opens under the same id) is
+not a restart: a RESIZING record does not count as one, and when the records say the GPUs each
+phase held (AllocTRES), the GPU time is Σ phases' elapsed × their GPUs. The GPUs a phase held
+beyond those the job trained on (spares, a failed node until Slurm removed it) are lost as
+"other", the causes above scale with the trained GPUs.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +40,7 @@ from slurmpod.accounting import plausible
 from slurmpod.accounting.hooks import decode_field
 from slurmpod.model.site import Inventory
 from slurmpod.report.placement import Placement
-from slurmpod.report.sacct import Usage
+from slurmpod.report.sacct import Attempt, Usage, restarts_of
 
 LOSS_CAUSES = ("startup", "checkpoint", "restarts", "other")
 SPIKE_FACTOR = 1.5  # an iteration this many times the median is a spike (straggler, hiccup)
@@ -246,6 +253,15 @@ class JobReport:
     def gpus(self) -> int:
         return self.job.n_gpus or self.figures.gpus or 0
 
+    @property
+    def restarts(self) -> int:
+        """Restarts: Slurm's count or the records'; a resize (RESIZING) is not one."""
+        return max(self.job.restarts, restarts_of(self.attempts))
+
+    @property
+    def resizes(self) -> int:
+        return sum(1 for a in self.attempts[:-1] if a.resized)
+
     def to_json(self, series: bool = False) -> dict[str, Any]:
         j = self.job
         f = self.figures
@@ -258,9 +274,10 @@ class JobReport:
                 "signal": j.signal, "nodes": j.nodes, "n_nodes": j.n_nodes, "n_gpus": self.gpus,
                 "submit": _iso(j.submit_time), "start": _iso(j.start_time),
                 "end": _iso(j.end_time), "elapsed_s": j.elapsed_s, "queue_s": self.queue_s,
-                "restarts": max(j.restarts, len(self.attempts) - 1),
+                "restarts": self.restarts, "resizes": self.resizes,
                 "attempts": [{"submit": a.submit_s, "start": a.start_s, "end": a.end_s,
-                              "elapsed_s": a.elapsed_s, "state": a.state}
+                              "elapsed_s": a.elapsed_s, "state": a.state, "gpus": a.gpus,
+                              "resize": a.resized}
                              for a in self.attempts],
             },
             "placement": self.placement.to_json() if self.placement else None,
@@ -457,8 +474,28 @@ def _site_peak(nodelist: str, inventory: Inventory | None) -> float | None:
         return None
 
 
-def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss:
-    """GPU time and where it went (the module docstring has the rules)."""
+def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures,
+               phases: Sequence[Attempt] = ()) -> Loss:
+    """GPU time and where it went (the module docstring has the rules). `phases`: the job's
+    sacct records, for resizes and the GPUs each held (used when every record says its GPUs);
+    `attempts_elapsed`: their elapsed times, or the job's alone."""
+    if phases and all(a.gpus is not None for a in phases):
+        # A resize is not a restart, and the trainer ran through it: its wall time is the job's.
+        most = max(a.gpus or 0 for a in phases)
+        trained = fig.gpus if fig.gpus and fig.gpus <= most else gpus
+        held = [max(a.gpus or 0, trained) for a in phases]
+        loss = _split(trained, [a.elapsed_s for a in phases], fig,
+                      restarts_of(phases) > 0 or fig.log_restarts > 0)
+        spare = float(sum(a.elapsed_s * (g - trained) for a, g in zip(phases, held, strict=True)))
+        if loss.productive_gpu_s is None or not spare:
+            return replace(loss, allocated_gpu_s=loss.allocated_gpu_s + spare)
+        causes = dict(loss.by_cause_gpu_s)
+        causes["other"] = causes.get("other", 0.0) + spare  # held, not trained on
+        return Loss(loss.allocated_gpu_s + spare, loss.productive_gpu_s, causes)
+    return _split(gpus, attempts_elapsed, fig, len(attempts_elapsed) > 1 or fig.log_restarts > 0)
+
+
+def _split(gpus: int, attempts_elapsed: Sequence[int], fig: Figures, restarted: bool) -> Loss:
     alloc_s = float(sum(attempts_elapsed))
     allocated = alloc_s * gpus
     prod_s = fig.productive_s
@@ -475,7 +512,6 @@ def split_loss(gpus: int, attempts_elapsed: Sequence[int], fig: Figures) -> Loss
     rest -= startup
     ckpt = min(max(fig.checkpoint_s or 0.0, 0.0), rest)
     rest -= ckpt
-    restarted = len(attempts_elapsed) > 1 or fig.log_restarts > 0
     causes = {"startup": startup, "checkpoint": ckpt,
               "restarts": redone + rest if restarted else redone,
               "other": 0.0 if restarted else rest}

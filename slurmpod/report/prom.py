@@ -123,7 +123,7 @@ def _job_metrics(x: Exposition, reports: Iterable[JobReport]) -> None:
         for cause in LOSS_CAUSES:
             if cause in r.loss.by_cause_gpu_s:
                 lost.add({**base, "cause": cause}, r.loss.by_cause_gpu_s[cause])
-        restarts.add(base, float(max(j.restarts, len(r.attempts) - 1)))
+        restarts.add(base, float(r.restarts))
         eff = getattr(r, "efficiency", None)
         if eff is None:
             continue

@@ -190,7 +190,7 @@ def _lost_time_notes(r: JobReport) -> list[Note]:
     from slurmpod.report.model import Note
 
     out: list[Note] = []
-    j, f, loss = r.job, r.figures, r.loss
+    f, loss = r.figures, r.loss
     alloc = loss.allocated_gpu_s
     causes = loss.by_cause_gpu_s
     if alloc > 0 and causes:
@@ -208,7 +208,7 @@ def _lost_time_notes(r: JobReport) -> list[Note]:
                             "suggests (--save-interval)"))
         if causes.get("restarts", 0) > 0:
             out.append(Note("warn", "restarts",
-                            f"{max(j.restarts, len(r.attempts) - 1, f.log_restarts)} restart(s) "
+                            f"{max(r.restarts, f.log_restarts)} restart(s) "
                             f"cost {causes['restarts'] / 3600:.3g} GPU-hours",
                             "save more often (`slurmpod plan` suggests an interval for the "
                             "job's size)"))

@@ -63,6 +63,19 @@ class Attempt:
     end_s: int | None
     elapsed_s: int
     state: str
+    # GPUs this record held (AllocTRES): a resized job's phases differ (a node removed under
+    # --no-kill ends the old record RESIZING). None when the query did not ask (older records).
+    gpus: int | None = None
+
+    @property
+    def resized(self) -> bool:
+        """This record ended because Slurm resized the job, not because it was restarted."""
+        return self.state == "RESIZING"
+
+
+def restarts_of(attempts: Sequence[Attempt]) -> int:
+    """Restarts among a job's records: every record but the last, except resizes."""
+    return sum(1 for a in attempts[:-1] if not a.resized)
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,21 @@ def parse_sacct_jobs(text: str) -> list[SacctJob]:
         attempts.setdefault(sacct_json_job_id(job), []).append(Attempt(
             submit_s=_int_or_none(t.get("submission")), start_s=_int_or_none(t.get("start")),
             end_s=_int_or_none(t.get("end")),
-            elapsed_s=int(num(t.get("elapsed")) or 0), state=str(state_of(job.get("state")))))
+            elapsed_s=int(num(t.get("elapsed")) or 0), state=str(state_of(job.get("state"))),
+            gpus=_json_gpus(job)))
     records = parse_sacct_json(text)
     return [SacctJob(r, tuple(attempts.get(r.job_id, ()))) for r in records]
+
+
+def _json_gpus(job: Mapping[str, Any]) -> int | None:
+    """GPUs of one `sacct --json` record: tres.allocated's gres/gpu entries (22.05-24.11)."""
+    alloc = (job.get("tres") or {}).get("allocated") if isinstance(job.get("tres"), dict) \
+        else None
+    if not isinstance(alloc, list):
+        return None
+    n = [num(t.get("count")) for t in alloc if isinstance(t, dict) and t.get("type") == "gres"
+         and str(t.get("name", "")).split(":")[0] == "gpu"]
+    return int(sum(x for x in n if x)) if n else None
 
 
 EXIT_CODE_ARGV = ("sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
@@ -110,15 +135,18 @@ _EPOCH_OR_UNSET = re.compile(r"\d+|Unknown|None|")
 _STATE = re.compile(r"[A-Z_]+(?: by \d+)?")  # `CANCELLED by 1000`
 
 
-def _narrow_rows(text: str, n: int, delimiter: str, what: str) -> list[list[str]]:
-    """Lines of a query without free text, each exactly `n` fields with a job id first; others
-    are left out with one warning. split("\\n"), not splitlines(): only \\n ends a sacct row."""
+def _narrow_rows(text: str, n: int | tuple[int, ...], delimiter: str, what: str
+                 ) -> list[list[str]]:
+    """Lines of a query without free text, each exactly `n` fields (one of them, for a tuple)
+    with a job id first; others are left out with one warning. split("\\n"), not splitlines():
+    only \\n ends a sacct row."""
+    counts = (n,) if isinstance(n, int) else n
     rows, bad = [], []
     for line in text.rstrip("\n").split("\n"):
         if not line:
             continue
         parts = line.split(delimiter)
-        if len(parts) == n and is_job_id(parts[0]):
+        if len(parts) in counts and is_job_id(parts[0]):
             rows.append(parts)
         else:
             bad.append(line)
@@ -162,7 +190,8 @@ def select(jobs: Sequence[SacctJob], *, user: str | None = None, account: str | 
     return [sj for sj in jobs if ok(sj.record)]
 
 
-ATTEMPT_FIELDS = ("JobID", "Submit", "Start", "End", "ElapsedRaw", "State")
+ATTEMPT_FIELDS = ("JobID", "Submit", "Start", "End", "ElapsedRaw", "State", "AllocTRES")
+_TRES = re.compile(r"[A-Za-z0-9/:=,._-]*")  # billing=64,cpu=64,gres/gpu=16,mem=500G,node=2
 
 
 def records_argv(selection: Sequence[str], delimiter: str) -> list[str]:
@@ -182,28 +211,33 @@ def _epoch(text: str) -> int | None:
 
 
 def _attempt_ok(parts: Sequence[str]) -> bool:
-    _, submit, start, end, elapsed, state = parts
+    _, submit, start, end, elapsed, state, *tres = parts
     return (all(_EPOCH_OR_UNSET.fullmatch(t) for t in (submit, start, end))
-            and elapsed.isdigit() and _STATE.fullmatch(state) is not None)
+            and elapsed.isdigit() and _STATE.fullmatch(state) is not None
+            and all(_TRES.fullmatch(t) for t in tres))
 
 
 def parse_attempts(text: str, delimiter: str = RECORDED_NARROW_DELIMITER
                    ) -> dict[str, list[Attempt]]:
-    """`JobID|Submit|Start|End|ElapsedRaw|State` rows (epoch times) -> job id -> attempts."""
+    """`JobID|Submit|Start|End|ElapsedRaw|State|AllocTRES` rows (epoch times) -> job id ->
+    attempts. Rows without AllocTRES (recorded before it was asked for) give `gpus` None."""
     out: dict[str, list[Attempt]] = {}
-    rows = _narrow_rows(text, len(ATTEMPT_FIELDS), delimiter, "attempts")
+    rows = _narrow_rows(text, (len(ATTEMPT_FIELDS) - 1, len(ATTEMPT_FIELDS)), delimiter,
+                        "attempts")
     good = [p for p in rows if _attempt_ok(p)]
     if len(good) < len(rows):
         _log.warning("slurmpod: warning: sacct attempts: left out %d line(s) with times or "
                      "state not as Slurm prints them", len(rows) - len(good))
     for parts in good:
-        jid, submit, start, end, elapsed, state = parts
+        jid, submit, start, end, elapsed, state, *tres = parts
         if "." in jid:
             continue
+        gpus = gpus_from_tres(tres[0]) if tres and "gres/gpu" in tres[0] else \
+            (0 if tres and tres[0] else None)
         out.setdefault(jid, []).append(Attempt(
             submit_s=_epoch(submit), start_s=_epoch(start), end_s=_epoch(end),
             elapsed_s=int(elapsed) if elapsed.isdigit() else 0,
-            state=str(state_of(state))))
+            state=str(state_of(state)), gpus=gpus))
     return out
 
 

@@ -57,7 +57,12 @@ def job_text(r: JobReport) -> str:
            f"  submit {js['submit'] or '-'}  start {js['start'] or '-'}  end {js['end'] or '-'}",
            f"  queued {dur(r.queue_s)}  ran {dur(j.elapsed_s)}"
            + (f" over {len(r.attempts)} attempts ({dur(loss.allocated_gpu_s / r.gpus)} total)"
-              if len(r.attempts) > 1 and r.gpus else "")]
+              if len(r.attempts) > 1 and r.gpus and not r.resizes else "")]
+    if r.resizes:
+        # A resize (RESIZING: Slurm removed a node under --no-kill) is one run in phases.
+        out.append("  phases " + ", ".join(
+            f"{dur(a.elapsed_s)} on {a.gpus if a.gpus is not None else '?'} GPUs"
+            + (" (resized)" if a.resized else "") for a in r.attempts))
     p = r.placement
     if p is not None:
         out += ["", "Placement",

@@ -265,3 +265,57 @@ def test_attempt_ends_become_a_note(jobs: dict) -> None:
     assert "3 attempts ended: timelimit, preempted, completed" in note.text
     one = build_job_report(jobs["102"], log_hints=LogHints(path="/x", attempt_ends=("completed",)))
     assert "attempt-ends" not in [n.code for n in one.notes]
+
+
+def test_a_resize_is_not_a_restart_and_each_phase_counts_its_gpus() -> None:
+    """A 3-node job (24 GPUs, one spare) training on 16 GPUs: a node goes down after 600 s,
+    Slurm removes it (the first record ends RESIZING, 24 GPUs) and the job finishes on the
+    other two (16 GPUs) after 400 s more. Worked by hand:
+    allocated = 600 × 24 + 400 × 16 = 20,800 GPU-s; the trained 16 GPUs: wall 1,000 s,
+    productive 900 s -> 14,400 GPU-s; lost = startup 30 s + checkpoint 20 s + the rest
+    50 s ("restarts": the log shows one relaunch) = 100 s × 16 = 1,600 GPU-s; the spare's 8 GPUs
+    for 600 s = 4,800 GPU-s held, not trained on -> "other"."""
+    from dataclasses import replace as dc_replace
+
+    from slurmpod.report.model import JobReport
+    from slurmpod.report.sacct import Attempt, restarts_of
+
+    phases = (Attempt(1, 2, 602, 600, "RESIZING", gpus=24),
+              Attempt(1, 602, 1002, 400, "COMPLETED", gpus=16))
+    fig = Figures("x", gpus=16, productive_s=900.0, ttfi_s=30.0, checkpoint_s=20.0,
+                  log_restarts=1)
+    loss = split_loss(16, [600, 400], fig, phases)
+    assert loss.allocated_gpu_s == 20_800 and loss.productive_gpu_s == 14_400
+    assert loss.by_cause_gpu_s == {"startup": 480.0, "checkpoint": 320.0, "restarts": 800.0,
+                                   "other": 4_800.0}
+    assert loss.allocated_gpu_s == loss.productive_gpu_s + sum(loss.by_cause_gpu_s.values())
+    assert restarts_of(phases) == 0
+    # Without the relaunch in the log nothing restarted: the rest is "other" too.
+    quiet = split_loss(16, [600, 400], dc_replace(fig, log_restarts=0), phases)
+    assert quiet.by_cause_gpu_s["restarts"] == 0 and quiet.by_cause_gpu_s["other"] == 5_600
+    # A requeue is a restart; records without their GPUs fall back to the job's GPUs.
+    requeued = (dc_replace(phases[0], state="REQUEUED"), phases[1])
+    assert restarts_of(requeued) == 1
+    old = tuple(dc_replace(a, gpus=None) for a in phases)
+    assert split_loss(16, [600, 400], fig, old).allocated_gpu_s == 16_000
+    # The report's JSON: no restart, one resize, the GPUs of each phase.
+    sj = parse_sacct_jobs((DATA / "report" / "sacct-handmade-22.05.json").read_text())[0]
+    r = build_job_report(dc_replace(sj, attempts=phases), with_notes=False)
+    assert isinstance(r, JobReport)
+    js = r.to_json()["job"]
+    assert (js["restarts"], js["resizes"]) == (0, 1)
+    assert [(a["gpus"], a["resize"]) for a in js["attempts"]] == [(24, True), (16, False)]
+
+
+def test_text_report_shows_the_phases_of_a_resized_job() -> None:
+    from dataclasses import replace as dc_replace
+
+    from slurmpod.report.sacct import Attempt
+    from slurmpod.report.text import job_text
+
+    phases = (Attempt(1, 2, 602, 600, "RESIZING", gpus=24),
+              Attempt(1, 602, 1002, 400, "COMPLETED", gpus=16))
+    sj = parse_sacct_jobs((DATA / "report" / "sacct-handmade-22.05.json").read_text())[0]
+    text = job_text(build_job_report(dc_replace(sj, attempts=phases), with_notes=False))
+    assert "restarts 0" in text and "over 2 attempts" not in text
+    assert "phases 10:00 on 24 GPUs (resized), 6:40 on 16 GPUs" in text

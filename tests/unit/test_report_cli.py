@@ -61,7 +61,8 @@ def test_job_text_report(fake_sacct: Path) -> None:
     assert "[warn] the job spans 2 SUs" in out
     argv = fake_sacct.read_text().splitlines()
     assert argv[0].endswith("--duplicates --allocations --jobs=102") and len(argv) == 3
-    assert argv[1].endswith("--format=JobID,Submit,Start,End,ElapsedRaw,State --jobs=102")
+    assert argv[1].endswith("--format=JobID,Submit,Start,End,ElapsedRaw,State,AllocTRES "
+                            "--jobs=102")
     # the usage query (step rows) fails in this stand-in: "not measured", never an error
     assert "TRESUsageInTot" in argv[2] and "--allocations" not in argv[2]
     assert "CPU, memory, time: not measured" in out and "GPU util     not measured" in out

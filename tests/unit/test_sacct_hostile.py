@@ -188,18 +188,26 @@ def test_truncated_output_and_stray_lines_are_left_out_with_one_warning(caplog) 
 
 def test_attempts_with_the_query_delimiter_and_checked_rows(caplog) -> None:
     d = sacct_delimiter()
-    good = [["101", "1795000000", "1795000100", "1795003700", "3600", "COMPLETED"],
-            ["103", "1795000000", "1795000010", "1795000610", "600", "REQUEUED"],
-            ["103", "1795000620", "Unknown", "Unknown", "0", "PENDING"],
-            ["104", "1795000000", "1795000005", "1795000065", "60", "CANCELLED by 1000"]]
-    bad = [["999", "x", "1", "2", "3", "RUNNING"], ["999", "1", "1", "2", "3", "running\n"],
-           ["world", "1", "1", "2", "3", "RUNNING"], ["999", "1", "1", "2", "3"]]
+    tres = "billing=64,cpu=64,gres/gpu=16,mem=500G,node=2"
+    good = [["101", "1795000000", "1795000100", "1795003700", "3600", "COMPLETED", tres],
+            ["103", "1795000000", "1795000010", "1795000610", "600", "REQUEUED", tres],
+            ["103", "1795000620", "Unknown", "Unknown", "0", "PENDING", ""],
+            ["104", "1795000000", "1795000005", "1795000065", "60", "CANCELLED by 1000",
+             "cpu=2,mem=4G,node=1"]]
+    bad = [["999", "x", "1", "2", "3", "RUNNING", tres],
+           ["999", "1", "1", "2", "3", "running\n", tres],
+           ["world", "1", "1", "2", "3", "RUNNING", tres], ["999", "1", "1", "2", "3"],
+           ["999", "1", "1", "2", "3", "RUNNING", "gres/gpu=8 injected"]]
     assert len(good[0]) == len(ATTEMPT_FIELDS)
     text = "".join(d.join(r) + "\n" for r in [*good[:2], *bad, *good[2:]])
     with caplog.at_level(logging.WARNING, logger="slurmpod.sacct"):
         got = parse_attempts(text, d)
     assert sorted(got) == ["101", "103", "104"] and len(got["103"]) == 2
     assert got["103"][1].start_s is None and got["104"][0].state == "CANCELLED"
+    assert [a.gpus for a in got["103"]] == [16, None] and got["104"][0].gpus == 0
+    # rows recorded before AllocTRES was asked for still read, without GPUs
+    old = parse_attempts(d.join(good[0][:6]) + "\n", d)
+    assert old["101"][0].elapsed_s == 3600 and old["101"][0].gpus is None
     assert caplog.records  # the bad lines were reported, not used
     # `|` in a record of the recorded shape is a field boundary only with the default delimiter
     assert parse_attempts("101|1|2|3|4|COMPLETED\n", d) == {}
