@@ -168,6 +168,8 @@ class NodeType(Strict, frozen=True, kw_only=True):
 # IB ports per front-panel cage by switch model: Quantum-2 QM9700/QM9790 have 32 OSFP cages of
 # two NDR ports (64 ports); Quantum-X800 Q3400 has 72 cages of two XDR ports (144 ports);
 # Quantum QM8700/QM8790 (HDR) have one port per QSFP56 cage.
+BLOCK_MIN = (23, 11)  # topology/block appeared in Slurm 23.11
+
 SWITCH_CAGE_PORTS = {"QM9700": 2, "QM9790": 2, "Q3400": 2, "Q3400-RA": 2, "QM8700": 1,
                      "QM8790": 1}
 
@@ -430,11 +432,19 @@ class Site(Strict, frozen=True, kw_only=True, dict=True):
                    / (1 + self.fabric.oversubscription))
 
     @property
-    def topology_plugin(self) -> Literal["tree", "block"]:
+    def rack_scale_nvlink(self) -> bool:
+        """NVLink domains larger than a node (GB200/GB300 NVL72): what blocks and IMEX are for."""
+        return any(nt.domain_gpus > nt.gpus for nt in self.node_types.values())
+
+    def topology_plugin_for(self, version: tuple[int, int]) -> Literal["tree", "block"]:
+        """"auto" = block on rack-scale sites when the target Slurm has topology/block."""
         if self.slurm.topology != "auto":
             return self.slurm.topology
-        nvl = any(nt.domain_gpus > nt.gpus for nt in self.node_types.values())
-        return "block" if nvl and self.slurm.version_tuple >= (23, 11) else "tree"
+        return "block" if self.rack_scale_nvlink and version >= BLOCK_MIN else "tree"
+
+    @property
+    def topology_plugin(self) -> Literal["tree", "block"]:
+        return self.topology_plugin_for(self.slurm.version_tuple)
 
     @cached_property
     def inventory(self) -> Inventory:

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmpod.errors import ConfigError, UsageError
+from slurmpod.model.site import BLOCK_MIN
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
 
 _VERSION = re.compile(r"^(\d{2})\.(\d{2})(\.\d+)?$")
-BLOCK_MIN = (23, 11)  # topology/block appeared in Slurm 23.11
 YAML_MIN = (25, 5)  # topology.yaml appeared in Slurm 25.05
 IMEX_MIN = (24, 5)  # SwitchType=switch/nvidia_imex appeared in Slurm 24.05 (NEWS, 24.05.0)
 
@@ -73,15 +73,12 @@ def target_version(site: Site, options: GenerateOptions | None) -> tuple[int, in
 
 def topology_plugin(site: Site, version: tuple[int, int]) -> str:
     """`Site.topology_plugin`, re-evaluated for an overridden target version."""
-    if site.slurm.topology == "auto":
-        nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
-        return "block" if nvl and version >= BLOCK_MIN else "tree"
     if site.slurm.topology == "block" and version < BLOCK_MIN:
         raise ConfigError(
             f"topology/block needs Slurm >= 23.11 but the target is {version[0]}.{version[1]:02d}",
             key="slurm.topology", hint="set slurm.topology = 'tree' or target a newer Slurm",
         )
-    return site.slurm.topology
+    return site.topology_plugin_for(version)
 
 
 def imex_enabled(site: Site, version: tuple[int, int]) -> bool:
@@ -91,7 +88,7 @@ def imex_enabled(site: Site, version: tuple[int, int]) -> bool:
     memory between nodes of one multi-node NVLink domain (GB200/GB300 NVL72); 8-GPU nodes whose
     NVLink ends at the node never need it. "auto" = on for such sites when the target has it.
     """
-    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    nvl = site.rack_scale_nvlink
     if site.slurm.imex == "auto":
         return nvl and version >= IMEX_MIN
     if site.slurm.imex and version < IMEX_MIN:
@@ -124,7 +121,7 @@ def generation_warnings(site: Site, options: GenerateOptions | None = None) -> l
     for type_name in sorted(set(site.node_types) - used):
         out.append(f"node_types.{type_name} is not used by any su_groups entry; no files for it")
     version = target_version(site, options)
-    if imex_enabled(site, version) and rack_scale_nvlink(site):
+    if imex_enabled(site, version) and site.rack_scale_nvlink:
         hosts = options.imex_hosts if options else None
         missing = [n.name for n in site.inventory.nodes if not hosts or n.name not in hosts]
         if missing:
@@ -134,11 +131,6 @@ def generation_warnings(site: Site, options: GenerateOptions | None = None) -> l
                 "(IMEX guide, IMEX_NODE_CONFIG_FILE); pass --imex-hosts FILE (hosts(5) format)"
             )
     return out
-
-
-def rack_scale_nvlink(site: Site) -> bool:
-    """NVLink domains larger than a node (GB200/GB300 NVL72): the case IMEX exists for."""
-    return any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
 
 
 def read_hosts_file(path: str, text: str) -> dict[str, str]:
@@ -227,7 +219,7 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
     for type_name in (t for t in used if site.node_types[t].nccl_topo_file):
         files[f"nccl-topo/{type_name}.xml"] = node_files.nccl_topology_xml(
             env, hdr("topology/nccl-topo.xml.j2", comment=""), site, type_name)
-    if ctx.imex and rack_scale_nvlink(site):
+    if ctx.imex and site.rack_scale_nvlink:
         # No header: the IMEX guide documents this file as addresses only, one per line.
         files.update(node_files.imex_nodes_configs(site, options.imex_hosts))
     return files

@@ -118,7 +118,7 @@ EMPTY_BLOCK_MIN = (25, 5)
 def block_layout(site: Site, version: tuple[int, int] = (24, 11)) -> BlockLayout:
     """Blocks for topology/block on Slurm `version` (see the module docstring for the rules)."""
     inv = site.inventory
-    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    nvl = site.rack_scale_nvlink
     members: dict[int, list[str]] = {}
     su_of: dict[int, int] = {}
     names: list[str] = []

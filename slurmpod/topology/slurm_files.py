@@ -210,7 +210,7 @@ def _canonical_key(key: str, opts: dict[str, str]) -> str:
 
 def nodes_conf(env: Any, header: str, site: Site, ctx: SlurmContext, layout: BlockLayout | None,
                warnings: Sequence[str]) -> str:
-    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    nvl = site.rack_scale_nvlink
     # Declared whenever topology-block.conf refers to them, so switching plugins needs no rerun.
     future = layout.future_nodes if layout is not None else ()
     return env.get_template("topology/nodes.conf.j2").render(

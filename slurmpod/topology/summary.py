@@ -19,7 +19,7 @@ def summarize(site: Site, plan: FabricPlan, plugin: str) -> dict[str, Any]:
     gpus = sum(site.node_types[n.node_type].gpus for n in inv.nodes)
     peak = sum(site.node_types[n.node_type].gpus * site.node_types[n.node_type].gpu.peak_tflops_bf16
                for n in inv.nodes)
-    nvl = any(nt.domain_gpus > nt.gpus for nt in site.node_types.values())
+    nvl = site.rack_scale_nvlink
     leaves_by_su: dict[int, int] = {}
     for sw in plan.leaves:
         if sw.su is not None:

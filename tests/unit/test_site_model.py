@@ -48,6 +48,21 @@ def test_topology_plugin_auto_rules():
     assert build(old).topology_plugin == "tree"  # block needs 23.11
 
 
+@pytest.mark.parametrize(("name", "rack_scale"), [
+    ("gb200-nvl72", True), ("dgx-h100-superpod", False), ("h200-roce", False),
+    ("sandbox", False)])
+def test_the_rack_scale_rule(name, rack_scale):
+    """The one home of "NVLink reaches past the node" (blocks, IMEX, segments follow it)."""
+    site = build(site_dict(name))
+    assert site.rack_scale_nvlink is rack_scale
+    assert site.topology_plugin_for((23, 2)) == "tree"
+    assert site.topology_plugin_for((23, 11)) == ("block" if rack_scale else "tree")
+    data = site_dict("sandbox")
+    data["node_types"]["emu8"]["nvlink_domain_gpus"] = 32
+    data["su_groups"][0]["nodes_per_rack"] = 4
+    assert build(data).rack_scale_nvlink  # a domain of four 8-GPU nodes is rack-scale too
+
+
 def test_numa_cores_split_evenly():
     nt = build(site_dict("h200-roce")).node_types["hgx-h200"]
     assert (nt.numa_cores(0), nt.numa_cores(1)) == (range(0, 56), range(56, 112))
