@@ -8,9 +8,15 @@ is not final).
 - Typical MFU per model-size class: the GPU-hour-weighted median MFU of the class (fed back into
   the per-job "MFU far below typical" rule).
 
+Achieved vs predicted: a finished job whose submit Comment recorded the performance model's
+prediction (report/predicted.py `recorded_vs_predicted`) gets `vs_predicted` = achieved /
+predicted speed (= achieved MFU / predicted MFU); the fleet shows the median over those jobs and
+lists the ones below `LOW_VS_PREDICTED` with the job report's likely-cause note (`cause_note`).
+
 A job whose figures are implausible (`JobReport.implausible`: an MFU over 100 %, a negative
 time, ...) stays in the rows (CSV, `--jobs`) with its reasons but enters no aggregate: not the
-sums, medians, groups, distribution, top list or typical MFU.
+sums, medians, groups, distribution, top list, typical MFU or the vs-predicted median and list
+(nor gets a `vs_predicted`, as in the job report).
 
 Built for 100,000 jobs in well under a second (benchmarks/report_scale.py): rows are plain
 slotted objects, each row is added to its user's and account's group in one pass (the total is
@@ -27,7 +33,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from slurmpod.report.model import LOSS_CAUSES, JobReport
+from slurmpod.report.model import LOSS_CAUSES, JobReport, Note, stability_of
+from slurmpod.report.predicted import LOW_VS_PREDICTED, cause_note, recorded_vs_predicted
 from slurmpod.report.rules import (
     GPU_IDLE_PCT,
     LOW_CPU_EFFICIENCY,
@@ -44,7 +51,8 @@ MFU_BIN = 0.05
 TOP_N = 10
 CSV_COLUMNS = ("job_id", "name", "user", "account", "partition", "state", "exit_code", "n_nodes",
                "n_gpus", "start", "end", "elapsed_s", "restarts", "gpu_hours", "mfu", "mfu_p10",
-               "mfu_p90", "tflops_per_gpu", "tokens_per_s", "goodput", "productive_gpu_hours",
+               "mfu_p90", "vs_predicted", "tflops_per_gpu", "tokens_per_s", "goodput",
+               "productive_gpu_hours",
                *(f"lost_{c}_gpu_hours" for c in LOSS_CAUSES), "lost_gpu_hours", "gpu_util",
                "energy_j", "source", "implausible")
 # `--efficiency` (the usage query over the window): seff's figures per job, after CSV_COLUMNS.
@@ -96,6 +104,10 @@ class JobRow:
     time_used_frac: float | None = None
     time_limit_s: int | None = None
     alloc_cpus: int = 0  # > 1 for a CPU verdict (one core cannot be over-requested)
+    # Achieved / predicted speed against the prediction the submit Comment recorded (None: no
+    # prediction, or implausible figures), and the job report's note when it is far below.
+    vs_predicted: float | None = None
+    predicted_note: Note | None = None
 
     @property
     def goodput(self) -> float | None:
@@ -117,7 +129,7 @@ class JobRow:
         util = gpu.get("util") if gpu is not None else None
         # Positional, in field order: 25 keyword arguments cost more than the rest of the row
         # (a fleet report makes 100,000 rows).
-        return cls(
+        row = cls(
             j.job_id, j.name, j.user, j.account, j.partition, str(j.state), j.exit_code,
             j.n_nodes, r.gpus, start.timestamp() if start else None,
             end.timestamp() if end else None, j.elapsed_s,
@@ -133,6 +145,25 @@ class JobRow:
             tuple(getattr(r, "implausible", None) or ()),
             float(util) if isinstance(util, int | float) else None,
             eff.energy_j if eff is not None else None)
+        # getattr: as for implausible, a report of an older shape has neither
+        comment: object = getattr(j, "comment", None)
+        if (isinstance(comment, str) and comment and getattr(f, "iter_ms", None) is not None
+                and j.state.is_terminal and not row.implausible):
+            row._predicted(r)
+        return row
+
+    def _predicted(self, r: JobReport) -> None:
+        """vs_predicted from the recorded prediction; the note of a job far below it (its
+        stability from the summary's iteration p10/p90, as the job report's is without a
+        series)."""
+        med = r.figures.iter_ms.median if r.figures.iter_ms else None
+        v = recorded_vs_predicted(r.job.comment, None if med is None else med / 1000.0,
+                                  self.n_gpus)
+        if v is None:
+            return
+        self.vs_predicted = v.ratio
+        if v.flagged:
+            self.predicted_note = cause_note(v, stability_of({}, r.figures))
 
     def to_json(self, efficiency: bool = False) -> dict[str, Any]:
         out = {k: v for k, v in zip(CSV_COLUMNS, self.csv_values(), strict=True)}
@@ -188,7 +219,7 @@ class JobRow:
         return [self.job_id, self.name, self.user, self.account, self.partition, self.state,
                 self.exit_code, self.n_nodes, self.n_gpus, iso(self.start_s), iso(self.end_s),
                 self.elapsed_s, self.restarts, self.gpu_hours, self.mfu, self.mfu_p10,
-                self.mfu_p90, self.tflops, self.tokens_per_s, self.goodput,
+                self.mfu_p90, self.vs_predicted, self.tflops, self.tokens_per_s, self.goodput,
                 self.productive_gpu_hours, *(self.lost.get(c) for c in LOSS_CAUSES),
                 self.lost_gpu_hours, self.gpu_util, self.energy_j, self.source,
                 IMPLAUSIBLE_SEP.join(self.implausible) or None]
@@ -273,6 +304,11 @@ class FleetReport:
     # `--efficiency`: None when not asked; else verdict -> jobs, and per user/account/partition
     # the medians over the jobs Slurm measured.
     efficiency: Efficiencies | None = None
+    # Achieved vs predicted over the plausible jobs with a recorded prediction: how many, the
+    # median ratio, and those below LOW_VS_PREDICTED (lowest first), each with its note.
+    jobs_with_prediction: int = 0
+    vs_predicted_median: float | None = None
+    below_predicted: list[JobRow] = field(default_factory=list)
 
     @property
     def jobs_with_mfu(self) -> int:
@@ -295,6 +331,13 @@ class FleetReport:
             "lost_over_time": {"bucket": self.bucket, "series": [
                 {"t": t, **c} for t, c in self.lost_over_time]},
             "typical_mfu_by_size": self.typical_mfu,
+            "vs_predicted": {
+                "jobs": self.jobs_with_prediction, "median": self.vs_predicted_median,
+                "threshold": LOW_VS_PREDICTED,
+                "below": [{"job_id": r.job_id, "user": r.user, "name": r.name,
+                           "vs_predicted": r.vs_predicted, "mfu": r.mfu,
+                           **({"text": r.predicted_note.text, "fix": r.predicted_note.fix}
+                              if r.predicted_note else {})} for r in self.below_predicted]},
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency.to_json()
@@ -497,10 +540,15 @@ def fleet_from_rows(rows: list[JobRow], running: int, *, window: str,
     top = heapq.nlargest(TOP_N, (r for r in ok if r.lost_gpu_hours),
                          key=lambda r: r.lost_gpu_hours or 0.0)
     by_hours = (lambda g: (-g.gpu_hours, g.key))  # noqa: E731
+    vs = [r for r in ok if r.vs_predicted is not None]
     return FleetReport(
         window=window, filters=dict(filters or {}), total=total, rows=rows, n_running=running,
         by_user=sorted(users.values(), key=by_hours),
         by_account=sorted(accounts.values(), key=by_hours), top_lost=top,
         mfu_hist=mfu_hist, lost_over_time=over, bucket="hour" if hourly else "day",
         typical_mfu=typical_mfu(ok), implausible=[r for r in rows if r.implausible],
-        efficiency=efficiencies(ok) if efficiency else None)
+        efficiency=efficiencies(ok) if efficiency else None,
+        jobs_with_prediction=len(vs),
+        vs_predicted_median=_median([r.vs_predicted for r in vs if r.vs_predicted is not None]),
+        below_predicted=sorted((r for r in vs if r.predicted_note is not None),
+                               key=lambda r: (r.vs_predicted or 0.0, r.job_id)))

@@ -14,11 +14,19 @@ The ratio is compared on iteration time, as the model's validation is (the FLOPs
 prints TFLOP/s with differs between Megatron releases): `ratio = predicted / achieved` seconds
 per iteration, i.e. achieved throughput as a share of the predicted, which is also achieved MFU
 over predicted MFU when both count the model's FLOPs the same way (slurmpod's formula).
+
+The fleet report reads no log (by design: only the compact spool summaries), so it compares a
+job with the prediction recorded at submission instead: the submit Comment's `pred` key
+(`slurmpod.model.comment.prediction_keys`), read by `recorded_vs_predicted` into the same
+`VsPredicted`, judged on the same threshold and worded by the same `cause_note`. The Comment is
+the job's own text (its owner may rewrite it), so each recorded value is range-checked and the
+layout and GPU words are shown only when they are plain; the figure decides no money.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,3 +206,63 @@ def cause_note(v: VsPredicted, stability: Stability | None) -> Note:
                 "check clocks and throttling (`nvidia-smi -q -d PERFORMANCE`), GPU "
                 "utilisation (data loader or host stalls), and that the run's settings match "
                 "its arguments dump")
+
+
+# A recorded prediction's limits: a step over a day, an MFU over 100 % or a part longer than the
+# step is not a prediction slurmpod made; the words are shown, so only plain ones are taken.
+_MAX_STEP_S = 86400.0
+_WORDS = re.compile(r"[A-Za-z0-9 ]{1,80}")
+
+
+def _pos(x: Any, hi: float) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    v = float(x)
+    return v if math.isfinite(v) and 0 < v <= hi else None
+
+
+def recorded_prediction(doc: Mapping[str, Any] | None) -> Prediction | None:
+    """The prediction recorded at submission (the submit Comment's `pred` key, decoded), or
+    None when there is none or any of its numbers is out of range."""
+    from slurmpod.model.comment import PRED_PARTS
+    from slurmpod.perf.model import Prediction
+
+    pred = doc.get("pred") if doc is not None else None
+    if not isinstance(pred, Mapping):
+        return None
+    step, mfu = _pos(pred.get("s"), _MAX_STEP_S), _pos(pred.get("mfu"), 1.0)
+    parts = pred.get("b") or {}
+    if step is None or mfu is None or not isinstance(parts, Mapping):
+        return None
+    breakdown: dict[str, float] = {}
+    for k, v in parts.items():
+        if k not in PRED_PARTS or (x := _pos(v, step)) is None:
+            return None
+        breakdown[k] = x
+    return Prediction(step_time_s=step, tokens_per_s_per_gpu=_pos(pred.get("tps"), 1e9) or 0.0,
+                      model_tflops_per_gpu=0.0, mfu=mfu, breakdown_s=breakdown,
+                      efficiency_source="recorded at submission")
+
+
+def _word(x: Any, default: str) -> str:
+    return x if isinstance(x, str) and _WORDS.fullmatch(x) else default
+
+
+def recorded_vs_predicted(comment: str, achieved_step_s: float | None,
+                          gpus: int) -> VsPredicted | None:
+    """A finished job's achieved iteration against the prediction its submit Comment recorded
+    (the fleet report's source, module docstring); None without one. `gpus` is Slurm's."""
+    if "pred" not in comment or achieved_step_s is None or gpus < 1:
+        return None  # the substring test spares decoding 100,000 Comments without one
+    if not (math.isfinite(achieved_step_s) and achieved_step_s > 0):
+        return None
+    from slurmpod.accounting.hooks import decode_field
+
+    doc = decode_field(comment)
+    pred = recorded_prediction(doc)
+    if pred is None or doc is None:
+        return None
+    raw = doc["pred"]
+    return VsPredicted(gpu=_word(raw.get("gpu"), "unknown"), world=gpus,
+                       achieved_step_s=achieved_step_s, prediction=pred,
+                       layout=_word(raw.get("layout"), "the planned layout"))

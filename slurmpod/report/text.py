@@ -8,6 +8,7 @@ from typing import Any
 
 from slurmpod.report.fleet import FleetReport, Group, JobRow
 from slurmpod.report.model import LOSS_CAUSES, Dist, Efficiency, JobReport
+from slurmpod.report.predicted import LOW_VS_PREDICTED
 from slurmpod.report.rules import (
     GPU_IDLE_PCT,
     LOW_CPU_EFFICIENCY,
@@ -202,7 +203,22 @@ def _group_rows(groups: Sequence[Group]) -> list[list[str]]:
 
 def _top_rows(rows: Sequence[JobRow]) -> list[list[str]]:
     return [[r.job_id, r.user, r.name[:24], r.state, gpuh(r.gpu_hours), pct(r.mfu),
-             gpuh(r.lost_gpu_hours)] for r in rows]
+             pct(r.vs_predicted, 0), gpuh(r.lost_gpu_hours)] for r in rows]
+
+
+def _vs_predicted_lines(fl: FleetReport) -> list[str]:
+    """The jobs far below their recorded prediction, each with the job report's note."""
+    if not fl.below_predicted:
+        return []
+    out = [f"Below their prediction (under {pct(LOW_VS_PREDICTED, 0)} of the predicted speed)",
+           table(["job", "user", "name", "MFU", "vs pred"],
+                 [[r.job_id, r.user, r.name[:24], pct(r.mfu), pct(r.vs_predicted, 0)]
+                  for r in fl.below_predicted])]
+    for r in fl.below_predicted:
+        if r.predicted_note is not None:
+            out += [f"  {r.job_id}: {r.predicted_note.text}",
+                    f"    fix: {r.predicted_note.fix}"]
+    return [*out, ""]
 
 
 def fleet_text(fl: FleetReport) -> str:
@@ -215,15 +231,20 @@ def fleet_text(fl: FleetReport) -> str:
               else ""),
            f"  GPU-hours {gpuh(t.gpu_hours)}, GPU-hour-weighted MFU {pct(t.mfu)} "
            f"(over {gpuh(t.mfu_gpu_hours)} GPU-h), goodput {pct(t.goodput)}",
-           "  lost GPU-h: " + ", ".join(f"{c} {gpuh(t.lost.get(c, 0.0))}" for c in LOSS_CAUSES),
-           ""]
+           "  lost GPU-h: " + ", ".join(f"{c} {gpuh(t.lost.get(c, 0.0))}" for c in LOSS_CAUSES)]
+    if fl.jobs_with_prediction:
+        out.append(f"  vs predicted: median {pct(fl.vs_predicted_median, 0)} of predicted MFU "
+                   f"over {fl.jobs_with_prediction} jobs with a prediction, "
+                   f"{len(fl.below_predicted)} under {pct(LOW_VS_PREDICTED, 0)}")
+    out.append("")
     heads = ["", "jobs", "GPU-h", "MFU", "goodput", "lost GPU-h"]
     out += ["Per user", table(["user", *heads[1:]], _group_rows(fl.by_user)), ""]
     out += ["Per account", table(["account", *heads[1:]], _group_rows(fl.by_account)), ""]
     if fl.top_lost:
         out += ["Top jobs by lost GPU-hours",
-                table(["job", "user", "name", "state", "GPU-h", "MFU", "lost GPU-h"],
+                table(["job", "user", "name", "state", "GPU-h", "MFU", "vs pred", "lost GPU-h"],
                       _top_rows(fl.top_lost)), ""]
+    out += _vs_predicted_lines(fl)
     if fl.implausible:
         out += ["Implausible jobs (left out of every figure above)",
                 table(["job", "user", "name", "state", "GPU-h", "reasons"],
