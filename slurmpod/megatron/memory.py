@@ -459,3 +459,109 @@ def peak_memory(c: ModelConfig, world_size: int) -> RankMemory:
     acts = rank_activation_bytes(c, world_size)
     return max((RankMemory(r, ws[r], acts[r]) for r in range(c.pp)),
                key=lambda m: m.bytes_per_gpu)
+
+
+# --- What HBM the estimate above does not see: the runtime's reserve (docs/formulas.md, "Fit").
+# Each figure is a documented default or a published measurement; none is fitted to the recipes.
+MIB = 1024**2
+# HBM the driver keeps (ECC, its own structures): PyTorch reports an H100 80 GB's "total
+# capacity" as 79.18 GiB (OOM message quoted in vllm-project/compressed-tensors PR #587), so
+# ~1.0 % of the nominal HBM is never seen by CUDA.
+NOT_VISIBLE_FRACTION = 1 - 79.18 / 80
+# CUDA context with the kernels a process loads lazily (CUDA >= 12.2 loads modules lazily by
+# default on Linux, CUDA Programming Guide "Lazy Loading"): the same PR's H100 process held
+# 78.09 GiB of which 75.31 allocated and 1.83 cached by PyTorch, so 0.95 GiB outside PyTorch
+# (context, cuBLAS handle and workspace); rounded up for cuDNN and Transformer Engine's kernels.
+CUDA_CONTEXT_GIB = 1.0
+# cuBLAS/cuBLASLt workspace per stream: 32 MiB from Hopper on, 4 MiB before (cuBLAS docs,
+# cublasSetWorkspace). Megatron with Transformer Engine runs GEMMs on the compute stream,
+# TE's own, and with --tp-comm-overlap on its overlap streams: 4 streams counted.
+CUBLAS_WORKSPACE_MIB = {True: 32, False: 4}
+CUBLAS_STREAMS = 4
+# NCCL's per-connection buffers (nccl src/init.cc, 2.18-2.27): Simple NCCL_BUFFSIZE 4 MiB
+# (1 << 22), LL128 120 x 640 x 8 steps x 8 B = 4,915,200 B, LL 8 x 512 x 8 x 16 B = 512 KiB:
+# 9.19 MiB per ring connection and channel (the figure NCCL-heavy deployments measure, e.g.
+# tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark issue #8).
+NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+# Channels a collective communicator opens at most (NCCL_MAX_NCHANNELS' default, MAXCHANNELS
+# 32): an upper bound, NCCL opens fewer on smaller groups.
+NCCL_MAX_CHANNELS = 32
+# Point-to-point (PP sends, CP ring, EP all-to-all): NCCL_NCHANNELS_PER_NET_PEER / per-peer
+# channels default 2, each with a Simple buffer of NCCL_BUFFSIZE.
+NCCL_P2P_CHANNELS_PER_PEER = 2
+NCCL_BUFFSIZE = 1 << 22
+# NVLink SHARP (NVLS, Hopper and later NVSwitch systems, on by default for groups of > 2 GPUs
+# of one NVLink domain): "nvlsPerRankSize 301989888" (288 MiB) per rank of an 8 x H100
+# communicator (NCCL INFO line quoted in vllm-project/vllm issue #9699).
+NCCL_NVLS_BYTES = 301989888
+# PyTorch's caching allocator holds memory it cannot hand out (segments split by earlier
+# blocks): 1.83 GiB of 77.14 GiB reserved on the H100 above (2.4 %), 1.15 GiB of 29.97 GiB
+# on a V100 Megatron-LM run (NVIDIA/Megatron-LM issue #525, 3.8 %). The larger share, of the
+# pool the allocator manages at the fit limit (HBM less the fixed parts above).
+FRAGMENTATION_FRACTION = 0.04
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeReserve:
+    """HBM per GPU a training process needs beyond weights, optimizer and activations (GiB)."""
+
+    not_visible_gib: float
+    cuda_context_gib: float
+    workspaces_gib: float
+    nccl_gib: float
+    fragmentation_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return (self.not_visible_gib + self.cuda_context_gib + self.workspaces_gib
+                + self.nccl_gib + self.fragmentation_gib)
+
+    def breakdown(self) -> dict[str, float]:
+        return {"not_visible": self.not_visible_gib, "cuda_context": self.cuda_context_gib,
+                "workspaces": self.workspaces_gib, "nccl": self.nccl_gib,
+                "fragmentation": self.fragmentation_gib, "total": self.total_gib}
+
+
+def _communicators(c: ModelConfig, world: int,
+                   gpus_per_node: int) -> list[tuple[str, int, int]]:
+    """Megatron's process groups that carry traffic, each (kind, ranks, ranks on one node),
+    in megatron-core's rank order tp-cp-ep-dp-pp (parallel_state.py): TP and CP ranks
+    adjacent, DP strided by TP x CP."""
+    dense = c.tp * c.cp * c.pp
+    dp = max(1, world // dense)
+    edp = max(1, world // (c.etp * c.ep * c.pp))
+    local_dp = max(1, min(dp * c.cp, gpus_per_node // max(1, c.tp)))
+    groups = [("ring", c.tp, min(c.tp, gpus_per_node)),
+              ("p2p", c.cp, min(c.cp, max(1, gpus_per_node // c.tp))),
+              ("ring", dp * c.cp, local_dp),  # gradients: the DP x CP group
+              ("p2p", min(c.pp, 3), 1)]  # a stage sends to the next and receives from the last
+    if c.is_moe:
+        groups += [("a2a", c.ep, min(c.ep, gpus_per_node)), ("ring", edp, 1)]
+    return [g for g in groups if g[1] > 1]
+
+
+def nccl_reserve_bytes(c: ModelConfig, world: int, gpus_per_node: int, *,
+                       nvls: bool = True) -> float:
+    """NCCL buffers per GPU over the communicators Megatron uses (module constants)."""
+    total = 0.0
+    for kind, ranks, local in _communicators(c, world, gpus_per_node):
+        if kind == "ring":
+            total += NCCL_MAX_CHANNELS * NCCL_CONNECTION_BYTES
+            if nvls and local > 2:
+                total += NCCL_NVLS_BYTES
+        else:  # p2p: both neighbours of a ring or pipeline; every peer of an all-to-all
+            peers = ranks - 1 if kind == "a2a" else min(2, ranks - 1)
+            total += peers * NCCL_P2P_CHANNELS_PER_PEER * NCCL_BUFFSIZE
+    return total
+
+
+def runtime_reserve(c: ModelConfig, world: int, hbm_gib: float, *, gpus_per_node: int,
+                    hopper_or_later: bool = True) -> RuntimeReserve:
+    """The HBM per GPU kept free for the runtime, each part from a cited figure (module
+    constants above): usable = HBM - total_gib."""
+    not_visible = NOT_VISIBLE_FRACTION * hbm_gib
+    work = CUBLAS_STREAMS * CUBLAS_WORKSPACE_MIB[hopper_or_later] * MIB / GIB
+    nccl = nccl_reserve_bytes(c, world, gpus_per_node, nvls=hopper_or_later) / GIB
+    fixed = not_visible + CUDA_CONTEXT_GIB + work + nccl
+    frag = FRAGMENTATION_FRACTION * max(0.0, hbm_gib - fixed)
+    return RuntimeReserve(not_visible, CUDA_CONTEXT_GIB, work, nccl, frag)

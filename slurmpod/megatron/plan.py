@@ -18,6 +18,7 @@ from slurmpod.megatron.memory import (
     megatron_weight_and_optimizer_bytes,
     param_counts,
     peak_memory,
+    runtime_reserve,
 )
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
@@ -37,12 +38,8 @@ if TYPE_CHECKING:
     from slurmpod.megatron.placement import Placement
     from slurmpod.model.site import Site
 
-# Share of HBM kept free for what the estimate leaves out: the CUDA context, NCCL and
-# userbuffer communication buffers, cuBLAS/TE workspaces, allocator fragmentation and short-lived
-# temporaries. Bounded by runs that happened: NVIDIA's published recipes in tests/data/recipes
-# ran on their GPUs, and slurmpod's estimate leaves 16.1 % (DeepSeek-V3 on GB200) to 37.5 % of
-# HBM free for them, so no headroom above 16 % is justified; tests keep 10 % within that bound
-# (docs/formulas.md, "Fit").
+# A flat share of HBM for the search benchmark (benchmarks/plan_search.py); the plan's fit keeps
+# megatron.memory.runtime_reserve free instead, each part of it cited (docs/formulas.md, "Fit").
 HBM_HEADROOM_FRACTION = 0.10
 
 
@@ -182,7 +179,7 @@ class Plan:
             "activation_bytes_per_gpu": self.activation_bytes_per_gpu,
             "total_bytes_per_gpu": self.total_bytes_per_gpu,
             "hbm_bytes_per_gpu": self.hbm_bytes_per_gpu,
-            "hbm_headroom_fraction": HBM_HEADROOM_FRACTION,
+            "hbm_headroom_fraction": 1 - self.usable_bytes_per_gpu / self.hbm_bytes_per_gpu,
             "usable_bytes_per_gpu": self.usable_bytes_per_gpu, "fits": self.fits,
             "gpu_model": self.gpu_model, "peak_tflops_per_gpu": self.peak_tflops_per_gpu,
             "peak_pflops_job": self.peak_pflops_job,
@@ -201,7 +198,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     n_nodes = nodes if nodes is not None else run.job.nodes
     c = ModelConfig.from_args(run.megatron)
     world = n_nodes * sa.gpus_per_node
-    usable = sa.hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
+    usable = (sa.hbm_gib - runtime_reserve(c, world, sa.hbm_gib,
+                                           gpus_per_node=sa.gpus_per_node).total_gib) * GIB
     shape = SiteShape(sa.node_type, sa.gpus_per_node, sa.domain_gpus, usable, len(sa.domain))
     dense_mp = c.tp * c.cp * c.pp
     dp = max(1, world // dense_mp)
@@ -295,7 +293,7 @@ def _memory_error(c: ModelConfig, n_nodes: int, shape: SiteShape, sa: _SiteArray
                 "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
     return with_fix(
         f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
-        f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({HBM_HEADROOM_FRACTION:.0%} headroom)",
+        f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({1 - usable / (sa.hbm_gib * GIB):.0%} headroom)",
         fit_fix, "use more nodes, the distributed optimizer or full recompute")
 
 
