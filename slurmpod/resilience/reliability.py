@@ -222,6 +222,122 @@ def resizes_of(phases: Sequence[Phase]) -> list[Resize]:
     return out
 
 
+@dataclass
+class _Tally:
+    """What build_reliability adds up while it walks the records and the phases."""
+
+    nodes: dict[str, NodeStats] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    recomputed: float = 0.0  # GPU-hours of work redone after hangs
+    recomputed_known: bool = False
+    restart: float = 0.0  # GPU-hours between attempts of one allocation
+    queue: float = 0.0  # wall hours between attempts waiting in the queue
+    queue_gpu: float = 0.0  # GPU-hours of the same waits
+
+    def node(self, name: str) -> NodeStats:
+        got = self.nodes.get(name)
+        if got is None:
+            got = self.nodes[name] = NodeStats(name)
+        return got
+
+    def interrupted(self, kind: str, nodes: Iterable[str]) -> None:
+        self.by_kind[kind] += 1
+        for n in nodes:
+            self.node(n).interrupted += 1
+
+
+def _blame_attempt(t: _Tally, jid: str, a: RunAttempt, kind: str) -> None:
+    """An interrupted attempt's blame: the nodes it excluded or drained (1 each; others it
+    named 0.5), else its nodes share 1 (the kind counted against a node only when alone)."""
+    named = [e for e in a.excluded if e.get("action") in ("excluded", "drained")]
+    for e in a.excluded:
+        w = 1.0 if e in named else 0.5
+        t.node(str(e["node"])).blame(
+            w, f"job {jid} attempt {a.attempt}: {kind}, {e.get('action')}"
+            + (f" ({e['evidence']})" if e.get("evidence") else ""),
+            kind if e in named else None)
+    if not named and a.nodes:
+        w = 1.0 / len(a.nodes)
+        for n in a.nodes:
+            t.node(n).blame(w, f"job {jid} attempt {a.attempt}: {kind} on "
+                            f"{len(a.nodes)} node(s), none named",
+                            kind if len(a.nodes) == 1 else None)
+
+
+def _count_attempt(t: _Tally, jid: str, a: RunAttempt, nxt: RunAttempt | None,
+                   per_node: float) -> None:
+    """One attempt of a job's record: node-hours, health-gate blame, its end's kind, work
+    redone after a hang and the gap to the next attempt (restart or queue)."""
+    ran = (a.end_s - a.start_s) if a.start_s and a.end_s and a.end_s >= a.start_s else 0
+    for n in a.nodes:
+        t.node(n).hours += ran / 3600.0
+    if a.health and a.health.get("failed"):
+        for n, why in a.health["failed"].items():
+            t.node(n).blame(1.0, f"job {jid} attempt {a.attempt}: health gate failed"
+                            + (f" ({why})" if why else ""))
+    kind = failure_kind(a.end, [e.get("evidence") for e in a.excluded])
+    if kind is not None:
+        t.interrupted(kind, a.nodes)
+        _blame_attempt(t, jid, a, kind)
+    if a.hang and a.hang.get("step_s") and a.hang.get("iteration") is not None \
+            and a.iteration is not None and a.nodes:
+        redo = max(0, int(a.hang["iteration"]) - a.iteration) * float(a.hang["step_s"])
+        t.recomputed += redo * len(a.nodes) * per_node / 3600.0
+        t.recomputed_known = True
+    if nxt is not None and a.end_s and nxt.start_s and nxt.start_s >= a.end_s:
+        gap = nxt.start_s - a.end_s
+        if nxt.restart == a.restart:  # same allocation: an in-job restart
+            t.restart += gap * len(a.nodes) * per_node / 3600.0
+        else:  # requeued: the run waited in the queue
+            t.queue += gap / 3600.0
+            t.queue_gpu += gap * len(a.nodes) * per_node / 3600.0
+
+
+def _count_records(t: _Tally, records: Mapping[str, Sequence[RunAttempt]],
+                   by_id: Mapping[str, SacctJob]) -> History:
+    """Jobs with an attempts record, counted from it; their history (exposure, failures)."""
+    for jid, atts in records.items():
+        per_node = _gpus_per_node(by_id.get(jid))
+        for i, a in enumerate(atts):
+            _count_attempt(t, jid, a, atts[i + 1] if i + 1 < len(atts) else None, per_node)
+    if not records:
+        return History()
+    return from_attempts(AttemptLog(attempts=tuple(a for atts in records.values()
+                                                   for a in atts)), "attempts.jsonl")
+
+
+def _count_phases(t: _Tally, jid: str, ph: Sequence[Phase], mine: bool) -> None:
+    """One job's sacct phases: NODE_FAIL/BOOT_FAIL node lists always add evidence; a job
+    without a record (`mine`) is also counted from them (node-hours, kinds, queue waits)."""
+    for i, p in enumerate(ph):
+        if mine:
+            for n in p.nodes:
+                t.node(n).hours += p.elapsed_s / 3600.0
+        kind = SACCT_KIND.get(p.state)
+        if kind is None:
+            continue
+        if p.state in ("NODE_FAIL", "BOOT_FAIL") and p.nodes:
+            w = 1.0 / len(p.nodes)
+            for n in p.nodes:
+                t.node(n).blame(w, f"job {jid}: sacct {p.state} on {len(p.nodes)} node(s)",
+                                kind if mine and len(p.nodes) == 1 else None)
+        if not mine:
+            continue
+        t.interrupted(kind, p.nodes)
+        after = ph[i + 1] if i + 1 < len(ph) else None
+        if after is not None and p.end_s and after.start_s and after.start_s >= p.end_s:
+            gap = after.start_s - p.end_s
+            t.queue += gap / 3600.0
+            t.queue_gpu += gap * (p.gpus if p.gpus is not None
+                                  else len(p.nodes) * GPUS_PER_NODE) / 3600.0
+
+
+def _job_scale(jobs: Sequence[SacctJob], node_mtbf: float | None) -> list[tuple[int, float]]:
+    """The MTBF of a job as large as each of the eight largest job sizes seen."""
+    sizes = sorted({sj.record.n_nodes for sj in jobs if sj.record.n_nodes > 0}, reverse=True)
+    return [(n, node_mtbf / n) for n in sizes[:8]] if node_mtbf else []
+
+
 def build_reliability(jobs: Sequence[SacctJob], *, window: str,
                       phases: Mapping[str, Sequence[Phase]] | None = None,
                       records: Mapping[str, Sequence[RunAttempt]] | None = None,
@@ -232,109 +348,23 @@ def build_reliability(jobs: Sequence[SacctJob], *, window: str,
     checkpoint figure is the checkpoint overhead here)."""
     phases = phases or {}
     records = {k: tuple(v) for k, v in (records or {}).items() if v}
-    by_id = {sj.record.job_id: sj for sj in jobs}
-    nodes: dict[str, NodeStats] = {}
-    by_kind = dict.fromkeys(KINDS, 0)
-    recomputed = restart = queue = queue_gpu = 0.0
-    recomputed_known = False
-
-    def node(name: str) -> NodeStats:
-        got = nodes.get(name)
-        if got is None:
-            got = nodes[name] = NodeStats(name)
-        return got
-
-    # Jobs with a record: counted from it.
-    for jid, atts in records.items():
-        per_node = _gpus_per_node(by_id.get(jid))
-        for i, a in enumerate(atts):
-            ran = (a.end_s - a.start_s) if a.start_s and a.end_s and a.end_s >= a.start_s \
-                else 0
-            for n in a.nodes:
-                node(n).hours += ran / 3600.0
-            if a.health and a.health.get("failed"):
-                for n, why in a.health["failed"].items():
-                    node(n).blame(1.0, f"job {jid} attempt {a.attempt}: health gate failed"
-                                  + (f" ({why})" if why else ""))
-            evidence = [e.get("evidence") for e in a.excluded]
-            kind = failure_kind(a.end, evidence)
-            if kind is not None:
-                by_kind[kind] += 1
-                for n in a.nodes:
-                    node(n).interrupted += 1
-                named = [e for e in a.excluded if e.get("action") in ("excluded", "drained")]
-                for e in a.excluded:
-                    w = 1.0 if e in named else 0.5
-                    node(str(e["node"])).blame(
-                        w, f"job {jid} attempt {a.attempt}: {kind}, {e.get('action')}"
-                        + (f" ({e['evidence']})" if e.get("evidence") else ""),
-                        kind if e in named else None)
-                if not named and a.nodes:
-                    w = 1.0 / len(a.nodes)
-                    for n in a.nodes:
-                        node(n).blame(w, f"job {jid} attempt {a.attempt}: {kind} on "
-                                      f"{len(a.nodes)} node(s), none named",
-                                      kind if len(a.nodes) == 1 else None)
-            if a.hang and a.hang.get("step_s") and a.hang.get("iteration") is not None \
-                    and a.iteration is not None and a.nodes:
-                redo = max(0, int(a.hang["iteration"]) - a.iteration) * float(a.hang["step_s"])
-                recomputed += redo * len(a.nodes) * per_node / 3600.0
-                recomputed_known = True
-            nxt = atts[i + 1] if i + 1 < len(atts) else None
-            if nxt is not None and a.end_s and nxt.start_s and nxt.start_s >= a.end_s:
-                gap = nxt.start_s - a.end_s
-                if nxt.restart == a.restart:  # same allocation: an in-job restart
-                    restart += gap * len(a.nodes) * per_node / 3600.0
-                else:  # requeued: the run waited in the queue
-                    queue += gap / 3600.0
-                    queue_gpu += gap * len(a.nodes) * per_node / 3600.0
-    hist = from_attempts(AttemptLog(attempts=tuple(a for atts in records.values()
-                                                   for a in atts)), "attempts.jsonl") \
-        if records else History()
-
-    # Every job's sacct phases: resizes, NODE_FAIL node lists; jobs without a record counted.
+    t = _Tally()
+    hist = _count_records(t, records, {sj.record.job_id: sj for sj in jobs})
     resizes: list[Resize] = []
     for jid, ph in phases.items():
         resizes += resizes_of(ph)
-        mine = jid not in records
-        for i, p in enumerate(ph):
-            if mine:
-                for n in p.nodes:
-                    node(n).hours += p.elapsed_s / 3600.0
-            kind = SACCT_KIND.get(p.state)
-            if kind is None:
-                continue
-            if p.state in ("NODE_FAIL", "BOOT_FAIL") and p.nodes:
-                w = 1.0 / len(p.nodes)
-                for n in p.nodes:
-                    node(n).blame(w, f"job {jid}: sacct {p.state} on {len(p.nodes)} node(s)",
-                                  kind if mine and len(p.nodes) == 1 else None)
-            if not mine:
-                continue
-            by_kind[kind] += 1
-            for n in p.nodes:
-                node(n).interrupted += 1
-            after = ph[i + 1] if i + 1 < len(ph) else None
-            if after is not None and p.end_s and after.start_s and after.start_s >= p.end_s:
-                gap = after.start_s - p.end_s
-                queue += gap / 3600.0
-                queue_gpu += gap * (p.gpus if p.gpus is not None
-                                    else len(p.nodes) * GPUS_PER_NODE) / 3600.0
+        _count_phases(t, jid, ph, jid not in records)
     rest = [sj for sj in jobs if sj.record.job_id not in records]
     hist = hist + from_sacct(rest) if rest else hist
-    node_mtbf = hist.observed_mtbf_hours
-    sizes = sorted({sj.record.n_nodes for sj in jobs if sj.record.n_nodes > 0}, reverse=True)
-    job_scale = [(n, node_mtbf / n) for n in sizes[:8]] if node_mtbf else []
-    ckpt = (loss_gpu_hours or {}).get("checkpoint")
     lost: dict[str, float | None] = {
-        "recomputed": recomputed if recomputed_known else None,
-        "restart_latency": restart if records else None,
-        "checkpoint": ckpt,
-        "queue_wait": queue_gpu}
-    ranked = sorted(nodes.values(), key=lambda s: (-s.score, -sum(s.blamed.values()), s.name))
-    return Reliability(window, hist, {k: v for k, v in by_kind.items() if v}, ranked,
-                       job_scale, lost, queue, resizes, len(records), records_capped,
-                       len(jobs))
+        "recomputed": t.recomputed if t.recomputed_known else None,
+        "restart_latency": t.restart if records else None,
+        "checkpoint": (loss_gpu_hours or {}).get("checkpoint"),
+        "queue_wait": t.queue_gpu}
+    ranked = sorted(t.nodes.values(), key=lambda s: (-s.score, -sum(s.blamed.values()), s.name))
+    return Reliability(window, hist, {k: v for k, v in t.by_kind.items() if v}, ranked,
+                       _job_scale(jobs, hist.observed_mtbf_hours), lost, t.queue, resizes,
+                       len(records), records_capped, len(jobs))
 
 
 def _h(v: float | None) -> str:
