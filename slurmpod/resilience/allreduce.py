@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurmpod.resilience import stepargs
+
 Pair = tuple[str, str]
 DEFAULT_BYTES = 64 << 20  # large enough for bus bandwidth, ~1 ms on NVLink, ~0.2 s at 400 Gb/s
 DEFAULT_ITERS = 20
@@ -314,11 +316,14 @@ def _lines(nodes: Iterable[str], failed: Mapping[str, str]) -> list[str]:
             else f"slurmpod-health: {n} ok" for n in nodes]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurmpod.resilience.allreduce")
+def build_parser() -> argparse.ArgumentParser:
+    """The one parser of both sides (`gate` in the job script, `peer` inside its srun steps):
+    argparse, as it runs with the job's Python, starts fast and needs no `slurmpod` on PATH
+    (slurmpod.resilience.stepargs)."""
+    p = stepargs.parser("allreduce")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gate", help="pair tests between the nodes; health lines on stdout")
-    g.add_argument("--nodes", required=True, help="candidates, comma-separated")
+    stepargs.add_nodes(g, required=True, help="candidates, comma-separated")
     g.add_argument("--health", help="the per-node gate's output: only nodes it passed")
     g.add_argument("--dir", required=True, help="a directory every node sees (rendezvous)")
     g.add_argument("--tool", choices=("auto", "nccl-tests", "loopback"), default="auto")
@@ -334,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--bytes", type=int, default=LOOPBACK_BYTES)
     q.add_argument("--iters", type=int, default=DEFAULT_ITERS)
     q.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.cmd == "peer":
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         rank = int(os.environ.get("SLURM_PROCID", "0"))
@@ -346,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurmpod-allreduce: {node} rank {rank} "
               + (f"ok busbw {bw:.3f} GB/s" if ok else f"fail {why}"))
         return 0 if ok else 1
-    nodes = [n for n in args.nodes.split(",") if n]
+    nodes = stepargs.node_list(args.nodes)
     if args.health:
         try:
             text = Path(args.health).read_text(errors="replace")[: 4 << 20]

@@ -26,6 +26,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from slurmpod.resilience import stepargs
+
 # Run as `bash -c "$NODE_CHECK" slurmpod-health GPUS HCAS RATE CKPT MIN_FREE SITE_CHECK`; it
 # prints exactly one `slurmpod-health: NODE ok|fail WHY` line. No user value is part of it.
 NODE_CHECK = r"""node="${SLURMD_NODENAME:-$(hostname -s)}"
@@ -95,16 +97,20 @@ def record(job_id: str, attempt: int, checked: Sequence[str], failed: Mapping[st
                       separators=(",", ":")) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurmpod.resilience.health")
-    p.add_argument("--job-id", required=True)
-    p.add_argument("--attempt", type=int, required=True)
-    p.add_argument("--attempts", required=True)
-    p.add_argument("--nodes", required=True, help="candidates, comma-separated")
+def build_parser() -> argparse.ArgumentParser:
+    """The gate's one parser: argparse, as it runs in the job script with the job's Python,
+    starts fast and needs no `slurmpod` on PATH (slurmpod.resilience.stepargs)."""
+    p = stepargs.parser("health")
+    stepargs.add_attempt(p)
+    stepargs.add_nodes(p, required=True, help="candidates, comma-separated")
     p.add_argument("--output", required=True, help="the gate step's output")
     p.add_argument("--duration-s", type=float, default=0.0)
-    args = p.parse_args(argv)
-    nodes = [n for n in args.nodes.split(",") if n]
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    nodes = stepargs.node_list(args.nodes)
     try:
         with open(args.output, encoding="utf-8", errors="replace") as fh:
             text = fh.read(4 << 20)

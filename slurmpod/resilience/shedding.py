@@ -34,6 +34,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmpod.resilience import stepargs
+
 _SRUN_TASK = re.compile(r"^srun: error: (?P<node>[A-Za-z0-9._-]+): tasks? (?P<tasks>[0-9,-]+): "
                         r"(?P<why>.+?)\s*$")
 _SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on (?P<node>[A-Za-z0-9._-]+)")
@@ -189,7 +191,7 @@ def _read_part(path: str, offset: int, max_bytes: int = 4 << 20) -> str:
 
 
 def shed(args: argparse.Namespace) -> list[str]:
-    nodes = [n for n in args.nodes.split(",") if n]
+    nodes = stepargs.node_list(args.nodes)
     try:
         with open(args.attempts, encoding="utf-8", errors="replace") as fh:
             already = excluded_so_far(fh.read(), args.job_id)
@@ -246,22 +248,26 @@ def _read_health(path: str, nodes: Sequence[str]) -> Mapping[str, str]:
     return failed_nodes(text, nodes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurmpod.resilience.shedding")
-    p.add_argument("--job-id", required=True)
-    p.add_argument("--attempt", type=int, required=True)
-    p.add_argument("--attempts", required=True, help="the run's attempts.jsonl")
-    p.add_argument("--nodes", default="", help="the attempt's nodes, comma-separated")
+def build_parser() -> argparse.ArgumentParser:
+    """The shedder's one parser: argparse, as it runs in the job script with the job's Python,
+    starts fast and needs no `slurmpod` on PATH (slurmpod.resilience.stepargs)."""
+    p = stepargs.parser("shedding")
+    stepargs.add_attempt(p)
+    stepargs.add_nodes(p, required=False, help="the attempt's nodes, comma-separated")
     p.add_argument("--log", help="the job log; its part from --offset is the attempt's")
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--dump", help="output of the stack-dump step after a hang")
-    p.add_argument("--health", action="append", help="(unused here) health gate output")
+    p.add_argument("--health", action="append", help="the health gate's output (repeatable)")
     p.add_argument("--spares", type=int, default=0)
     p.add_argument("--fraction", type=float, default=DEFAULT_FRACTION)
     p.add_argument("--partition")
     p.add_argument("--drain", action="store_true")
     p.add_argument("--list", action="store_true", help="only print the nodes excluded so far")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.list:
         try:
             with open(args.attempts, encoding="utf-8", errors="replace") as fh:
