@@ -346,6 +346,329 @@ def _stage_work(c: ModelConfig, t_logits: float) -> list[tuple[float, float]]:
 _RANK_WORK: dict[int, tuple[Any, tuple[tuple[float, bool], ...]]] = {}
 
 
+# --- the step, term by term -----------------------------------------------------------------
+# `predict` is the sequence of these steps; each returns seconds on one GPU (per microbatch and
+# layer unless it says otherwise). Their float expressions are the model's: reordering a sum
+# changes the last bits of a prediction, which the search's ranking and the validation table see.
+# The records below are not frozen: `predict` builds them per call, thousands of times a search,
+# and a frozen dataclass's __init__ costs several times a plain one's.
+
+
+def _rates(hw: Hardware, eff: Efficiency, opts: RunOptions, world: int
+           ) -> tuple[float, float, bool, float, float, float]:
+    """Achieved speeds of one GPU: GEMM FLOP/s (BF16, and the precision the GEMMs run in),
+    whether they run in FP8, HBM, NVLink and NIC bytes/s."""
+    peak16 = hw.peak_bf16 * 1e12 * eff.gemm
+    fp8 = opts.fp8 and hw.peak_fp8 is not None
+    peak_mm = (hw.peak_fp8 or 0.0) * 1e12 * eff.fp8 if fp8 else peak16
+    hbm = hw.hbm_tb_s * 1e12 * HBM_EFFICIENCY
+    nvl = hw.nvlink_gb_s * 1e9 * NVLINK_EFFICIENCY
+    nic = hw.nic_gb_s * 1e9 * NIC_EFFICIENCY
+    nodes = world / hw.gpus_per_node
+    if nodes > hw.nodes_per_su:
+        nic /= hw.oversubscription  # the job leaves its scalable unit
+    return peak16, peak_mm, fp8, hbm, nvl, nic
+
+
+def _recompute(c: ModelConfig) -> tuple[float, float, float, float]:
+    """Share of each part's forward that runs twice: (layers, under full recompute; the MLP,
+    the routed experts, the shared experts: the same, or 1.0 where selective recompute names
+    the module)."""
+    rec = 0.0
+    if c.recompute_granularity == "full":
+        stage_layers = c.stage_layers()[1]
+        n = c.recompute_num_layers or stage_layers
+        rec = min(1.0, n * (c.vpp or 1) / stage_layers) if c.recompute_method == "block" else 1.0
+    # Selective recompute of whole modules runs their forward again (flash attention already
+    # recomputes the core attention, so `core_attn` costs nothing here).
+    mods = (set(c.recompute_modules) if c.recompute_granularity == "selective" else set())
+    return (rec, 1.0 if "mlp" in mods else rec, 1.0 if "moe" in mods else rec,
+            1.0 if "moe" in mods or "shared_experts" in mods else rec)
+
+
+@dataclass(slots=True)
+class _Micro:
+    """One microbatch on one GPU: what every per-layer term reads."""
+
+    c: ModelConfig
+    k: _Costs
+    hw: Hardware
+    opts: RunOptions
+    peak16: float  # achieved FLOP/s of BF16 GEMMs
+    peak_mm: float  # ... of the GEMMs Transformer Engine runs (FP8 or BF16)
+    fp8: bool
+    hbm: float  # achieved bytes/s
+    nvl: float
+    nic: float
+    rec: float  # full recompute: share of layers whose forward runs twice
+    rec_mlp: float  # ... of the MLP, the routed experts, the shared experts (selective too)
+    rec_moe: float
+    rec_shared: float
+    tok: float  # tokens of one microbatch on one CP rank
+    sp: bool  # sequence parallel in effect (TP > 1)
+
+
+def _micro(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions
+           ) -> _Micro:
+    """The per-token costs, speeds and recompute shares every term reads, computed once."""
+    return _Micro(c, _costs(c), hw, opts, *_rates(hw, eff, opts, world), *_recompute(c),
+                  c.micro_batch_size * c.seq_length / c.cp, c.sequence_parallel and c.tp > 1)
+
+
+def _attention_compute(u: _Micro) -> tuple[float, float]:
+    """(the layer's compute shared by dense and MoE layers: attention GEMMs, core attention,
+    element-wise work and kernel gaps; the core attention alone, which hides the CP ring)."""
+    c, k, tok, tp = u.c, u.k, u.tok, u.c.tp
+    h = c.hidden_size
+    rec = u.rec
+    gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
+    mem_passes = 1.0 + rec / 3
+    t_attn = gemm_passes * tok * k.attn_linear / tp / (u.peak_mm * _eff(min(h, k.q_width / tp)))
+    t_core = 7.0 * tok * k.attn_core / tp / (u.peak16 * ATTENTION_FACTOR)
+    hid = tok * h / (tp if u.sp else 1)
+    mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
+    cast_common = FP8_CAST_BYTES * (2 * tok * h + tok * k.q_width / tp) if u.fp8 else 0.0
+    gaps = KERNEL_GAP_S * (1 + rec / 3) * (DENSE_LAYER_KERNELS + CP_STEP_KERNELS * (c.cp - 1))
+    return t_attn + t_core + (mem_common + cast_common) * mem_passes / u.hbm + gaps, t_core
+
+
+def _tp_time(u: _Micro) -> float:
+    """TP: 4 all-gathers/reduce-scatters forward, 4 backward (+4 recomputed), each of the full
+    activation; a ring moves (tp-1)/tp of it per GPU."""
+    tp = u.c.tp
+    if tp <= 1:
+        return 0.0
+    bw = u.nvl if tp <= u.hw.domain_gpus else u.nic
+    t_tp = (8 + 4 * u.rec) * u.tok * u.c.hidden_size * 2 * (tp - 1) / tp / bw
+    if u.opts.tp_comm_overlap:
+        t_tp *= 1 - TP_OVERLAP_HIDDEN
+    return t_tp
+
+
+def _cp_time(u: _Micro, t_core: float) -> float:
+    """CP: ring exchange of K/V forward, K/V and dK/dV backward, hidden behind core attention."""
+    tp, cp = u.c.tp, u.c.cp
+    if cp <= 1:
+        return 0.0
+    bw = u.nvl if tp * cp <= u.hw.domain_gpus else u.nic
+    return max(0.0, 3 * (cp - 1) * u.tok * u.k.kv_width / tp * 2 / bw - t_core)
+
+
+def _dense_mlp(u: _Micro) -> tuple[float, float]:
+    """A dense MLP: (GEMM seconds, element-wise and FP8-cast bytes)."""
+    c, tok, tp = u.c, u.tok, u.c.tp
+    ffn = c.ffn_hidden_size
+    t_gemm = (6.0 + 2.0 * u.rec_mlp) * tok * u.k.mlp_dense / tp / (
+        u.peak_mm * _eff(min(c.hidden_size, ffn / tp)))
+    mem = ELEMENTWISE_BYTES_FFN * tok * ffn / tp
+    cast = FP8_CAST_BYTES * tok * ffn / tp if u.fp8 else 0.0
+    return t_gemm, mem + cast
+
+
+def _routed_tokens(u: _Micro) -> float:
+    """Routed token copies one GPU handles per microbatch (top-k, busiest expert's share)."""
+    return u.tok * u.c.moe_router_topk * u.opts.moe_imbalance / u.c.tp
+
+
+def _moe_mlp(u: _Micro) -> tuple[float, float]:
+    """A MoE MLP: (GEMM seconds of the routed experts' grouped GEMMs, the shared experts and the
+    router; element-wise, permutation and FP8-cast bytes). Zero for a model without experts."""
+    c, k, tok, tp, etp = u.c, u.k, u.tok, u.c.tp, u.c.etp
+    if not k.n_moe:
+        return 0.0, 0.0
+    h = c.hidden_size
+    n_exp = c.num_experts or 1
+    per_expert = tok * c.moe_router_topk * c.ep * etp / (tp * n_exp)  # tokens per expert GEMM
+    d_exp = min(h, c.moe_ffn_hidden_size / etp, per_expert)
+    t_gemm = (6.0 + 2.0 * u.rec_moe) * tok * k.moe_routed * u.opts.moe_imbalance / tp / (
+        u.peak_mm * _eff(d_exp) * GROUPED_GEMM_FACTOR)
+    if k.moe_shared:
+        t_gemm += (6.0 + 2.0 * u.rec_shared) * tok * k.moe_shared / tp / (
+            u.peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
+    t_gemm += 6.0 * tok * k.router / tp / u.peak16
+    routed = _routed_tokens(u)
+    mem = (ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp
+           + ELEMENTWISE_BYTES_FFN * tok * c.moe_shared_expert_intermediate_size / tp
+           + MOE_PERMUTE_BYTES * routed * h)
+    cast = FP8_CAST_BYTES * routed * c.moe_ffn_hidden_size / etp if u.fp8 else 0.0
+    return t_gemm, mem + cast
+
+
+def _ep_time(u: _Micro) -> float:
+    """EP: 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed), over NVLink
+    inside the domain, the rails outside it, or the flex dispatcher's one copy per domain."""
+    c, hw, ep = u.c, u.hw, u.c.ep
+    if not u.k.n_moe or ep <= 1:
+        return 0.0
+    h = c.hidden_size
+    passes = 4 + 2 * max(u.rec, u.rec_moe)
+    span = ep * c.etp
+    routed = _routed_tokens(u)
+    copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
+    if span <= hw.domain_gpus:
+        t_ep = passes * copies / u.nvl / ALLTOALL_EFFICIENCY
+    elif u.opts.moe_flex:
+        t_ep = passes * _flex_time(u.tok / c.tp, h, c.moe_router_topk * u.opts.moe_imbalance,
+                                   span // hw.domain_gpus, u.opts, u.nvl, u.nic)
+    else:
+        outside = 1 - hw.domain_gpus / span
+        t_ep = passes * copies * max((1 - outside) / u.nvl, outside / u.nic) \
+            / ALLTOALL_EFFICIENCY
+    if u.opts.ep_overlap:
+        t_ep *= 1 - EP_OVERLAP_HIDDEN
+    return t_ep
+
+
+@dataclass(slots=True)
+class _Layer:
+    """One layer, averaged over the model's dense and MoE layers."""
+
+    compute: float
+    comm: float  # exposed: TP + CP, and EP on the MoE share
+    tp: float
+    cp: float
+    ep: float  # per MoE layer
+    moe_share: float
+
+
+def _layer(u: _Micro) -> _Layer:
+    """Compute and exposed communication of the average layer."""
+    common, t_core = _attention_compute(u)
+    t_tp = _tp_time(u)
+    t_cp = _cp_time(u, t_core)
+    t_dense_mlp, b_dense = _dense_mlp(u)
+    t_moe_mlp, b_moe = _moe_mlp(u)
+    t_ep = _ep_time(u)
+    rec = u.rec
+    mem_passes = 1.0 + rec / 3
+    hbm = u.hbm
+    dense_compute = common + t_dense_mlp + b_dense * mem_passes / hbm
+    moe_compute = (common + t_moe_mlp + b_moe * mem_passes / hbm
+                   + KERNEL_GAP_S * (1 + rec / 3) * MOE_LAYER_KERNELS)
+    moe_share = u.k.n_moe / u.c.num_layers
+    layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
+    layer_comm = t_tp + t_cp + moe_share * t_ep
+    return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share)
+
+
+def _logits_time(u: _Micro) -> float:
+    """Logits on the rank holding the loss: BF16 output layer (Megatron's, not TE's) and fp32
+    cross-entropy, once per output head (+ MTP)."""
+    c, tok, tp = u.c, u.tok, u.c.tp
+    v_local = c.padded_vocab_size / tp
+    heads = 1 + c.mtp_num_layers
+    return heads * (6.0 * tok * u.k.logits / tp / (u.peak16 * _eff(min(c.hidden_size, v_local)))
+                    + 4 * 4 * tok * v_local / u.hbm)
+
+
+@dataclass(slots=True)
+class _Stage:
+    """The slowest pipeline rank, per microbatch: its compute and exposed communication, and
+    the TP, CP and EP parts of that communication."""
+
+    compute: float
+    comm: float
+    tp: float
+    cp: float
+    ep: float
+    microbatch: float  # compute + comm
+
+
+def _slowest_stage(c: ModelConfig, layer: _Layer, t_logits: float) -> _Stage:
+    """The rank whose layers (and output layer, on the loss rank) take longest (_stage_work)."""
+    compute, comm, n = max(
+        ((n * layer.compute + extra, n * layer.comm, n) for n, extra in _stage_work(c, t_logits)),
+        key=lambda x: x[0] + x[1])
+    return _Stage(compute, comm, n * layer.tp, n * layer.cp, n * layer.moe_share * layer.ep,
+                  compute + comm)
+
+
+def _pipeline(u: _Micro, world: int, m: int, t_mb: float) -> tuple[float, float]:
+    """(bubble, exposed p2p) of the whole step: `(PP-1)/VPP` microbatch-times idle, and the
+    activation sends between stages."""
+    c, pp = u.c, u.c.pp
+    if pp <= 1:
+        return 0.0, 0.0
+    bubble = (pp - 1) / (c.vpp or 1) * t_mb
+    msg = u.tok * c.hidden_size * 2 / (c.tp if u.sp else 1)
+    bw = u.nic if world // pp >= u.hw.gpus_per_node else u.nvl
+    # 1F1B steady state blocks on its sends; the interleaved schedule overlaps them
+    # (overlap_p2p_comm) except in warm-up and cool-down.
+    n_p2p = (pp - 1) * 2 * c.vpp if c.vpp else 2 * m
+    return bubble, n_p2p * msg / bw
+
+
+def _dp_bandwidth(u: _Micro, block: int, size: int) -> float:
+    """A DP group of `size` ranks `block` GPUs apart: NVLink while it stays in one node."""
+    if size <= 1:
+        return float("inf")
+    return u.nvl if block * size <= u.hw.gpus_per_node else u.nic
+
+
+def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float, float]:
+    """(gradient reduce-scatter, parameter all-gather) of the whole step before overlap: the
+    distributed optimizer's pair over DP x CP (experts: expert-DP), or without it one
+    all-reduce (SHARP-accelerated on the fabric) counted as the reduce."""
+    c, hw = u.c, u.hw
+    gb = u.opts.grad_reduce_bytes
+    t_rs = t_ag = 0.0
+    for params, d, block in ((w.nonexpert_params_per_gpu, d_ne, c.tp),
+                             (w.expert_params_per_gpu, d_e, c.etp * c.ep)):
+        if d <= 1 or params <= 0:
+            continue
+        bw = _dp_bandwidth(u, block, d)
+        ring = (d - 1) / d
+        if c.use_distributed_optimizer:
+            t_rs += params * gb * ring / bw
+            t_ag += params * 2 * ring / bw
+        else:
+            gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == u.nic else 1.0
+            t_rs += 2 * params * gb * ring / (bw * gain)
+    return t_rs, t_ag
+
+
+def _dp_exposed(c: ModelConfig, opts: RunOptions, t_rs: float, t_ag: float, t_mb: float
+                ) -> float:
+    """The DP traffic left exposed by `overlap_grad_reduce` / `overlap_param_gather`.
+
+    What the overlap hides behind (Megatron's DDP bucket hooks): a model chunk's gradients
+    are reduced once its last microbatch's backward is done, its parameters gathered as its
+    first microbatch's forward reaches them. With one chunk (1F1B) that is one microbatch's
+    backward / forward; with VPP chunks the interleaved schedule runs (VPP-1) x PP chunk
+    steps of other chunks' backward (cool-down) / forward (warm-up) after the first chunk's
+    gradients are ready / before the last chunk's first forward, so the window grows to
+    (1 + (VPP-1) x PP) / VPP microbatch-times."""
+    vpp, pp = c.vpp or 1, c.pp
+    chunk_steps = (1 + (vpp - 1) * pp) / vpp
+    if opts.overlap_grad_reduce:
+        t_rs = max(DP_EXPOSED_TAIL * t_rs, t_rs - 2 / 3 * t_mb * chunk_steps)
+    if opts.overlap_param_gather:
+        t_ag = max(DP_EXPOSED_TAIL * t_ag, t_ag - 1 / 3 * t_mb * chunk_steps)
+    return t_rs + t_ag
+
+
+def _optimizer_time(c: ModelConfig, w: WeightMemory, d_ne: int, d_e: int, hbm: float) -> float:
+    """Adam on the local shard (all local parameters without the distributed optimizer), plus
+    reading every local gradient, at HBM speed."""
+    p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu
+    shard = (w.nonexpert_params_per_gpu / d_ne + w.expert_params_per_gpu / d_e
+             if c.use_distributed_optimizer else p_gpu)
+    return (p_gpu * 4 + shard * OPTIMIZER_BYTES_PER_PARAM) / hbm
+
+
+def _assemble(m: int, stage: _Stage, bubble: float, p2p: float, t_dp: float, t_opt: float
+              ) -> tuple[float, dict[str, float]]:
+    """(step seconds, breakdown): `m` microbatches of the slowest stage, then the bubble, p2p,
+    DP and optimizer; exposed communication is the stage's TP/CP/EP, p2p and DP."""
+    step = m * stage.microbatch + bubble + p2p + t_dp + t_opt
+    comm = m * stage.comm + p2p + t_dp
+    return step, {
+        "compute": m * stage.compute, "tp": m * stage.tp, "cp": m * stage.cp,
+        "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * stage.ep,
+        "optimizer": t_opt, "exposed_communication": comm,
+    }
+
+
 def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = None,
             opts: RunOptions | None = None, *, weights: WeightMemory | None = None
             ) -> Prediction | None:
@@ -355,194 +678,25 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
     eff = eff or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
     opts = opts or RunOptions()
     gbs = c.global_batch_size
-    tp, cp, pp, ep, etp = c.tp, c.cp, c.pp, c.ep, c.etp
-    mp = tp * cp * pp
+    mp = c.tp * c.cp * c.pp
     if not gbs or world % mp:
         return None
     dp = world // mp
-    mbs = c.micro_batch_size
-    m = max(1, gbs // (mbs * dp))
-    vpp = c.vpp or 1
-    k = _costs(c)
-    h = c.hidden_size
-    s = c.seq_length
-    sp = c.sequence_parallel and tp > 1
-    tok = mbs * s / cp  # tokens of one microbatch on one CP rank
+    m = max(1, gbs // (c.micro_batch_size * dp))  # microbatches per step
+    u = _micro(c, world, hw, eff, opts)
 
-    peak16 = hw.peak_bf16 * 1e12 * eff.gemm
-    fp8 = opts.fp8 and hw.peak_fp8 is not None
-    peak_mm = (hw.peak_fp8 or 0.0) * 1e12 * eff.fp8 if fp8 else peak16
-    hbm = hw.hbm_tb_s * 1e12 * HBM_EFFICIENCY
-    nvl = hw.nvlink_gb_s * 1e9 * NVLINK_EFFICIENCY
-    nic = hw.nic_gb_s * 1e9 * NIC_EFFICIENCY
-    nodes = world / hw.gpus_per_node
-    if nodes > hw.nodes_per_su:
-        nic /= hw.oversubscription
+    stage = _slowest_stage(c, _layer(u), _logits_time(u))
+    bubble, p2p = _pipeline(u, world, m, stage.microbatch)
 
-    # Recompute: the share of layers whose forward runs twice.
-    rec = 0.0
-    if c.recompute_granularity == "full":
-        stage_layers = c.stage_layers()[1]
-        n = c.recompute_num_layers or stage_layers
-        rec = min(1.0, n * vpp / stage_layers) if c.recompute_method == "block" else 1.0
-    gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
-    mem_passes = 1.0 + rec / 3
-    # Selective recompute of whole modules runs their forward again (flash attention already
-    # recomputes the core attention, so `core_attn` costs nothing here).
-    mods = (set(c.recompute_modules) if c.recompute_granularity == "selective" else set())
-    rec_mlp = 1.0 if "mlp" in mods else rec
-    rec_moe = 1.0 if "moe" in mods else rec
-    rec_shared = 1.0 if "moe" in mods or "shared_experts" in mods else rec
-
-    # --- one dense-attention half of a layer (shared by dense and MoE layers) ---
-    t_attn = gemm_passes * tok * k.attn_linear / tp / (peak_mm * _eff(min(h, k.q_width / tp)))
-    t_core = 7.0 * tok * k.attn_core / tp / (peak16 * ATTENTION_FACTOR)
-    hid = tok * h / (tp if sp else 1)
-    mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
-    cast_common = FP8_CAST_BYTES * (2 * tok * h + tok * k.q_width / tp) if fp8 else 0.0
-    # TP: 4 all-gathers/reduce-scatters forward, 4 backward (+4 recomputed), each of the full
-    # activation; a ring moves (tp-1)/tp of it per GPU.
-    t_tp = 0.0
-    if tp > 1:
-        bw = nvl if tp <= hw.domain_gpus else nic
-        t_tp = (8 + 4 * rec) * tok * h * 2 * (tp - 1) / tp / bw
-        if opts.tp_comm_overlap:
-            t_tp *= 1 - TP_OVERLAP_HIDDEN
-    # CP: ring exchange of K/V forward, K/V and dK/dV backward, hidden behind core attention.
-    t_cp = 0.0
-    if cp > 1:
-        bw = nvl if tp * cp <= hw.domain_gpus else nic
-        t_cp = max(0.0, 3 * (cp - 1) * tok * k.kv_width / tp * 2 / bw - t_core)
-
-    # --- MLPs ---
-    ffn = c.ffn_hidden_size
-    t_dense_mlp = (6.0 + 2.0 * rec_mlp) * tok * k.mlp_dense / tp / (
-        peak_mm * _eff(min(h, ffn / tp)))
-    mem_dense = ELEMENTWISE_BYTES_FFN * tok * ffn / tp
-    cast_dense = FP8_CAST_BYTES * tok * ffn / tp if fp8 else 0.0
-    t_moe_mlp = mem_moe = cast_moe = t_ep = 0.0
-    if k.n_moe:
-        imb = opts.moe_imbalance
-        n_exp = c.num_experts or 1
-        topk = c.moe_router_topk
-        per_expert = tok * topk * ep * etp / (tp * n_exp)  # tokens per local expert GEMM
-        d_exp = min(h, c.moe_ffn_hidden_size / etp, per_expert)
-        t_moe_mlp = (6.0 + 2.0 * rec_moe) * tok * k.moe_routed * imb / tp / (
-            peak_mm * _eff(d_exp) * GROUPED_GEMM_FACTOR)
-        if k.moe_shared:
-            t_moe_mlp += (6.0 + 2.0 * rec_shared) * tok * k.moe_shared / tp / (
-                peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
-        t_moe_mlp += 6.0 * tok * k.router / tp / peak16
-        routed = tok * topk * imb / tp
-        mem_moe = (ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp
-                   + ELEMENTWISE_BYTES_FFN * tok * c.moe_shared_expert_intermediate_size / tp
-                   + MOE_PERMUTE_BYTES * routed * h)
-        cast_moe = FP8_CAST_BYTES * routed * c.moe_ffn_hidden_size / etp if fp8 else 0.0
-        if ep > 1:
-            # 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed).
-            passes = 4 + 2 * max(rec, rec_moe)
-            span = ep * etp
-            copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
-            if span <= hw.domain_gpus:
-                t_ep = passes * copies / nvl / ALLTOALL_EFFICIENCY
-            elif opts.moe_flex:
-                t_ep = passes * _flex_time(tok / tp, h, topk * imb, span // hw.domain_gpus,
-                                           opts, nvl, nic)
-            else:
-                outside = 1 - hw.domain_gpus / span
-                t_ep = passes * copies * max((1 - outside) / nvl, outside / nic) \
-                    / ALLTOALL_EFFICIENCY
-            if opts.ep_overlap:
-                t_ep *= 1 - EP_OVERLAP_HIDDEN
-
-    gaps = KERNEL_GAP_S * (1 + rec / 3) * (DENSE_LAYER_KERNELS + CP_STEP_KERNELS * (cp - 1))
-    common = t_attn + t_core + (mem_common + cast_common) * mem_passes / hbm + gaps
-    dense_compute = common + t_dense_mlp + (mem_dense + cast_dense) * mem_passes / hbm
-    moe_compute = (common + t_moe_mlp + (mem_moe + cast_moe) * mem_passes / hbm
-                   + KERNEL_GAP_S * (1 + rec / 3) * MOE_LAYER_KERNELS)
-    comm_layer = t_tp + t_cp  # per layer, both kinds
-    n_layers = c.num_layers
-    moe_share = k.n_moe / n_layers
-    layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
-    layer_comm = comm_layer + moe_share * t_ep
-
-    # Logits on the last stage: BF16 output layer (Megatron's, not TE's) and fp32 cross-entropy.
-    v_local = c.padded_vocab_size / tp
-    heads = 1 + c.mtp_num_layers
-    t_logits = heads * (6.0 * tok * k.logits / tp / (peak16 * _eff(min(h, v_local)))
-                        + 4 * 4 * tok * v_local / hbm)
-
-    stage_layers_list = _stage_work(c, t_logits)
-    t_stage_compute, t_stage_comm, layers_stage = max(
-        ((n * layer_compute + extra, n * layer_comm, n) for n, extra in stage_layers_list),
-        key=lambda x: x[0] + x[1])
-    t_stage_tp = layers_stage * t_tp
-    t_stage_cp = layers_stage * t_cp
-    t_stage_ep = layers_stage * moe_share * t_ep
-    t_mb = t_stage_compute + t_stage_comm
-
-    bubble = (pp - 1) / vpp * t_mb if pp > 1 else 0.0
-    p2p = 0.0
-    if pp > 1:
-        msg = tok * h * 2 / (tp if sp else 1)
-        bw = nic if world // pp >= hw.gpus_per_node else nvl
-        # 1F1B steady state blocks on its sends; the interleaved schedule overlaps them
-        # (overlap_p2p_comm) except in warm-up and cool-down.
-        n_p2p = (pp - 1) * 2 * vpp if c.vpp else 2 * m
-        p2p = n_p2p * msg / bw
-
-    # --- data parallel: gradient reduce-scatter + parameter all-gather (distributed optimizer)
     w = weights if weights is not None else weight_and_optimizer_bytes(c, world)
-    d_ne = dp * cp
-    d_e = max(1, world // (etp * ep * pp))
-    gb = opts.grad_reduce_bytes
+    d_ne = dp * c.cp  # non-expert gradients reduce over DP x CP
+    d_e = max(1, world // (c.etp * c.ep * c.pp))  # expert-DP
+    t_rs, t_ag = _dp_traffic(u, w, d_ne, d_e)
+    t_dp = _dp_exposed(c, opts, t_rs, t_ag, stage.microbatch)
+    t_opt = _optimizer_time(c, w, d_ne, d_e, u.hbm)
 
-    def dp_bw(block: int, size: int) -> float:
-        if size <= 1:
-            return float("inf")
-        return nvl if block * size <= hw.gpus_per_node else nic
-
-    t_rs = t_ag = 0.0
-    for params, d, block in ((w.nonexpert_params_per_gpu, d_ne, tp),
-                             (w.expert_params_per_gpu, d_e, etp * ep)):
-        if d <= 1 or params <= 0:
-            continue
-        bw = dp_bw(block, d)
-        ring = (d - 1) / d
-        if c.use_distributed_optimizer:
-            t_rs += params * gb * ring / bw
-            t_ag += params * 2 * ring / bw
-        else:
-            gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == nic else 1.0
-            t_rs += 2 * params * gb * ring / (bw * gain)
-    # What the overlap hides behind (Megatron's DDP bucket hooks): a model chunk's gradients
-    # are reduced once its last microbatch's backward is done, its parameters gathered as its
-    # first microbatch's forward reaches them. With one chunk (1F1B) that is one microbatch's
-    # backward / forward; with VPP chunks the interleaved schedule runs (VPP-1) x PP chunk
-    # steps of other chunks' backward (cool-down) / forward (warm-up) after the first chunk's
-    # gradients are ready / before the last chunk's first forward, so the window grows to
-    # (1 + (VPP-1) x PP) / VPP microbatch-times.
-    chunk_steps = (1 + (vpp - 1) * pp) / vpp
-    if opts.overlap_grad_reduce:
-        t_rs = max(DP_EXPOSED_TAIL * t_rs, t_rs - 2 / 3 * t_mb * chunk_steps)
-    if opts.overlap_param_gather:
-        t_ag = max(DP_EXPOSED_TAIL * t_ag, t_ag - 1 / 3 * t_mb * chunk_steps)
-    t_dp = t_rs + t_ag
-
-    p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu
-    shard = (w.nonexpert_params_per_gpu / d_ne + w.expert_params_per_gpu / d_e
-             if c.use_distributed_optimizer else p_gpu)
-    t_opt = (p_gpu * 4 + shard * OPTIMIZER_BYTES_PER_PARAM) / hbm
-
-    step = m * t_mb + bubble + p2p + t_dp + t_opt
-    comm = m * t_stage_comm + p2p + t_dp
-    breakdown = {
-        "compute": m * t_stage_compute, "tp": m * t_stage_tp, "cp": m * t_stage_cp,
-        "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * t_stage_ep,
-        "optimizer": t_opt, "exposed_communication": comm,
-    }
-    tokens = gbs * s
-    model_flops = k.flops_per_token * tokens
-    tflops = model_flops / (step * world) / 1e12
+    step, breakdown = _assemble(m, stage, bubble, p2p, t_dp, t_opt)
+    tokens = gbs * c.seq_length
+    tflops = u.k.flops_per_token * tokens / (step * world) / 1e12
     return Prediction(step, tokens / (step * world), tflops, tflops / hw.peak_bf16, breakdown,
                       hw.generation, eff.fitted_on)
