@@ -57,12 +57,12 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def validate(model: type[S], data: Any, file: str) -> S:
     """Validate `data` against `model`, raising ConfigError for the first problem."""
-    import msgspec
+    import msgspec  # lazy: start-up (msgspec only when used)
 
     try:
         return msgspec.convert(data, model)
     except msgspec.ValidationError as exc:
-        from slurmpod.model.explain import explain
+        from slurmpod.model.explain import explain  # lazy: start-up
 
         msg, key = explain(str(exc), model, data)
         raise ConfigError(msg, file=file, key=key or None) from None
@@ -71,7 +71,7 @@ def validate(model: type[S], data: Any, file: str) -> S:
 def load_site(path: Path | str) -> Site:
     """Read, validate and resolve a site file (its inventory is built here, so naming clashes
     surface as config errors too)."""
-    from slurmpod.model.site import Site
+    from slurmpod.model.site import Site  # lazy: start-up
 
     path = Path(path)
     site = validate(Site, read_toml(path), str(path))

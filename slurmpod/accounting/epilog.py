@@ -47,6 +47,7 @@ from slurmpod.accounting.safeio import (
 )
 from slurmpod.accounting.spool import LOG_NAME, Deliver, DeliveryError, Spool, safe_job_id
 from slurmpod.accounting.trusted import SiteGpu, allocated_gpus, parse_scontrol_job
+from slurmpod.errors import CommandError
 
 log = logging.getLogger("slurmpod.hook")
 SPOOL_ENV = "SLURMPOD_SPOOL"
@@ -155,8 +156,7 @@ def local_runner(slurm_conf: str | None = None) -> Callable[[list[str], float],
                                                             tuple[int, str, str]]:
     """Run Slurm commands here (argv lists, never a shell) through slurmpod's LocalRunner,
     with SLURM_CONF and a PATH set (the epilog's own environment has neither)."""
-    from slurmpod.errors import CommandError
-    from slurmpod.transport.local import LocalRunner
+    from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
     # Epoch seconds in scontrol/sacct output: no guessing at the controller's time zone.
     env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
@@ -409,7 +409,7 @@ def _summarise(got: StreamedRead, job: dict[str, Any], job_id: str, log_path: st
                summarise: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None,
                opts: EpilogOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     if summarise is None:
-        from slurmpod.accounting.figures import summarise_log
+        from slurmpod.accounting.figures import summarise_log  # lazy: start-up
 
         summarise = summarise_log
     gpu: SiteGpu | None = job.get("site_gpu")
@@ -428,7 +428,7 @@ def _gpu_telemetry(job: dict[str, Any], env: Mapping[str, str], log_path: str,
                    summary: dict[str, Any], opts: EpilogOptions) -> dict[str, Any] | None:
     """GPU figures from the site's tools or the job's monitor (slurmpod.telemetry.collect):
     `summary["gpu"]`, and the per-GPU part of the record returned."""
-    from slurmpod.telemetry.collect import collect_for_epilog
+    from slurmpod.telemetry.collect import collect_for_epilog  # lazy: start-up
 
     gpu: SiteGpu | None = job.get("site_gpu")
 

@@ -13,6 +13,7 @@ MFU = model FLOPs per iteration / (iteration time × GPUs × peak dense BF16 FLO
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ def job_params(comment: Mapping[str, Any] | None, args: Mapping[str, Any] | None
     src = "comment" if flops else "none"
     if flops is None and a and _dump_ok(a):
         try:
+            # lazy: start-up
+            # lazy: start-up
             from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_iteration
 
             flops = _pos(flops_per_iteration(a))
@@ -96,7 +99,7 @@ def job_params(comment: Mapping[str, Any] | None, args: Mapping[str, Any] | None
 
 
 def _dump_ok(args: Mapping[str, Any]) -> bool:
-    from slurmpod.megatron.validate import check_dump_args
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
 
     problem = check_dump_args(args)
     return problem is None
@@ -171,7 +174,7 @@ def _flops_fn(p: JobParams, args: Mapping[str, Any] | None) -> Callable[[int], f
     if p.src == "comment" and p.flops_per_iter is not None:
         return lambda gbs: p.flops_at(gbs) or 0.0
     if p.src == "args" and args:
-        from slurmpod.accounting.metrics import flops_fn_for
+        from slurmpod.accounting.metrics import flops_fn_for  # lazy: start-up
 
         return flops_fn_for(args)[0]
     return None
@@ -190,8 +193,8 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
 
     `truncated`: the middle of the log was not read (size cap), so the productive time is not
     known and goodput is left out."""
-    from slurmpod.accounting.logparse import LogParser, epoch_to_log_clock
-    from slurmpod.accounting.metrics import job_metrics
+    from slurmpod.accounting.logparse import LogParser, epoch_to_log_clock  # lazy: start-up
+    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
 
     parser = LogParser()
     for chunk in [data] if isinstance(data, bytes | bytearray) else data:
@@ -268,7 +271,6 @@ def summarise_log(data: bytes | Iterable[bytes], job: Mapping[str, Any], *,
 
 
 def _utc_offset_s() -> float:
-    import time
 
     lt = time.localtime()
     return float(lt.tm_gmtoff or 0)

@@ -52,6 +52,8 @@ Slurm's epoch times, add the node's UTC offset to the epoch value (`epoch_to_log
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import re
 from bisect import bisect_right
 from collections.abc import Collection, Iterable
@@ -429,12 +431,9 @@ def _pad_heap() -> None:
     if _heap_padded:
         return
     _heap_padded = True
-    try:
-        import ctypes
-
+    # no mallopt (macOS): nothing to tune
+    with contextlib.suppress(OSError, AttributeError, TypeError):
         ctypes.CDLL(None).mallopt(-2, 16 << 20)  # M_TOP_PAD (malloc.h); glibc and musl
-    except (OSError, AttributeError, TypeError):  # no mallopt (macOS): nothing to tune
-        pass
 
 
 class LogParser:

@@ -201,8 +201,8 @@ def _round(x: float | None, nd: int) -> float | None:
 def flops_fn_for(args: Mapping[str, Any] | Any) -> tuple[FlopsFn, str]:
     """slurmpod's FLOPs model for a Megatron configuration (an arguments dict, MegatronArgs or
     ModelConfig): returns (global batch size -> FLOPs per iteration, formula version)."""
-    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
-    from slurmpod.megatron.runspec import ModelConfig
+    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token  # lazy: start-up
+    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
 
     cfg = ModelConfig.from_args(args)
     per_sequence = flops_per_token(cfg) * cfg.seq_length  # FLOPs are linear in batch size

@@ -22,6 +22,7 @@ which dumps the ranks' stacks and ends the step.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -114,7 +115,7 @@ class MonitorState:
 
 def parse_chunk(data: bytes, state: MonitorState) -> None:
     """Feed one chunk of complete lines to a fresh parser; keep arguments and the last rows."""
-    from slurmpod.accounting.logparse import LogParser
+    from slurmpod.accounting.logparse import LogParser  # lazy: start-up
 
     if not data:
         return
@@ -357,7 +358,7 @@ def _sample_gpus(sampler: Any, log_path: str) -> dict[str, Any] | None:
     Never raises: GPU telemetry is optional (docs/telemetry.md)."""
     if sampler is None:
         return None
-    from slurmpod.telemetry import comment as tcomment
+    from slurmpod.telemetry import comment as tcomment  # lazy: start-up
 
     try:
         sampler.sample()
@@ -386,7 +387,7 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
         t = io.now() if progressed or state.last_t is None else state.last_t
         text = hooks.build_comment(base_comment, live, now_s=t)
         if gpu:
-            from slurmpod.telemetry.comment import with_gpu
+            from slurmpod.telemetry.comment import with_gpu  # lazy: start-up
 
             text = with_gpu(text, gpu)
     except ValueError as exc:
@@ -405,7 +406,6 @@ def _update(job_id: str, base_comment: str | None, live: Mapping[str, Any],
 
 def hang_record(job_id: str, hang: Hang, now_s: float) -> bytes:
     """One line of the attempts record (format v1, docs/runs.md): {"event":"hang",...}."""
-    import json
 
     doc = {"v": 1, "event": "hang", "job_id": job_id, "attempt": hang.attempt or 1,
            "time": int(now_s), **{k: v for k, v in hang.to_json().items() if k != "attempt"}}

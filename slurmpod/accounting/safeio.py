@@ -25,6 +25,8 @@ import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from slurmpod.model.hostlist import expand
+
 MIB = 1024 * 1024
 DEFAULT_HEAD_BYTES = 1 * MIB
 DEFAULT_TAIL_BYTES = 64 * MIB
@@ -309,7 +311,6 @@ def expand_output_pattern(pattern: str, env: Mapping[str, str]) -> str:
 
 def _first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist (`gpu[001-004]` -> `gpu001`); empty when unparsable."""
-    from slurmpod.model.hostlist import expand
 
     try:
         hosts = expand(nodelist) if nodelist else []

@@ -152,7 +152,7 @@ def order_of(doc: dict[str, Any]) -> tuple[int, int]:
 @functools.cache
 def _fast_json() -> tuple[Callable[[bytes], Any], type[Exception]]:
     """msgspec's JSON decoder, imported on first use (not by every epilog)."""
-    import msgspec
+    import msgspec  # lazy: start-up (msgspec only when used)
 
     return msgspec.json.Decoder().decode, msgspec.MsgspecError
 

@@ -16,12 +16,12 @@ BACKENDS = ("cli", "pyslurm")
 def make_backend(kind: str, runner: CommandRunner) -> SlurmBackend:
     """Build a backend by name; `runner` is where Slurm's commands run (local or SSH)."""
     if kind == "cli":
-        from slurmpod.backends.cli import CliBackend
+        from slurmpod.backends.cli import CliBackend  # lazy: start-up
 
         return CliBackend(runner)
     if kind == "pyslurm":
-        from slurmpod.backends.cli import CliBackend
-        from slurmpod.backends.pyslurm_backend import PyslurmBackend
+        from slurmpod.backends.cli import CliBackend  # lazy: start-up
+        from slurmpod.backends.pyslurm_backend import PyslurmBackend  # lazy: start-up
 
         if runner.where != "local":
             raise UsageError("the pyslurm backend only runs on a cluster node, not over SSH",

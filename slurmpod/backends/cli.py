@@ -19,9 +19,11 @@ from slurmpod.backends.parse import (
     parse_sacct_parsable,
     parse_sbatch_parsable,
     parse_scontrol_nodes,
+    parse_scontrol_partitions,
     parse_squeue_json,
     sacct_delimiter,
 )
+from slurmpod.backends.parse import partition_max_time as pick
 from slurmpod.errors import CommandError, SlurmError
 from slurmpod.model.jobs import JobRecord, JobStatus, NodeInfo
 from slurmpod.transport.base import CommandResult, CommandRunner, CommandTimeoutError
@@ -132,7 +134,7 @@ class CliBackend:
         name: str | None = None,
         all_users: bool = False,
     ) -> list[JobStatus]:
-        from slurmpod.backends.joblist import list_argv, parse_job_list
+        from slurmpod.backends.joblist import list_argv, parse_job_list  # lazy: start-up
 
         delim = sacct_delimiter()  # per query: no job's text can hold it (backends.parse)
         argv = list_argv(window_s=window_s, job_ids=job_ids, name=name, all_users=all_users,
@@ -196,8 +198,6 @@ class CliBackend:
         return parse_scontrol_nodes(self.query(argv).stdout)
 
     def partition_max_time(self, partition: str | None) -> int | None:
-        from slurmpod.backends.parse import parse_scontrol_partitions
-        from slurmpod.backends.parse import partition_max_time as pick
 
         # All partitions in one call: `show partition NAME` exits 1 for an unknown name, and
         # the default one (Default=YES) must be found among them anyway.

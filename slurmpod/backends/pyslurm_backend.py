@@ -16,8 +16,10 @@ script *file*, splits values on `#` and `=` (a quoted JSON `--comment` breaks), 
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ from typing import Any
 from slurmpod.backends.base import Script, parent_id, wanted
 from slurmpod.backends.parse import gpus_from_tres
 from slurmpod.errors import SlurmError
+from slurmpod.model.hostlist import expand
 from slurmpod.model.jobs import JobRecord, JobState, JobStatus, NodeInfo, StepRecord
 from slurmpod.model.slurm_time import limit_minutes
 
@@ -442,8 +445,6 @@ class PyslurmBackend:
         name: str | None = None,
         all_users: bool = False,
     ) -> list[JobStatus]:
-        import getpass
-        import time
 
         db = self.ps.db
         kw: dict[str, Any] = {}
@@ -517,7 +518,6 @@ class PyslurmBackend:
         return {k: v for k, v in out.items() if wanted(k, job_ids)}
 
     def nodes(self, names: str | None = None) -> list[NodeInfo]:
-        from slurmpod.model.hostlist import expand
 
         chosen = set(expand(names)) if names else None
         nodes = _call("loading nodes", self.ps.Nodes.load)

@@ -24,12 +24,15 @@ def calibrate(logs: tuple[Path, ...], site_name: str | None, output: Path | None
               warmup_iters: int, dry_run: bool) -> None:
     """Fit the performance model to finished Megatron jobs' logs (their arguments dump and
     steady iteration time) on this site."""
-    from slurmpod.accounting.logparse import parse_log
-    from slurmpod.accounting.metrics import job_metrics
-    from slurmpod.config import data_dir, load_site, resolve_site_path
-    from slurmpod.megatron.runspec import ModelConfig
-    from slurmpod.megatron.validate import check_dump_args
-    from slurmpod.perf import calibrate as cal
+    from slurmpod.accounting.logparse import parse_log  # lazy: start-up
+    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
+    from slurmpod.config import data_dir, load_site, resolve_site_path  # lazy: start-up
+    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
+    from slurmpod.perf import calibrate as cal  # lazy: start-up
+
+    # lazy: start-up
+    # lazy: start-up
     from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, RunOptions, hardware_from_site
 
     site_path = Path(resolve_site_path(site_name, default="dgx-h100-superpod"))
@@ -75,7 +78,7 @@ def calibrate(logs: tuple[Path, ...], site_name: str | None, output: Path | None
     if output is None and site_path.resolve().parent == data_dir("site_configs").resolve():
         raise UsageError(f"site {site.site.name} is built in; give --output or a site file "
                          "of your own")
-    from slurmpod.fsutil import output_error
+    from slurmpod.fsutil import output_error  # lazy: start-up
 
     try:
         cal.save(dest, hw.generation, eff, len(ratios))

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from slurmpod.errors import SlurmError, SlurmpodError
+from slurmpod.sandbox.workload import EMULATOR_MODULE
 
 DEMO_RUN = """\
 # The demo run: a tiny GPT on 2 emulated nodes x 8 "GPUs" of the sandbox site.
@@ -82,8 +83,7 @@ def _echo_indented(text: str) -> None:
 @click.option("--down", is_flag=True, help="Stop the sandbox at the end.")
 def demo(state_dir: Path | None, iters: int, timeout_s: float, down: bool) -> None:
     """Run slurmpod end to end on the embedded sandbox (a real Slurm on this machine)."""
-    from slurmpod.sandbox.cluster import Sandbox, default_state_dir
-    from slurmpod.sandbox.workload import EMULATOR_MODULE
+    from slurmpod.sandbox.cluster import Sandbox, default_state_dir  # lazy: start-up
 
     state = (state_dir or default_state_dir()).absolute()
     total = 6

@@ -7,14 +7,25 @@ Exit codes of `check`: 0 clean, 1 findings, 3 bad input (site file or ibnetdisco
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from slurmpod.cli.fabric_health import HealthOpts, add_health, finish, health_options, lldp_report
+from slurmpod.cli.output import emit_json
 from slurmpod.errors import ConfigError, UsageError
-from slurmpod.fabric.synth import DESC_FORMS
+from slurmpod.fabric.ibnetdiscover import merge, parse, parse_file
+from slurmpod.fabric.synth import (
+    DESC_FORMS,
+    DescForm,
+    Fault,
+    FaultKind,
+    UplinkLayout,
+    synthesize_planes,
+)
 
 if TYPE_CHECKING:
     from slurmpod.fabric.check import CheckReport
@@ -52,9 +63,9 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
     degraded speed/width, unknown nodes/HCAs/switches. Storage and management HCAs are kept
     apart. Exit 0 when clean, 1 with findings, 3 on bad input.
     """
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.fabric.check import check_fabric, compile_filters
-    from slurmpod.topology.fabric_plan import plan_fabric
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
+    from slurmpod.fabric.check import check_fabric, compile_filters  # lazy: start-up
+    from slurmpod.topology.fabric_plan import plan_fabric  # lazy: start-up
 
     rules = compile_filters(filters)
     path = resolve_site_path(site)
@@ -78,7 +89,7 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
     report = check_fabric(site_obj, plan, fabric, rules)
     add_health(site_obj, plan, fabric, report, opts)
     if nvlink_path is not None:  # merged, so --drain and --json cover the NVLink findings too
-        from slurmpod.fabric.nvlink import merge_nvlink
+        from slurmpod.fabric.nvlink import merge_nvlink  # lazy: start-up
 
         merge_nvlink(site_obj, nvlink_path, report)
     ctx.exit(finish(report, opts, site_obj, as_json, limit, _print_report))
@@ -87,8 +98,7 @@ def check(ctx: click.Context, site: str, fabric_files: tuple[Path, ...],
 def _nvlink_only(site: Site, path: Path, limit: int, as_json: bool) -> int:
     """`topo check --nvlink` without an IB dump: the NVLink check alone, printed; the exit
     status (0 clean, 1 findings)."""
-    from slurmpod.cli.output import emit_json
-    from slurmpod.fabric.nvlink import check_nvlink, read_nvlink_input
+    from slurmpod.fabric.nvlink import check_nvlink, read_nvlink_input  # lazy: start-up
 
     report = check_nvlink(site, read_nvlink_input(path), str(path))
     if as_json:
@@ -157,8 +167,8 @@ def discover(fabric_files: tuple[Path, ...], filters: tuple[str, ...], out_dir: 
     """Derive the node -> leaf -> spine tree from ibnetdiscover output (rail leaves that see the
     same nodes merge into one SU) and write a draft site.toml plus the `topo generate`
     artefacts into OUT."""
-    from slurmpod.fabric.check import compile_filters
-    from slurmpod.fabric.discover import discover_site, draft_site_toml
+    from slurmpod.fabric.check import compile_filters  # lazy: start-up
+    from slurmpod.fabric.discover import discover_site, draft_site_toml  # lazy: start-up
 
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
@@ -168,19 +178,18 @@ def discover(fabric_files: tuple[Path, ...], filters: tuple[str, ...], out_dir: 
     found = discover_site(fabric, rules)
     text = draft_site_toml(found, name, source=", ".join(map(str, fabric_files)))
     files, site_obj = _validated_artifacts(text, out_dir / "site.toml")
-    from slurmpod.fsutil import write_tree_atomic
+    from slurmpod.fsutil import write_tree_atomic  # lazy: start-up
 
     try:
         written = write_tree_atomic(out_dir, {"site.toml": text, **files})
     except OSError as exc:
-        from slurmpod.fsutil import output_error
+        from slurmpod.fsutil import output_error  # lazy: start-up
 
         raise output_error(out_dir, exc) from None
     summary = found.summary()
     summary.update({"site": site_obj.site.name, "out_dir": str(out_dir),
                     "files": [str(p) for p in written]})
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(summary)
         return
@@ -198,7 +207,6 @@ def discover(fabric_files: tuple[Path, ...], filters: tuple[str, ...], out_dir: 
 
 def _read_fabrics(paths: tuple[Path, ...]) -> Fabric:
     """Every file read (a missing one is an error, never skipped), merged into one fabric."""
-    from slurmpod.fabric.ibnetdiscover import merge
 
     if sum(str(p) == "-" for p in paths) > 1:
         raise UsageError("--ibnetdiscover -: standard input can be read once")
@@ -213,9 +221,7 @@ def _read_fabrics(paths: tuple[Path, ...]) -> Fabric:
 
 
 def _read_fabric(path: Path) -> Fabric:
-    import sys
 
-    from slurmpod.fabric.ibnetdiscover import parse, parse_file
 
     if str(path) == "-":
         try:
@@ -227,7 +233,6 @@ def _read_fabric(path: Path) -> Fabric:
 
 
 def _site_name(out_dir: Path) -> str:
-    import re
 
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", out_dir.resolve().name) or "discovered"
     return name if name[0].isalpha() else f"site-{name}"
@@ -235,11 +240,11 @@ def _site_name(out_dir: Path) -> str:
 
 def _validated_artifacts(text: str, where: Path) -> tuple[dict[str, str], Site]:
     """Validate the draft like `config.load_site` would, then generate the artefacts."""
-    import tomllib
+    import tomllib  # lazy: start-up
 
-    from slurmpod.config import validate
-    from slurmpod.model.site import Site
-    from slurmpod.topology.generate import generate
+    from slurmpod.config import validate  # lazy: start-up
+    from slurmpod.model.site import Site  # lazy: start-up
+    from slurmpod.topology.generate import generate  # lazy: start-up
 
     site_obj = validate(Site, tomllib.loads(text), str(where))
     try:
@@ -285,12 +290,9 @@ def synth(site: str, output: str, storage: bool, desc: str, uplinks: str, planes
 
     An endpoint (EP) is NODE:HCA (a node's verbs device) or SWITCH:PORT (a planned switch
     port). For rehearsing `slurmpod topo check` before the cables are in."""
-    import sys
-    from typing import cast
 
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.fabric.synth import DescForm, Fault, FaultKind, UplinkLayout, synthesize_planes
-    from slurmpod.fsutil import output_error, write_atomic
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
+    from slurmpod.fsutil import output_error, write_atomic  # lazy: start-up
 
     loaded = load_site(resolve_site_path(site))
     wanted = [Fault(cast(FaultKind, kind), spec) for kind, _, _ in _FAULTS

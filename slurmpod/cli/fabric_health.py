@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmpod.cli.output import emit_json
 from slurmpod.errors import UsageError
+from slurmpod.fabric.drain import apply, drains
 
 if TYPE_CHECKING:
     import re
@@ -77,7 +79,7 @@ class HealthOpts:
 def lldp_report(site: Site, plan: FabricPlan, rules: list[re.Pattern[str]], opts: HealthOpts,
                 fabric_files: tuple[Path, ...]) -> CheckReport:
     """`topo check --lldp`: the RoCE check in place of the ibnetdiscover one."""
-    from slurmpod.fabric.lldp import check_lldp, read_lldp
+    from slurmpod.fabric.lldp import check_lldp, read_lldp  # lazy: start-up
 
     if fabric_files:
         raise UsageError("--lldp checks a RoCE fabric from the nodes' LLDP data and "
@@ -93,6 +95,8 @@ def add_health(site: Site, plan: FabricPlan, fabric: Fabric, report: CheckReport
                opts: HealthOpts) -> None:
     """Counter and SHARP findings added to the cabling report."""
     if opts.counter_files:
+        # lazy: start-up
+        # lazy: start-up
         from slurmpod.fabric.counters import check_counters, read_counters, thresholds
 
         limits = thresholds(opts.threshold_items, opts.threshold_files)
@@ -107,7 +111,7 @@ def add_health(site: Site, plan: FabricPlan, fabric: Fabric, report: CheckReport
     if opts.sharp:
         if not site.fabric.sharp:
             raise UsageError("--sharp: the site sets fabric.sharp = false; nothing to check")
-        from slurmpod.fabric.counters import apart_switch_ids, check_sharp
+        from slurmpod.fabric.counters import apart_switch_ids, check_sharp  # lazy: start-up
 
         report.findings.extend(check_sharp(fabric, apart_switch_ids(report.kept_apart)))
     report.stats["findings"] = len(report.findings)
@@ -117,16 +121,14 @@ def finish(report: CheckReport, opts: HealthOpts, site: Site, as_json: bool, lim
            print_report: Callable[[CheckReport, int], None]) -> int:
     """Print the report (and the drain commands), run them with --apply; the exit status:
     0 clean, 1 findings, 4 when an scontrol failed."""
-    from slurmpod.fabric.drain import apply, drains
 
     plan = drains(report.findings, site.inventory.by_name) if opts.drain else []
     results = []
     if opts.apply_drain and plan:
-        from slurmpod.transport.local import LocalRunner
+        from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
         results = apply(plan, LocalRunner())
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         doc = report.to_dict()
         if opts.drain:

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
+from slurmpod.cli.output import emit_json, table
 from slurmpod.errors import SlurmError, UsageError
+from slurmpod.telemetry.runner import run
 
 
 def _site_peak(site: str | None) -> float | None:
     """Peak dense BF16 TFLOP/s of the site's (first) GPU type."""
     if not site:
         return None
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     s = load_site(resolve_site_path(site))
     return s.node_types[s.su_groups[0].node_type].gpu.peak_tflops_bf16
@@ -27,8 +31,8 @@ def _site_gpu_resolver(site: str | None) -> Any:
     """nodelist -> the site's GPU of those nodes (trusted.site_gpu), or None without a site."""
     if not site:
         return None
-    from slurmpod.accounting.trusted import site_gpu
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     s = load_site(resolve_site_path(site))
     inv = s.inventory
@@ -37,8 +41,7 @@ def _site_gpu_resolver(site: str | None) -> Any:
 
 def _gpu_sampler() -> Any:
     """nvidia-smi sampling of the job's GPUs on this node (bounded: 10 s per call)."""
-    from slurmpod.telemetry.runner import run
-    from slurmpod.telemetry.sampler import Sampler, job_gpu_ids
+    from slurmpod.telemetry.sampler import Sampler, job_gpu_ids  # lazy: start-up
 
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     return Sampler(run, node=node, ids=job_gpu_ids(os.environ))
@@ -82,12 +85,12 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
             hang_setup_s: float, hang_save_s: float, poll_s: float) -> None:
     """Follow the job's log; every interval set its Comment to live MFU (Comment v1 JSON);
     with --attempts, detect hangs (docs/resilience-in-job.md)."""
-    import logging
+    import logging  # lazy: start-up
 
-    from slurmpod.accounting import monitor as mon
-    from slurmpod.backends.cli import CliBackend
-    from slurmpod.backends.parse import parse_scontrol_kv
-    from slurmpod.transport.local import LocalRunner
+    from slurmpod.accounting import monitor as mon  # lazy: start-up
+    from slurmpod.backends.cli import CliBackend  # lazy: start-up
+    from slurmpod.backends.parse import parse_scontrol_kv  # lazy: start-up
+    from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s slurmpod-monitor %(levelname)s %(message)s")
@@ -129,8 +132,6 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
     stop = threading.Event()
     mon.install_signal_handlers(stop)
     def on_hang(hang: Any) -> None:
-        import signal
-        import time
 
         assert attempts_path is not None
         fd = os.open(attempts_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -170,7 +171,7 @@ def monitor(log_path: str | None, job_id: str, interval_s: float, peak_tflops: f
 def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb: str,
            tail_mb: str, slurm_conf: str | None, all_jobs: bool, admin_mode: str) -> None:
     """EpilogSlurmctld hook: final summary to AdminComment and the spool. Always exits 0."""
-    from slurmpod.accounting.epilog import default_spool, log, run_epilog
+    from slurmpod.accounting.epilog import default_spool, log, run_epilog  # lazy: start-up
 
     root = Path(spool) if spool else default_spool()
     peak: float | None = None
@@ -201,9 +202,8 @@ def epilog(spool: str | None, site: str | None, peak_tflops: str | None, head_mb
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def flush(spool: str | None, list_only: bool, as_json: bool) -> None:
     """Deliver AdminComment updates queued while slurmctld/slurmdbd were unreachable."""
-    from slurmpod.accounting.epilog import default_spool, local_run, slurm_deliver
-    from slurmpod.accounting.spool import Spool
-    from slurmpod.cli.output import emit_json, table
+    from slurmpod.accounting.epilog import default_spool, local_run, slurm_deliver  # lazy: start-up
+    from slurmpod.accounting.spool import Spool  # lazy: start-up
 
     root = Path(spool) if spool else default_spool()
     if not root.is_dir():

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmpod.accounting import plausible
+from slurmpod.cli.output import emit_json, table
 from slurmpod.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -24,8 +26,8 @@ if TYPE_CHECKING:
 
 
 def _read_log(path: Path, attempt: int | None = None) -> Any:
-    from slurmpod.accounting.logparse import LogParser, parse_log
-    from slurmpod.accounting.metrics import COLUMNS_READ
+    from slurmpod.accounting.logparse import LogParser, parse_log  # lazy: start-up
+    from slurmpod.accounting.metrics import COLUMNS_READ  # lazy: start-up
 
     try:
         if attempt is None:
@@ -46,8 +48,8 @@ def _read_log(path: Path, attempt: int | None = None) -> Any:
 def _attempt_range(log: Path, attempt: int) -> tuple[int, int | None]:
     """Byte range of one attempt in a slurmpod job log (RUN_DIR/logs/NAME-JOB.out), from the
     job script's record next to it (RUN_DIR/.slurmpod/attempts.jsonl, docs/runs.md)."""
-    from slurmpod.runs.attempts import byte_range
-    from slurmpod.runs.local import attempts_of_log, record_beside
+    from slurmpod.runs.attempts import byte_range  # lazy: start-up
+    from slurmpod.runs.local import attempts_of_log, record_beside  # lazy: start-up
 
     mine = attempts_of_log(log.resolve())
     if mine is None:
@@ -83,7 +85,7 @@ def _fp8_peak(site: Site, node_type: str | None) -> float | None:
 
 
 def _fp8_run(args: Any) -> bool:
-    from slurmpod.accounting.figures import is_fp8
+    from slurmpod.accounting.figures import is_fp8  # lazy: start-up
 
     if isinstance(args, Mapping):
         return is_fp8(args)
@@ -131,7 +133,7 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
         gpus: int | None, peak_tflops: float | None, warmup_iters: int, attempt: int | None,
         series: bool, as_json: bool) -> None:
     """MFU and throughput from a Megatron LOG (any release, submitted by slurmpod or not)."""
-    from slurmpod.accounting.metrics import job_metrics
+    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
 
     summary = _read_iterations(log, attempt)
     site_obj = _site_for(site, node_type)
@@ -145,7 +147,6 @@ def mfu(log: Path, run_file: Path | None, site: str | None, node_type: str | Non
                         flops_formula="none", warmup_iters=warmup_iters,
                         series=series and as_json)
         if as_json:
-            from slurmpod.cli.output import emit_json
 
             doc = _json_doc(log, attempt, None, peak_src, summary, m, series)
             doc["n_gpus"] = n_gpus
@@ -183,7 +184,7 @@ def _read_iterations(log: Path, attempt: int | None) -> Any:
 
 def _site_for(site: str | None, node_type: str | None) -> Site:
     """The site (default the built-in dgx-h100-superpod), with `--node-type` one of its types."""
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     site_obj = load_site(resolve_site_path(site, default="dgx-h100-superpod"))
     if node_type is not None and node_type not in site_obj.node_types:
@@ -197,8 +198,8 @@ def _model_args(log: Path, run_file: Path | None, summary: Any, site_obj: Site,
                 node_type: str | None) -> tuple[Any, str | None, int | None]:
     """(Megatron arguments, where they came from, world size) from `--run`, else the log's
     arguments dump (checked first: it is the job's word), else (None, None, None)."""
-    from slurmpod.megatron.runspec import load_run
-    from slurmpod.megatron.validate import check_dump_args
+    from slurmpod.megatron.runspec import load_run  # lazy: start-up
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
 
     if run_file is not None:
         run = load_run(run_file)
@@ -235,8 +236,8 @@ def _model_metrics(log: Path, run_file: Path | None, summary: Any, args: Any, pe
                    n_gpus: int, warmup_iters: int, series: bool) -> JobMetrics:
     """The job's figures with slurmpod's FLOPs of the model; a model it cannot count is a
     config error naming the run spec or the log."""
-    from slurmpod.accounting.metrics import flops_fn_for, job_metrics
-    from slurmpod.megatron.runspec import ModelConfig
+    from slurmpod.accounting.metrics import flops_fn_for, job_metrics  # lazy: start-up
+    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
 
     try:
         cfg = ModelConfig.from_args(args)
@@ -252,7 +253,6 @@ def _model_metrics(log: Path, run_file: Path | None, summary: Any, args: Any, pe
 def _emit_model_json(log: Path, attempt: int | None, source: str | None, peak_src: str,
                      summary: Any, m: JobMetrics, series: bool, peak: float,
                      peak_fp8: float | None) -> None:
-    from slurmpod.cli.output import emit_json
 
     doc = _json_doc(log, attempt, source, peak_src, summary, m, series)
     if peak_fp8 and m.mfu is not None:
@@ -279,7 +279,6 @@ def _model_text(log: Path, summary: Any, m: JobMetrics, source: str | None, peak
 
 
 def _implausible(m: JobMetrics) -> tuple[str, ...]:
-    from slurmpod.accounting import plausible
 
     mfu = m.mfu
     return plausible.reasons({"mfu": mfu.median if mfu else None,
@@ -301,7 +300,6 @@ def _json_doc(log: Path, attempt: int | None, source: str | None, peak_src: str,
 
 def _text(log: Path, summary: Any, m: JobMetrics, source: str | None, peak_src: str,
           n_gpus: int | None) -> str:
-    from slurmpod.cli.output import table
 
     of = f" of {m.train_iters}" if m.train_iters is not None else ""
     lines = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -19,7 +20,6 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
 
         return dataclasses.asdict(obj)
     return str(obj)

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmpod.cli.output import emit_json, table
 from slurmpod.errors import ConfigError, UsageError
+from slurmpod.resilience import interval as ri
 
 if TYPE_CHECKING:
     from slurmpod.megatron.plan import Plan
@@ -41,8 +43,8 @@ def _si(x: float) -> str:
 def load_run_input(spec: str | None, preset: str | None, megatron_args: str | None,
                    nodes: int | None, site: Site) -> tuple[RunSpec, str]:
     """The run spec from a TOML file, a preset, a Megatron command line or a launch script."""
-    from slurmpod.megatron import args as margs
-    from slurmpod.megatron import runspec
+    from slurmpod.megatron import args as margs  # lazy: start-up
+    from slurmpod.megatron import runspec  # lazy: start-up
 
     given = [x for x in (spec, preset, megatron_args) if x is not None]
     if len(given) != 1:
@@ -76,8 +78,7 @@ def load_run_input(spec: str | None, preset: str | None, megatron_args: str | No
 
 
 def render_summary(plan: Plan, source: str | None = None) -> str:
-    from slurmpod.cli.output import table
-    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION
+    from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION  # lazy: start-up
 
     p = plan
     out: list[str] = []
@@ -163,18 +164,18 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
          as_json: bool, do_search: bool, top: int, history_paths: tuple[Path, ...],
          checkpoint_log: Path | None, restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.megatron.plan import make_plan
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
+    from slurmpod.megatron.plan import make_plan  # lazy: start-up
 
     site_path = resolve_site_path(site_name, default="dgx-h100-superpod")
     site = load_site(site_path)
     spec, source = load_run_input(run, preset, megatron_args, nodes, site)
-    from slurmpod.megatron.argnames import unknown_key_warnings
+    from slurmpod.megatron.argnames import unknown_key_warnings  # lazy: start-up
 
     for line in unknown_key_warnings(spec.megatron.explicit(), site.software.megatron, source):
         click.echo(f"slurmpod: warning: {line}", err=True)
     result = make_plan(spec, site, nodes=nodes)
-    from slurmpod.perf.planning import predict_run, search_run, summary_line
+    from slurmpod.perf.planning import predict_run, search_run, summary_line  # lazy: start-up
 
     site_file = Path(site_path)
     prediction = predict_run(spec, site, result.nodes, site_file)
@@ -193,7 +194,6 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         extra = candidates[0].megatron_keys() if do_search else None
         _write_spec(spec, result.nodes, Path(write_spec), extra)
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         data: dict[str, Any] = {"source": source, **result.to_json(),
                                 "prediction": prediction.to_json() if prediction else None,
@@ -222,8 +222,7 @@ def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, predicti
                                restart_s: float | None) -> dict[str, Any] | None:
     """The save interval for this run (slurmpod.resilience.interval) as plan shows it: the
     recommendation's JSON plus `line`, and what the run spec's own save_interval would give."""
-    from slurmpod.resilience import interval as ri
-    from slurmpod.resilience.history import measured_from_log, read_history
+    from slurmpod.resilience.history import measured_from_log, read_history  # lazy: start-up
 
     history = read_history(history_paths) if history_paths else None
     measured = measured_from_log(checkpoint_log) if checkpoint_log is not None else None
@@ -249,7 +248,6 @@ def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, predicti
 
 
 def _render_candidates(candidates: list[Any], evaluated: int) -> str:
-    from slurmpod.cli.output import table
 
     rows = []
     for i, cand in enumerate(candidates, 1):
@@ -269,8 +267,8 @@ def _render_candidates(candidates: list[Any], evaluated: int) -> str:
 
 def _write_spec(spec: RunSpec, nodes: int, path: Path,
                 layout: dict[str, Any] | None = None) -> None:
-    from slurmpod.fsutil import output_error, write_atomic
-    from slurmpod.megatron.runspec import to_toml
+    from slurmpod.fsutil import output_error, write_atomic  # lazy: start-up
+    from slurmpod.megatron.runspec import to_toml  # lazy: start-up
 
     megatron = spec.megatron.explicit()
     if layout is not None:  # a --search candidate replaces the layout keys

@@ -15,17 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
+import json
 import operator
 import os
 import re
 import sys
+import time
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
+from slurmpod.accounting.safeio import UnsafeFileError, expand_output_pattern, read_job_file
+from slurmpod.cli.output import emit_json
 from slurmpod.errors import CommandError, SlurmError, UsageError
+from slurmpod.report.extras import page_extras
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -60,9 +67,9 @@ def slurm_since(text: str) -> str:
 
 def _sacct(argv: list[str]) -> str:
     """sacct's output, with the CLI backend's retry while slurmdbd is briefly unreachable."""
-    from slurmpod.backends.cli import CliBackend
-    from slurmpod.backends.parse import SACCT_TIME_ENV
-    from slurmpod.transport.local import LocalRunner
+    from slurmpod.backends.cli import CliBackend  # lazy: start-up
+    from slurmpod.backends.parse import SACCT_TIME_ENV  # lazy: start-up
+    from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
     try:
         return CliBackend(LocalRunner(), timeout_s=SACCT_TIMEOUT_S).query(
@@ -90,14 +97,14 @@ def spool_index(spool: Path, *, compact: bool = False) -> dict[str, Path]:
     """job id -> its latest attempt's record (`records/<job>.<attempt>.json`), listing the
     directory once (a fleet report looks up thousands of jobs). `compact`: that attempt's
     summary (`summaries/<job>.<attempt>.json`, no series) where it has one."""
-    from slurmpod.accounting.spool import latest_record_paths
+    from slurmpod.accounting.spool import latest_record_paths  # lazy: start-up
 
     return {k: Path(p) for k, p in latest_record_paths(spool, compact=compact).items()}
 
 
 def read_spool_record(path: Path | str | None) -> dict[str, Any] | None:
     """A spool record or compact summary (record v1); None when missing or not one."""
-    from slurmpod.accounting.spool import read_json_file
+    from slurmpod.accounting.spool import read_json_file  # lazy: start-up
 
     if path is None:
         return None
@@ -110,8 +117,7 @@ def read_spool_record(path: Path | str | None) -> dict[str, Any] | None:
 
 def log_hints(record: dict[str, Any] | None) -> LogHints | None:
     """NCCL topology evidence from the head of the job's log, if this user can read it."""
-    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
-    from slurmpod.report.model import LogHints
+    from slurmpod.report.model import LogHints  # lazy: start-up
 
     log = (record or {}).get("log") or {}
     path = str(log.get("path") or "")
@@ -134,9 +140,8 @@ def log_hints(record: dict[str, Any] | None) -> LogHints | None:
 def megatron_args(head: bytes) -> Mapping[str, Any] | None:
     """Megatron's arguments dump in the head of the log (the model and layout the job ran, for
     the report's achieved vs predicted); None without one or when it cannot be parsed."""
-    import io
 
-    from slurmpod.accounting.logparse import parse_log
+    from slurmpod.accounting.logparse import parse_log  # lazy: start-up
 
     if b"arguments" not in head:
         return None
@@ -149,7 +154,7 @@ def megatron_args(head: bytes) -> Mapping[str, Any] | None:
 def attempt_ends(log_path: str) -> tuple[str, ...]:
     """Why each attempt that wrote to this log ended, from the job script's record in the run
     directory; () when it cannot be read (slurmpod.runs.local opens it safely)."""
-    from slurmpod.runs.local import attempts_of_log
+    from slurmpod.runs.local import attempts_of_log  # lazy: start-up
 
     return tuple(a.end or "running" for a in attempts_of_log(log_path) or ())
 
@@ -159,14 +164,14 @@ def _inventory(site: str | None) -> Inventory | None:
 
 
 def _site(site: str | None) -> tuple[Site, Path]:
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     path = Path(resolve_site_path(site))
     return load_site(path), path
 
 
 def _write(path: Path, text: str, what: str) -> None:
-    from slurmpod.fsutil import output_error, write_atomic
+    from slurmpod.fsutil import output_error, write_atomic  # lazy: start-up
 
     try:
         write_atomic(path, text)
@@ -200,8 +205,8 @@ def build_reports(jobs: list[SacctJob], spool: Path, inventory: Inventory | None
                   site_path: Path | None = None) -> list[JobReport]:
     """One report per job. Without the series (a fleet) each job's compact summary is read
     instead of its record: 10,000 full records are ~330 MB of JSON, their summaries ~12 MB."""
-    from slurmpod.accounting.spool import latest_record_paths
-    from slurmpod.report.build import build_job_report
+    from slurmpod.accounting.spool import latest_record_paths  # lazy: start-up
+    from slurmpod.report.build import build_job_report  # lazy: start-up
 
     index = latest_record_paths(spool, compact=not with_series)
 
@@ -232,8 +237,8 @@ def fleet_of(jobs: list[SacctJob], spool: Path, *, window: str,
     this function's time, and sending the child's rows back as pickled tuples costs about a
     tenth of building them. That pays on a machine with a free core; where every core is busy
     the two processes only compete (benchmarks/report_scale.py prints both)."""
-    from slurmpod.accounting.spool import latest_record_paths
-    from slurmpod.report.fleet import attach_usage, fleet_from_rows
+    from slurmpod.accounting.spool import latest_record_paths  # lazy: start-up
+    from slurmpod.report.fleet import attach_usage, fleet_from_rows  # lazy: start-up
 
     index = latest_record_paths(spool, compact=True)
     with _no_cyclic_gc():
@@ -257,8 +262,8 @@ def _cpus() -> int:
 
 def _fleet_rows(jobs: list[SacctJob], index: dict[str, str],
                 progress: bool) -> tuple[list[JobRow], int]:
-    from slurmpod.report.build import build_job_report
-    from slurmpod.report.fleet import rows_of
+    from slurmpod.report.build import build_job_report  # lazy: start-up
+    from slurmpod.report.fleet import rows_of  # lazy: start-up
 
     def reports(part: Iterable[SacctJob]) -> Iterator[JobReport]:
         for sj in part:
@@ -275,10 +280,9 @@ def _rows_in_two(mine: list[SacctJob], theirs: list[SacctJob], index: dict[str, 
                  progress: bool) -> tuple[list[JobRow], int]:
     """`_fleet_rows` of both halves, the second in a forked child. Whatever goes wrong in the
     child (killed, out of memory), this process does its half itself."""
-    import pickle
-    from dataclasses import fields
+    import pickle  # lazy: start-up
 
-    from slurmpod.report.fleet import JobRow
+    from slurmpod.report.fleet import JobRow  # lazy: start-up
 
     values = operator.attrgetter(*(f.name for f in fields(JobRow)))
     rfd, wfd = os.pipe()
@@ -389,8 +393,8 @@ def report(job_id: str | None, since: str | None, user: str | None, account: str
 
 
 def _load(selection: list[str]) -> list[SacctJob]:
-    from slurmpod.backends.parse import sacct_delimiter
-    from slurmpod.report.sacct import attempts_argv, jobs_from_text, records_argv
+    from slurmpod.backends.parse import sacct_delimiter  # lazy: start-up
+    from slurmpod.report.sacct import attempts_argv, jobs_from_text, records_argv  # lazy: start-up
 
     delim = sacct_delimiter()  # chosen now: no job's Comment or name can hold it
     records = _sacct(records_argv(selection, delim))
@@ -407,8 +411,8 @@ def load_usage(job_id: str) -> dict[str, Usage]:
 def load_usage_of(selection: list[str], warn: bool = False) -> dict[str, Usage]:
     """The seff-style usage of every job `selection` picks (a fresh delimiter: JobID first and
     JobIDRaw last frame each row, so no job text can plant a field); {} when sacct fails."""
-    from slurmpod.backends.parse import sacct_delimiter
-    from slurmpod.report.sacct import parse_usage, usage_selection_argv
+    from slurmpod.backends.parse import sacct_delimiter  # lazy: start-up
+    from slurmpod.report.sacct import parse_usage, usage_selection_argv  # lazy: start-up
 
     delim = sacct_delimiter()
     try:
@@ -441,23 +445,21 @@ def _job(job_id: str, as_json: bool, series: bool, html_file: Path | None,
                          typical_mfu=typical, usage=load_usage(job_id), site=site_obj,
                          site_path=site_path)
     if html_file is not None:
-        from slurmpod.accounting.spool import latest_record_paths
-        from slurmpod.report.extras import page_extras
-        from slurmpod.report.html import job_html
+        from slurmpod.accounting.spool import latest_record_paths  # lazy: start-up
+        from slurmpod.report.html import job_html  # lazy: start-up
 
         rec = read_spool_record(latest_record_paths(spool, compact=False).get(r.job.job_id))
         _write(html_file, job_html(r, generated=_now(), extras=page_extras(r, rec, fleet)),
                "HTML report")
     if prom_file is not None:
-        from slurmpod.report.prom import job_exposition
+        from slurmpod.report.prom import job_exposition  # lazy: start-up
 
         _write(prom_file, job_exposition([r]), "Prometheus textfile")
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(r.to_json(series=series))
     elif html_file is None and prom_file is None:
-        from slurmpod.report.text import job_text
+        from slurmpod.report.text import job_text  # lazy: start-up
 
         click.echo(job_text(r), nl=False)
 
@@ -466,7 +468,7 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
            as_json: bool, with_jobs: bool, as_csv: bool, html_file: Path | None,
            prom_file: Path | None, spool: Path, reliability: bool = False,
            efficiency: bool = False) -> None:
-    from slurmpod.report.sacct import select
+    from slurmpod.report.sacct import select  # lazy: start-up
 
     start = slurm_since(since)
     sel = [f"--starttime={start}", "--endtime=now"]
@@ -496,7 +498,10 @@ def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
                  fl: FleetReport, as_json: bool) -> None:
     """The reliability report (resilience/reliability.py): the phases query, then the attempts
     records next to the logs of at most MAX_RECORDS jobs, those that were interrupted first."""
-    from slurmpod.backends.parse import sacct_delimiter
+    from slurmpod.backends.parse import sacct_delimiter  # lazy: start-up
+
+    # lazy: start-up
+    # lazy: start-up
     from slurmpod.resilience.reliability import (
         MAX_RECORDS,
         build_reliability,
@@ -504,7 +509,7 @@ def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
         phases_argv,
         reliability_text,
     )
-    from slurmpod.runs.local import attempts_of_log
+    from slurmpod.runs.local import attempts_of_log  # lazy: start-up
 
     delim = sacct_delimiter()
     ids = {sj.record.job_id for sj in jobs}
@@ -527,7 +532,6 @@ def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
                             records_capped=len(wanted) > MAX_RECORDS,
                             loss_gpu_hours=fl.total.lost)
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(rel.to_json())
     else:
@@ -537,21 +541,20 @@ def _reliability(jobs: list[SacctJob], sel: list[str], spool: Path, since: str,
 def _fleet_out(fl: FleetReport, as_json: bool, with_jobs: bool, as_csv: bool,
                html_file: Path | None, prom_file: Path | None) -> None:
     if html_file is not None:
-        from slurmpod.report.html import fleet_html
+        from slurmpod.report.html import fleet_html  # lazy: start-up
 
         _write(html_file, fleet_html(fl, generated=_now()), "HTML report")
     if prom_file is not None:
-        from slurmpod.report.prom import fleet_exposition
+        from slurmpod.report.prom import fleet_exposition  # lazy: start-up
 
         _write(prom_file, fleet_exposition(fl), "Prometheus textfile")
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(fl.to_json(jobs=with_jobs))
     elif as_csv:
         click.echo(fl.to_csv(), nl=False)
     elif html_file is None and prom_file is None:
-        from slurmpod.report.text import fleet_text
+        from slurmpod.report.text import fleet_text  # lazy: start-up
 
         click.echo(fleet_text(fl), nl=False)
 
@@ -562,10 +565,8 @@ LOG_TAIL_BYTES = 256 << 10  # the watch reads only the log's tail: the last iter
 def _watch(job_id: str, site: str | None, spool: Path, interval: float,
            count: int | None) -> None:
     """`--watch`: the job report again every `interval` seconds (report/watch.py)."""
-    import time
-    from dataclasses import replace
 
-    from slurmpod.report.watch import Frame, Progress, watch
+    from slurmpod.report.watch import Frame, Progress, watch  # lazy: start-up
 
     if not _JOB_ID.match(job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id (123, 123_4 or 123+1)")
@@ -608,12 +609,10 @@ def _live_job(job_id: str) -> _LiveJob | None:
     """The job as slurmctld sees it, from `squeue --json` (JSON: no job text can plant a
     field): its state, and its stdout file expanded as slurmd does. None when squeue does not
     know the job (ended and purged, or an array task/het component, whose raw id differs)."""
-    import json
 
-    from slurmpod.accounting.safeio import expand_output_pattern
-    from slurmpod.backends.cli import CliBackend
-    from slurmpod.model.jobs import JobState
-    from slurmpod.transport.local import LocalRunner
+    from slurmpod.backends.cli import CliBackend  # lazy: start-up
+    from slurmpod.model.jobs import JobState  # lazy: start-up
+    from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
     if not job_id.isdigit():
         return None  # array tasks and het components: their raw id differs
@@ -648,8 +647,7 @@ def _live_job(job_id: str) -> _LiveJob | None:
 def _log_progress(path: str, uid: int) -> Any:
     """Progress from the log's tail, read as the epilog reads logs (the job's own regular file,
     no symlink, bounded); None when it cannot be read or holds no iteration yet."""
-    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
-    from slurmpod.report.watch import progress_from_log
+    from slurmpod.report.watch import progress_from_log  # lazy: start-up
 
     try:
         got = read_job_file(path, uid, head_bytes=0, tail_bytes=LOG_TAIL_BYTES)

@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from slurmpod.cli.output import emit_json, table
+
 _HOST = click.option("--host", help="Over SSH to this host (~/.ssh/config alias or name).")
 _REMOTE_ENV = click.option(
     "--remote-env", "remote_env", multiple=True, metavar="NAME=VALUE",
@@ -29,9 +31,9 @@ _SINCE_RESOLVE = click.option(
 def _connect(host: str | None, remote_env: tuple[str, ...]) -> Any:
     """(runner, backend): where commands run (as `slurmpod submit --host`) and the CLI
     backend over it."""
-    from slurmpod import submit as sub
-    from slurmpod.backends.cli import CliBackend
-    from slurmpod.cli.submit import _pairs, _runner
+    from slurmpod import submit as sub  # lazy: start-up
+    from slurmpod.backends.cli import CliBackend  # lazy: start-up
+    from slurmpod.cli.submit import _pairs, _runner  # lazy: start-up
 
     runner = _runner(host)
     if remote_env:
@@ -50,8 +52,8 @@ def _connect(host: str | None, remote_env: tuple[str, ...]) -> Any:
 def runs(since: str, all_users: bool, host: str | None, remote_env: tuple[str, ...],
          as_json: bool) -> None:
     """Your slurmpod runs: state, attempt, why the last attempt ended, progress, MFU, ETA."""
-    from slurmpod.runs.ops import list_runs, parse_window
-    from slurmpod.runs.view import HEADERS
+    from slurmpod.runs.ops import list_runs, parse_window  # lazy: start-up
+    from slurmpod.runs.view import HEADERS  # lazy: start-up
 
     window = parse_window(since)
     runner, backend = _connect(host, remote_env)
@@ -60,14 +62,12 @@ def runs(since: str, all_users: bool, host: str | None, remote_env: tuple[str, .
     finally:
         runner.close()
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json([v.to_json() for v in views])
         return
     if not views:
         click.echo(f"no slurmpod runs in the last {since} on {runner.where}", err=True)
         return
-    from slurmpod.cli.output import table
 
     click.echo(table(HEADERS, [v.row() for v in views]))
     faults = [line for v in views for line in v.fault_lines()]
@@ -90,8 +90,8 @@ def runs(since: str, all_users: bool, host: str | None, remote_env: tuple[str, .
 def logs(run: str, follow: bool, attempt: int | None, rank: int | None, since: str,
          host: str | None, remote_env: tuple[str, ...]) -> None:
     """Print RUN's main log (a job id or a run name), or one attempt of it."""
-    from slurmpod.runs import ops
-    from slurmpod.runs.view import log_path
+    from slurmpod.runs import ops  # lazy: start-up
+    from slurmpod.runs.view import log_path  # lazy: start-up
 
     window = ops.parse_window(since)
     runner, backend = _connect(host, remote_env)
@@ -116,7 +116,7 @@ def logs(run: str, follow: bool, attempt: int | None, rank: int | None, since: s
 
 def _checker(backend: Any, runner: Any, job: Any, attempt: int | None
              ) -> Callable[[], tuple[bool, int | None]]:
-    from slurmpod.runs import ops
+    from slurmpod.runs import ops  # lazy: start-up
 
     def check() -> tuple[bool, int | None]:
         st = backend.status([job.job_id]).get(job.job_id)
@@ -155,7 +155,7 @@ def _write(out: Any, chunks: Iterator[bytes], rank_filter: Any) -> None:
 def cancel(run: str, save: bool, since: str, host: str | None, remote_env: tuple[str, ...],
            as_json: bool) -> None:
     """Cancel RUN (a job id or a run name); --save checkpoints before it stops."""
-    from slurmpod.runs import ops
+    from slurmpod.runs import ops  # lazy: start-up
 
     window = ops.parse_window(since)
     runner, backend = _connect(host, remote_env)
@@ -165,7 +165,6 @@ def cancel(run: str, save: bool, since: str, host: str | None, remote_env: tuple
     finally:
         runner.close()
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(res.to_json())
         return

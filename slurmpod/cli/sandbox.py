@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from slurmpod.cli.output import emit_json
 from slurmpod.render.env import shquote
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def _state_option(f: _F) -> _F:
 
 
 def _sandbox(state_dir: Path | None, site: str | None = None, **kw: Any) -> Sandbox:
-    from slurmpod.sandbox.cluster import Sandbox, default_state_dir
+    from slurmpod.sandbox.cluster import Sandbox, default_state_dir  # lazy: start-up
 
     return Sandbox(state_dir or default_state_dir(), site, **kw)
 
@@ -68,7 +69,6 @@ def status(state_dir: Path | None, as_json: bool) -> None:
     """Show whether the sandbox runs, its daemons, ports and node states."""
     st = _sandbox(state_dir).status()
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(st.to_dict())
         return
@@ -93,7 +93,7 @@ def status(state_dir: Path | None, as_json: bool) -> None:
 @_state_option
 def env(state_dir: Path | None) -> None:
     """Print `export` lines for the sandbox: eval "$(slurmpod sandbox env)"."""
-    from slurmpod.sandbox.cluster import SandboxError
+    from slurmpod.sandbox.cluster import SandboxError  # lazy: start-up
 
     sb = _sandbox(state_dir)
     if not sb.slurm_conf.exists():

@@ -12,7 +12,10 @@ from typing import Any
 
 import click
 
+from slurmpod.cli.output import emit_json
 from slurmpod.errors import UsageError
+from slurmpod.render.launch import predicted_save_s
+from slurmpod.resilience.interval import young_interval
 
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -89,7 +92,7 @@ def simulate(gpus: int | None, nodes: int | None, gpus_per_node: int | None, day
              save_interval: int | None, step_s: float | None, samples: int, seed: int,
              as_json: bool) -> None:
     """Expected goodput of a run of N GPUs over D days, its distribution and the best interval."""
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     if (gpus is None) == (nodes is None):
         raise UsageError("give exactly one of --gpus and --nodes")
@@ -108,7 +111,7 @@ def simulate(gpus: int | None, nodes: int | None, gpus_per_node: int | None, day
     history = None
     if node_mtbf_hours is None:
         if history_paths:
-            from slurmpod.resilience.history import read_history
+            from slurmpod.resilience.history import read_history  # lazy: start-up
 
             history = read_history(history_paths)
             node_mtbf_hours = history.node_mtbf_hours(site.reliability.node_mtbf_hours)
@@ -118,14 +121,12 @@ def simulate(gpus: int | None, nodes: int | None, gpus_per_node: int | None, day
     elif history_paths:
         raise UsageError("--history and --node-mtbf-hours exclude each other")
     if save_s is None:
-        from slurmpod.render.launch import predicted_save_s
 
         save_s = predicted_save_s(parse_count(params or ""),
                                   site.storage.checkpoint_write_gb_per_s)
 
-    from slurmpod.resilience.interval import young_interval
-    from slurmpod.resilience.simulate import Scenario
-    from slurmpod.resilience.simulate import simulate as run_sim
+    from slurmpod.resilience.simulate import Scenario  # lazy: start-up
+    from slurmpod.resilience.simulate import simulate as run_sim  # lazy: start-up
 
     try:
         scn = Scenario(nodes=nodes, days=days, node_mtbf_hours=node_mtbf_hours, save_s=save_s,
@@ -149,7 +150,6 @@ def simulate(gpus: int | None, nodes: int | None, gpus_per_node: int | None, day
         data["step_s"] = step_s
         data["best_save_interval"] = max(1, round(res.best_interval_s / step_s))
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(data)
         return

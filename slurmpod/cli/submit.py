@@ -62,7 +62,7 @@ def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
-    from slurmpod.render.sbatch import RenderOptions
+    from slurmpod.render.sbatch import RenderOptions  # lazy: start-up
 
     env: dict[str, str | None] = dict(_pairs(kw["env_pairs"], "--env"))
     return RenderOptions(
@@ -88,7 +88,7 @@ def render(run_file: Path, output: Path | None, **kw: Any) -> None:
     if output is None:
         sys.stdout.write(prep.script)
         return
-    from slurmpod.fsutil import output_error, write_atomic
+    from slurmpod.fsutil import output_error, write_atomic  # lazy: start-up
 
     try:
         write_atomic(output, prep.script, mode=0o755)
@@ -124,8 +124,8 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
            dry_run: bool, wait: bool, wait_timeout: float, force: bool, as_json: bool,
            **kw: Any) -> None:
     """Plan, render, store and submit RUN_FILE; print the job id."""
-    from slurmpod import submit as sub
-    from slurmpod.config import resolve_site_path
+    from slurmpod import submit as sub  # lazy: start-up
+    from slurmpod.config import resolve_site_path  # lazy: start-up
 
     if host is None:
         prep = _prepare_local(run_file, kw)  # a ConfigError before any Slurm command
@@ -146,13 +146,13 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
         _warn(prep)
         if dry_run:
             if host is None:  # "would store" only where it could
-                from slurmpod.fsutil import check_writable_dir
+                from slurmpod.fsutil import check_writable_dir  # lazy: start-up
 
                 check_writable_dir(Path(prep.run_dir))
             res = sub.SubmitResult([], prep.run_dir, prep.script_path, prep.token, runner.where,
                                    dry_run=True, min_sus=prep.min_sus)
             if as_json:
-                from slurmpod.cli.output import emit_json
+                from slurmpod.cli.output import emit_json  # lazy: start-up
 
                 emit_json({**res.to_json(), "script_text": prep.script})
             else:
@@ -160,7 +160,7 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
                 click.echo(f"dry run: would store {prep.script_path} and submit on "
                            f"{runner.where}", err=True)
             return
-        from slurmpod.backends import make_backend
+        from slurmpod.backends import make_backend  # lazy: start-up
 
         be = make_backend(backend, runner)
         res = sub.submit(prep, runner, be, chain=kw["chain"], force=force)
@@ -170,7 +170,6 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
     finally:
         runner.close()
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(res.to_json())
         return
@@ -187,8 +186,8 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
 def _prepare_local(run_file: Path, kw: dict[str, Any]):  # -> Prepared | Rendered
     """Prepare RUN_FILE for this machine (run directory below the cwd), reusing the stored
     script when these exact inputs were prepared before (see slurmpod.submit)."""
-    from slurmpod import submit as sub
-    from slurmpod.config import resolve_site_path
+    from slurmpod import submit as sub  # lazy: start-up
+    from slurmpod.config import resolve_site_path  # lazy: start-up
 
     base = str(Path.cwd())
     key = sub.prepared_key(run_file, resolve_site_path(kw["site"]), kw["template_dirs"], kw, base)
@@ -210,7 +209,7 @@ def _warn(prep: Any) -> None:
 
 
 def _load_site(site: str | None):  # -> Site
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     return load_site(resolve_site_path(site))
 
@@ -229,10 +228,10 @@ def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 
 def _runner(host: str | None):  # -> CommandRunner
     if host is None:
-        from slurmpod.transport.local import LocalRunner
+        from slurmpod.transport.local import LocalRunner  # lazy: start-up
 
         return LocalRunner()
-    from slurmpod.transport.ssh import SshRunner
+    from slurmpod.transport.ssh import SshRunner  # lazy: start-up
 
     return SshRunner(host)
 

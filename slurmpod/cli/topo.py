@@ -13,7 +13,9 @@ from typing import Any
 
 import click
 
+from slurmpod.cli.output import emit_json, table
 from slurmpod.errors import ConfigError, SlurmpodError, UsageError
+from slurmpod.topology.summary import summarize
 
 _LAZY = {
     "check": "Check the real fabric (ibnetdiscover output) against the site's cabling plan.",
@@ -61,7 +63,7 @@ def topo() -> None:
 
 
 def _load(site: str) -> tuple[Path, Any]:
-    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
 
     path = resolve_site_path(site)
     return path, load_site(path)
@@ -95,6 +97,8 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
              localhost_base_port: int | None, imex_hosts: Path | None, as_json: bool) -> None:
     """Write topology.conf, block topology, gres.conf, nodes.conf, rails/cabling CSV and NCCL XML
     for SITE (a site file, or a built-in site name) into OUT, all or nothing."""
+    # lazy: start-up
+    # lazy: start-up
     from slurmpod.topology.generate import (
         GenerateOptions,
         generation_warnings,
@@ -102,14 +106,14 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
         topology_file_to_install,
         topology_plugin,
     )
-    from slurmpod.topology.generate import generate as gen
+    from slurmpod.topology.generate import generate as gen  # lazy: start-up
 
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     path, site_obj = _load(site)
     hosts = None
     if imex_hosts is not None:
-        from slurmpod.topology.generate import read_hosts_file
+        from slurmpod.topology.generate import read_hosts_file  # lazy: start-up
 
         try:
             hosts = read_hosts_file(str(imex_hosts), imex_hosts.read_text())
@@ -124,12 +128,12 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
         install = topology_file_to_install(site_obj, opts)
     except ConfigError as exc:
         raise _with_file(exc, path) from None
-    from slurmpod.fsutil import write_tree_atomic
+    from slurmpod.fsutil import write_tree_atomic  # lazy: start-up
 
     try:
         written = write_tree_atomic(out_dir, files)
     except OSError as exc:
-        from slurmpod.fsutil import output_error
+        from slurmpod.fsutil import output_error  # lazy: start-up
 
         raise output_error(out_dir, exc) from None
     warnings = generation_warnings(site_obj, opts)
@@ -146,7 +150,6 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
         "warnings": warnings,
     }
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(report)
         return
@@ -165,9 +168,8 @@ def generate(site: str, out_dir: Path, slurm_version: str | None, gres_file_pref
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(site: str, as_json: bool) -> None:
     """Summarise SITE: nodes, GPUs, racks, SUs, rails, switches, bandwidth, per-SU table."""
-    from slurmpod.topology.fabric_plan import plan_fabric
-    from slurmpod.topology.generate import topology_plugin
-    from slurmpod.topology.summary import summarize
+    from slurmpod.topology.fabric_plan import plan_fabric  # lazy: start-up
+    from slurmpod.topology.generate import topology_plugin  # lazy: start-up
 
     path, site_obj = _load(site)
     try:
@@ -180,11 +182,9 @@ def show(site: str, as_json: bool) -> None:
         raise ConfigError(rest if sep else str(exc), file=str(path),
                           key=head if sep else None) from None
     if as_json:
-        from slurmpod.cli.output import emit_json
 
         emit_json(data)
         return
-    from slurmpod.cli.output import table
 
     f = data["fabric"]
     click.echo(f"site {data['site']}: {data['description']}".rstrip(": "))

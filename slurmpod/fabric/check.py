@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
+from slurmpod.errors import UsageError
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device, speed_name
 from slurmpod.fabric.switch_links import Pos, check_switch_links, is_slow
 
@@ -131,7 +132,6 @@ class CheckReport:
 
 def compile_filters(rules: Iterable[str]) -> list[re.Pattern[str]]:
     """`--hca-filter` rules: Python regexes searched in a CA's node description `HOST DEVICE`."""
-    from slurmpod.errors import UsageError
 
     out = []
     for rule in rules:

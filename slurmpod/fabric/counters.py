@@ -168,7 +168,7 @@ def parse_counters(text: str, source: str) -> list[PortRecord]:
 
 
 def read_counters(paths: Sequence[Path]) -> tuple[list[PortRecord], str]:
-    from slurmpod.config import read_input
+    from slurmpod.config import read_input  # lazy: start-up
 
     records: list[PortRecord] = []
     for path in paths:
@@ -192,7 +192,7 @@ def read_counters(paths: Sequence[Path]) -> tuple[list[PortRecord], str]:
 def thresholds(overrides: Iterable[str] = (), files: Iterable[Path] = ()) -> dict[str, int | None]:
     """Defaults, then files in infiniband-diags' `error_thresholds` format (`Name=N`, `#`
     comments), then `--threshold Name=N` options."""
-    from slurmpod.config import read_input
+    from slurmpod.config import read_input  # lazy: start-up
 
     out = dict(DEFAULT_THRESHOLDS)
 
@@ -268,8 +268,8 @@ def _name_of(desc: str) -> str:
 def check_counters(records: Sequence[PortRecord], fabric: Fabric, limits: dict[str, int | None],
                    plan: FabricPlan | None = None) -> tuple[list[Finding], list[str]]:
     """One finding per cable whose counters (either end) exceed `limits`; notes."""
-    from slurmpod.fabric.check import Finding
-    from slurmpod.fabric.ibnetdiscover import host_device
+    from slurmpod.fabric.check import Finding  # lazy: start-up
+    from slurmpod.fabric.ibnetdiscover import host_device  # lazy: start-up
 
     idx = _Index(fabric)
     links: dict[tuple[End, End], dict[End, dict[str, int]]] = {}
@@ -371,7 +371,7 @@ def check_sharp(fabric: Fabric, skip: Iterable[str] = ()) -> list[Finding]:
     described `Mellanox Technologies Aggregation Node` on a port of its own (ibdiagnet's
     "IB Aggregation Nodes" count equals the switch count; SHARP 3.x "Testing NVIDIA SHARP
     Setup"). `skip`: switch node ids kept apart (storage)."""
-    from slurmpod.fabric.check import Finding
+    from slurmpod.fabric.check import Finding  # lazy: start-up
 
     skipped = set(skip)
     switches = [s for s in fabric.switches() if s.node_id not in skipped]

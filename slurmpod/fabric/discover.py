@@ -27,6 +27,7 @@ from typing import Any
 
 from slurmpod.errors import ConfigError
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port, host_device
+from slurmpod.model.hostlist import compress
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -437,7 +438,7 @@ def _leaf_radix(real: int, down_ports: int, up: int, over: float) -> int | None:
 def _spine_radix(real: int, leaves: int, up: int, spines: int) -> int | None:
     """A spine radix for which the plan's rule (the smallest divisor S of U with
     S >= ceil(L·U / radix)) gives the observed spines per group; the real port count first."""
-    from slurmpod.topology.fabric_plan import smallest_divisor_at_least
+    from slurmpod.topology.fabric_plan import smallest_divisor_at_least  # lazy: start-up
 
     for radix in (real, *range(max(4, leaves), 4 * (leaves * up) + 8)):
         need = -(-leaves * up // radix)
@@ -486,7 +487,6 @@ def _short_names(fqdns: set[str]) -> dict[str, str]:
 
 
 def _ranges(nums: list[int]) -> str:
-    from slurmpod.model.hostlist import compress
 
     return compress(f"p{n}" for n in nums).removeprefix("p").strip("[]")
 
@@ -515,9 +515,8 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
     (`su_groups.hosts`, each SU in leaf-port order): never a name derived from a pattern.
     Written with tomli-w, which writes no comments: what is a placeholder, and why, is said in
     the header."""
-    import tomli_w
+    import tomli_w  # lazy: start-up (tomli_w only when used)
 
-    from slurmpod.model.hostlist import compress
 
     model, gpu_name, peak, hbm = _GPU_BY_GBPS.get(d.link_gbps, ("gpu", "unknown GPU", 989, 80))
     n_rails = max(1, len(d.rails))

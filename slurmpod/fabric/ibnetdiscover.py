@@ -294,7 +294,7 @@ def parse_files(paths: list[Path]) -> Fabric:
 
 def parse_file(path: Path | str) -> Fabric:
     """Read and parse an ibnetdiscover output file (ConfigError naming the file on failure)."""
-    from slurmpod.config import read_input
+    from slurmpod.config import read_input  # lazy: start-up
 
     path = Path(path)
     raw = read_input(path, "save it with `ibnetdiscover > FILE` on a fabric host")

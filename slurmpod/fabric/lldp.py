@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import ConfigError
 from slurmpod.fabric.ibnetdiscover import Fabric, FabricNode, Port
+from slurmpod.model.hostlist import compress
 
 if TYPE_CHECKING:
     from slurmpod.fabric.check import CheckReport, Finding
@@ -92,7 +93,7 @@ def read_lldp(paths: Sequence[Path]) -> LldpData:
     """Read `--lldp` inputs: a directory of `HOST.json` files, one node's `lldpcli -f json show
     neighbors` saved as `HOST.json`, pdsh/clush output (`host: ` before every line), or a JSON
     object mapping host names to such documents. ConfigError naming the file on bad input."""
-    from slurmpod.config import read_input
+    from slurmpod.config import read_input  # lazy: start-up
 
     hosts: set[str] = set()
     out: list[Neighbour] = []
@@ -318,7 +319,7 @@ def node_plan(plan: FabricPlan, hosts: Iterable[str]) -> FabricPlan:
 def check_lldp(site: Site, plan: FabricPlan, data: LldpData,
                hca_filters: Sequence[re.Pattern[str]] = ()) -> CheckReport:
     """Check each node's rail NICs against the plan, as `check_fabric` does for IB."""
-    from slurmpod.fabric.check import check_fabric
+    from slurmpod.fabric.check import check_fabric  # lazy: start-up
 
     missing_netdev = sorted(t for t, nt in site.node_types.items()
                             if any(h.role == "compute" and not h.netdev for h in nt.hcas))
@@ -335,7 +336,7 @@ def check_lldp(site: Site, plan: FabricPlan, data: LldpData,
     skip = {(nb.host, _device(site, nb)) for nb in unread}
     findings = [_lldp_wording(f, site, data) for f in report.findings
                 if (f.node, f.hca) not in skip]
-    from slurmpod.fabric.check import Finding
+    from slurmpod.fabric.check import Finding  # lazy: start-up
 
     for nb in sorted(unread, key=lambda n: (n.host, n.ifname)):
         dev = _device(site, nb)
@@ -352,7 +353,6 @@ def check_lldp(site: Site, plan: FabricPlan, data: LldpData,
     report.stats["nodes_with_lldp"] = len(known)
     absent = sorted(set(inv.by_name) - known)
     if absent:
-        from slurmpod.model.hostlist import compress
 
         report.notes.append(f"{len(absent)} of {len(inv.by_name)} nodes sent no LLDP data and "
                             f"were not checked: {compress(absent)}")

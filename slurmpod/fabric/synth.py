@@ -24,6 +24,7 @@ above the radix (`Switch 65` on a 64-port QM9700), as Quantum switches do.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -114,7 +115,7 @@ def synthesize_planes(site: Site, plan: FabricPlan | None = None, faults: Sequen
     per_rail site), as an admin gets by running ibnetdiscover once in each; `planes=False`
     gives the whole fabric in one text."""
     if plan is None:
-        from slurmpod.topology.fabric_plan import plan_fabric
+        from slurmpod.topology.fabric_plan import plan_fabric  # lazy: start-up
 
         plan = plan_fabric(site)
     model = _Model(plan, speed_name(plan.link_gbps))
@@ -165,7 +166,6 @@ def _add_aggregation_nodes(model: _Model) -> None:
 
 def _relayout_uplinks(plan: FabricPlan, model: _Model, layout: str) -> None:
     """Keep how many links each lower switch has to each upper switch; change the ports."""
-    import random
 
     rng = random.Random(7)
     by_lower: dict[str, list[tuple[int, str, int]]] = {}

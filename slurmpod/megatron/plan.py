@@ -309,7 +309,7 @@ def _partition_findings(run: RunSpec, n_nodes: int, site: Site) -> tuple[list[st
 
 
 def _place(sa: _SiteArrays, c: ModelConfig, n_nodes: int) -> Placement:
-    from slurmpod.megatron.placement import node_map_from_arrays, place
+    from slurmpod.megatron.placement import node_map_from_arrays, place  # lazy: start-up
 
     nm = node_map_from_arrays(sa.domain, sa.rack, sa.su, n_nodes, sa.nodes_per_su,
                               sa.nodes_per_rack, sa.nodes_per_domain)

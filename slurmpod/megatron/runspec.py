@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from slurmpod.errors import ConfigError
+from slurmpod.megatron.pipeline import layout_vpp, split
 from slurmpod.model.strict import Meta, SlurmTime, Strict, field
 
 # Keys of [megatron] that slurmpod reads; misspellings of these get a "did you mean".
@@ -246,7 +247,7 @@ _MEGATRON_FIELD_SET = frozenset(MEGATRON_FIELDS)
 
 def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
     """Validate a parsed run spec; every problem is one ConfigError naming file and key."""
-    from slurmpod.config import validate
+    from slurmpod.config import validate  # lazy: start-up
 
     if not isinstance(data.get("megatron"), dict):
         raise ConfigError("missing [megatron] table; add the model and layout there", file=file,
@@ -275,7 +276,7 @@ def run_from_dict(data: dict[str, Any], file: str) -> RunSpec:
 
 
 def load_run(path: Path | str) -> RunSpec:
-    from slurmpod.config import read_toml
+    from slurmpod.config import read_toml  # lazy: start-up
 
     path = Path(path)
     return run_from_dict(read_toml(path), str(path))
@@ -359,7 +360,6 @@ class ModelConfig:
 
     def pipeline_split(self) -> Any:
         """Layers per (pipeline rank, virtual stage): slurmpod.megatron.pipeline.Split."""
-        from slurmpod.megatron.pipeline import split
 
         return _cached_split(self, split)
 
@@ -520,7 +520,6 @@ def _virtual_pipeline(a: Mapping[str, Any], layers: int, pp: int) -> _VirtualPip
         vpp = (slots // pp) // int(per_stage) if slots % pp == 0 else None
     vpp_given = None if vpp is None else int(vpp)
     if layout is not None:
-        from slurmpod.megatron.pipeline import layout_vpp
 
         vpp = layout_vpp(layout, pp)  # the layout decides (transformer_config.py)
     if vpp == 1:
@@ -599,7 +598,7 @@ def preset_path(name: str) -> Path:
 def to_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
     """A run spec dict ({'job': {...}, 'megatron': {...}}) as TOML text; None values are left
     out (TOML has no null, and Megatron's default is what None means)."""
-    import tomli_w
+    import tomli_w  # lazy: start-up (tomli_w only when used)
 
     return tomli_w.dumps({table: {k: v for k, v in body.items() if v is not None}
                           for table, body in data.items()})

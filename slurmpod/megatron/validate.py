@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmpod.megatron.memory import peak_memory
+from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig
 
 
@@ -238,7 +239,6 @@ def min_nodes_that_fit(c: ModelConfig, nodes: int, shape: SiteShape) -> int | No
 def split_fix(c: ModelConfig) -> str | None:
     """A fix for a pipeline split Megatron refuses, keeping PP and VPP: the embedding/loss
     slots if they make the layers divide, else a balanced pipeline_model_parallel_layout."""
-    from slurmpod.megatron.pipeline import balanced_layout
 
     if c.pipeline_layout is None and c.first_stage_layers is None \
             and c.last_stage_layers is None:

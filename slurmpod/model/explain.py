@@ -101,7 +101,7 @@ def _walk(tp: Any, data: Any, path: str) -> tuple[list[str | int], Any, Any]:
 
 
 def _failing_key(data: dict[str, Any], value_tp: Any) -> str | None:
-    import msgspec
+    import msgspec  # lazy: start-up (msgspec only when used)
 
     for key, value in data.items():
         try:

@@ -15,6 +15,10 @@ from dataclasses import field as dc_field
 from functools import cached_property
 from typing import Annotated, Literal
 
+from msgspec.structs import force_setattr
+
+from slurmpod.model.gpus import CATALOG, lookup
+from slurmpod.model.hostlist import HostlistError, expand
 from slurmpod.model.strict import (
     Meta,
     NonNegInt,
@@ -49,9 +53,7 @@ class Gpu(Strict, frozen=True, kw_only=True):
     emulated: bool = False
 
     def __post_init__(self) -> None:
-        from msgspec.structs import force_setattr
 
-        from slurmpod.model.gpus import CATALOG, lookup
 
         spec = lookup(self.model)
         for key in ("peak_tflops_bf16", "hbm_gib"):
@@ -580,7 +582,6 @@ def _listed_hosts(grp: SuGroup, index: int) -> list[str] | None:
     """The group's `hosts` hostlist expanded, checked against its size; None when not set."""
     if not grp.hosts:
         return None
-    from slurmpod.model.hostlist import HostlistError, expand
 
     try:
         names = expand(grp.hosts)

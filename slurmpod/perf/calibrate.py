@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.megatron.memory import peak_memory
+from slurmpod.megatron.runspec import ModelConfig, preset_path
+from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.model import FITTED, Efficiency, Hardware, RunOptions, predict
 
 
@@ -46,7 +48,6 @@ class Point:
 
 
 def _hardware(system: Mapping[str, Any]) -> Hardware:
-    from slurmpod.model.gpus import CATALOG
 
     g = CATALOG[system["gpu"]]
     return Hardware(gpu_model=g.model, generation=g.generation, peak_bf16=g.peak_tflops_bf16,
@@ -57,8 +58,7 @@ def _hardware(system: Mapping[str, Any]) -> Hardware:
 
 
 def _model_args(table: Mapping[str, Any], name: str) -> dict[str, Any]:
-    from slurmpod.config import read_toml
-    from slurmpod.megatron.runspec import preset_path
+    from slurmpod.config import read_toml  # lazy: start-up
 
     m = dict(table["models"][name])
     preset = m.pop("preset", None)
@@ -70,7 +70,7 @@ def _model_args(table: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def load_published(path: Path | str) -> list[Point]:
     """Every point of the published table, with its config resolved."""
-    from slurmpod.config import read_toml
+    from slurmpod.config import read_toml  # lazy: start-up
 
     table = read_toml(Path(path))
     out: list[Point] = []
@@ -226,9 +226,9 @@ def store_path(site_path: Path) -> Path:
 
 
 def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
-    import tomli_w
+    import tomli_w  # lazy: start-up (tomli_w only when used)
 
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.fsutil import write_atomic  # lazy: start-up
 
     body = {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8, "jobs": n_jobs}
     write_atomic(path, "# slurmpod calibrate: efficiency factors fitted on this site's jobs\n"
@@ -242,7 +242,7 @@ def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency 
     path = store_path(site_path)
     if not path.is_file():
         return None
-    import tomllib
+    import tomllib  # lazy: start-up
 
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -274,7 +274,6 @@ def error_stats(results: Sequence[Result], role: str = "validation") -> dict[str
 
 def recipe_rank(p: Point, usable_fraction: float = 0.9) -> tuple[int | None, int, str]:
     """Where the search ranks the published layout of `p`: (rank or None, candidates, why)."""
-    from slurmpod.model.gpus import CATALOG
 
     assert p.config is not None and p.hardware is not None
     usable = CATALOG[p.hardware.gpu_model].hbm_gib * 1024**3 * usable_fraction
@@ -285,8 +284,7 @@ def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts:
                 usable_bytes: float) -> tuple[int | None, int, str]:
     """Where the search ranks `c`'s own layout (TP, CP, PP, VPP, EP, micro-batch) among every
     fitting candidate: (rank or None, candidates, why not)."""
-    from slurmpod.megatron.memory import peak_memory
-    from slurmpod.perf.search import search
+    from slurmpod.perf.search import search  # lazy: start-up
 
     cands, _ = search(c, world, hw, usable_bytes, eff, opts, top=None)
     if not cands or not cands[0].fits:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
 from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
 from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.model.gpus import lookup
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -136,7 +137,6 @@ class Hardware:
 
 def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     """The Hardware of `node_type` (default: the first SU group's) on `site`."""
-    from slurmpod.model.gpus import lookup
 
     name = node_type or site.su_groups[0].node_type
     nt = site.node_types[name]

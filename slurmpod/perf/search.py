@@ -18,12 +18,23 @@ kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
 from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
+from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
-from slurmpod.perf.model import Efficiency, Hardware, Prediction, RunOptions, predict
+from slurmpod.perf.model import (
+    DEFAULT_EFFICIENCY,
+    FITTED,
+    Efficiency,
+    Hardware,
+    Prediction,
+    RunOptions,
+    _costs,
+    predict,
+)
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 MAX_CP = 32
@@ -107,7 +118,6 @@ _NO_SPLIT: dict[str, Any] = {"first_stage_layers": None, "last_stage_layers": No
 def _split_args(base: ModelConfig, pp: int, vpp: int | None) -> dict[str, Any] | None:
     """The split arguments that make Megatron accept `pp` x `vpp` for `base`'s layers (the
     run's own for its own PP x VPP), or None when no split does."""
-    from slurmpod.megatron.pipeline import balanced_layout
 
     if pp == base.pp and vpp == base.vpp:
         own = {k: getattr(base, k) for k in _NO_SPLIT}
@@ -141,7 +151,6 @@ def _split_choice(base: ModelConfig, pp: int, vpp: int | None, loss_layers: floa
     output layer and cross-entropy (`loss_layers` layer-times), and the slowest stage sets the
     pipeline's pace: NVIDIA pins such a layout for Llama 3 70B at PP8 x VPP5 (Megatron-Bridge's
     H100 FP8 recipe, "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL")."""
-    from slurmpod.megatron.pipeline import balanced_layout
 
     first = _split_args(base, pp, vpp)
     if pp == 1 or (first is not None and (first["pipeline_layout"] is not None
@@ -169,7 +178,6 @@ def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None,
                  opts: RunOptions | None) -> float:
     """The output layer and loss in layer-times: their multiply-adds over a layer's, times how
     much slower the BF16 output GEMM runs than the layers' GEMMs (FP8 with Transformer Engine)."""
-    from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, _costs
 
     k = _costs(base)
     layer = k.attn_linear + k.attn_core + (
@@ -272,7 +280,6 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     make_vocab_size_divisible_by) when it gives no padded size, so each TP pads it as Megatron
     does. When none fits, the least memory-hungry ones, marked
     `fits = False`, so the caller can say by how much."""
-    import heapq
 
     gbs = base.global_batch_size or 0
     fitting: list[Candidate] = []

@@ -33,7 +33,7 @@ def header(comment: str, template: str, site: str) -> str:
 
 
 def make_env(extra_dirs: Sequence[Path] = ()) -> Any:
-    import jinja2
+    import jinja2  # lazy: start-up (jinja2 only when used)
 
     dirs = [*map(str, extra_dirs), str(data_dir("templates"))]
     env = jinja2.Environment(

@@ -38,7 +38,7 @@ DISTRIBUTED_TIMEOUT_MIN = 30
 def flag_name(dest: str) -> str:
     """Megatron dest name (or a flag name already) -> its flag: `--flag-name`, or the flag
     Megatron declares for that dest where they differ (`fp8` -> `--fp8-format`)."""
-    from slurmpod.megatron.argnames import flag_for
+    from slurmpod.megatron.argnames import flag_for  # lazy: start-up
 
     return flag_for(dest)
 
@@ -60,7 +60,7 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
     Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
     lists become nargs='+' values, None is left out, everything else is one value.
     """
-    from slurmpod.megatron.argnames import store_false_flags
+    from slurmpod.megatron.argnames import store_false_flags  # lazy: start-up
 
     store_false = store_false_flags()
     out: list[str] = []

@@ -9,6 +9,7 @@ first, then the built-in `templates/sbatch/`). `sbatch_line` is the one place a 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from slurmpod.render.nccl_env import (
     debug_vars,
     parse_nccl_version,
 )
+from slurmpod.resilience.health import NODE_CHECK
 
 if TYPE_CHECKING:
     from slurmpod.megatron.plan import Plan
@@ -385,7 +387,7 @@ def _placement_directives(run: RunSpec, site: Site, nt: NodeType, plan: PlanFact
     # that is not a multiple of it (topology/block eval_nodes_block.c, "segment_size does
     # not fit the job size"), so the job could never start.
     domain_nodes = max(1, nt.domain_gpus // gpn)
-    from slurmpod.topology.generate import imex_enabled
+    from slurmpod.topology.generate import imex_enabled  # lazy: start-up
 
     imex = imex_enabled(site, site.slurm.version_tuple)
     tp_nodes = -(-run.megatron.tensor_model_parallel_size // gpn)
@@ -427,7 +429,7 @@ def _launch(run: RunSpec, nt: NodeType, plan: PlanFacts, opts: RenderOptions, pa
     ckpt = paths.checkpoint_dir
     trainer_dirs: tuple[str, ...] = ()
     if job.container_image:
-        from slurmpod.render.container import container_run
+        from slurmpod.render.container import container_run  # lazy: start-up
 
         crun = container_run(job, run_dir=paths.run_dir, log_dir=paths.log_dir,
                              checkpoint_dir=ckpt, topo_dir=opts.topo_dir)
@@ -454,7 +456,6 @@ def _header(run_name: str, site: Site, nt_name: str, gpn: int, plan: PlanFacts,
 
 
 def _health_script() -> str:
-    from slurmpod.resilience.health import NODE_CHECK
 
     return NODE_CHECK
 
@@ -462,9 +463,9 @@ def _health_script() -> str:
 def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
                   template_dirs: Sequence[Path] = ()) -> str:
     """Fill the template; a site template dir holding the same name overrides the built-in."""
-    import jinja2
+    import jinja2  # lazy: start-up (jinja2 only when used)
 
-    from slurmpod.render.env import make_env
+    from slurmpod.render.env import make_env  # lazy: start-up
 
     env = make_env(template_dirs)
     _bytecode_cache(env)
@@ -484,9 +485,8 @@ def render_script(ctx: SbatchContext, template: str = DEFAULT_TEMPLATE,
 def _bytecode_cache(env: Any) -> None:
     """Keep compiled templates in ~/.cache/slurmpod/jinja (keyed by source checksum), so a
     submit does not recompile the script template each time; silently skipped if unwritable."""
-    import os
 
-    import jinja2
+    import jinja2  # lazy: start-up (jinja2 only when used)
 
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "slurmpod", "jinja")

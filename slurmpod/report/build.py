@@ -79,7 +79,7 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
     report = replace(report, efficiency=efficiency_of(report, usage, spool_record))
     if (job.state.is_terminal and log_hints is not None and log_hints.args and fig.iter_ms
             and not report.implausible):
-        from slurmpod.report.predicted import vs_predicted
+        from slurmpod.report.predicted import vs_predicted  # lazy: start-up
 
         med = fig.iter_ms.median
         report = replace(report, predicted=vs_predicted(

@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
+from slurmpod.telemetry.schema import clean_record_part
+
 # Megatron-LM argument names (the `--- arguments ---` dump, core_v0.12+) shown as the layout, in
 # this order, with the label the report uses.
 LAYOUT_ARGS = (
@@ -111,7 +114,6 @@ def telemetry_of(doc: Any, summary: Any = None) -> Telemetry | None:
     """The heatmap rows of a spool record's `gpu` part (`slurmpod.telemetry.schema`: checked by
     `clean_record_part`, so a value out of range is None, never drawn). Per-GPU keys
     (`node:index`) are averaged per node; a one-node job keeps one row per GPU."""
-    from slurmpod.telemetry.schema import clean_record_part
 
     part = clean_record_part(doc)
     series = (part or {}).get("series")
@@ -175,7 +177,7 @@ def extras_from(record: Mapping[str, Any] | None, *, log_head: bytes = b"",
     run = comment.get("run") if isinstance(comment.get("run"), str) else None
     args = None
     if log_head:
-        from slurmpod.accounting.logparse import parse_log
+        from slurmpod.accounting.logparse import parse_log  # lazy: start-up
 
         try:
             args = parse_log(io.BytesIO(log_head)).args
@@ -192,8 +194,7 @@ def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,
                typical: tuple[float, float, str] | None = None) -> JobExtras:
     """The extras of a job, reading its log's head and attempt record when this user may (the
     epilog's safe reader: no symlink, FIFO, device or other user's file; bounded)."""
-    from slurmpod.accounting.safeio import UnsafeFileError, read_job_file
-    from slurmpod.runs.local import attempts_of_log
+    from slurmpod.runs.local import attempts_of_log  # lazy: start-up
 
     rec = _table(record)
     log = _table(rec.get("log"))
@@ -213,7 +214,7 @@ def job_extras(record: Mapping[str, Any] | None, *, gpus: int = 0,
 def page_extras(r: Any, record: Mapping[str, Any] | None, fleet: Any = None) -> JobExtras:
     """The extras of a job report `r` (`JobReport`); with a fleet report (`--typical-since`),
     the MFU band is the middle half of that fleet's jobs of the same model-size class."""
-    from slurmpod.report.rules import size_class
+    from slurmpod.report.rules import size_class  # lazy: start-up
 
     typical = None
     if fleet is not None:

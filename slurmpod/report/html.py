@@ -136,9 +136,9 @@ def when(t: Any) -> str:
 
 
 def _env() -> Any:
-    import jinja2
+    import jinja2  # lazy: start-up (jinja2 only when used)
 
-    from slurmpod.config import data_dir
+    from slurmpod.config import data_dir  # lazy: start-up
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates") / "report")),
@@ -153,7 +153,7 @@ def _env() -> Any:
 
 def _svg_markup(s: str | None) -> Any:
     """An SVG string from `plots` (escaped there) marked safe for the template."""
-    from markupsafe import Markup
+    from markupsafe import Markup  # lazy: start-up
 
     return Markup(s or "")
 
@@ -372,7 +372,7 @@ def resource_rows(r: JobReport) -> list[tuple[str, str]]:
 
 
 def job_context(r: JobReport, x: JobExtras) -> dict[str, Any]:
-    from slurmpod.report import plots
+    from slurmpod.report import plots  # lazy: start-up
 
     band = x.typical or REFERENCE_BAND
     rows = attempt_rows(r, x)
@@ -467,7 +467,7 @@ def wasted_ranking(groups: Sequence[Group], n: int = 20) -> list[Group]:
 
 
 def fleet_context(fl: FleetReport) -> dict[str, Any]:
-    from slurmpod.report import plots
+    from slurmpod.report import plots  # lazy: start-up
 
     by_partition = groups_by(fl.rows, "partition")
     charges = chargeback(fl.rows)

@@ -38,9 +38,11 @@ from typing import Any
 
 from slurmpod.accounting import plausible
 from slurmpod.accounting.hooks import decode_field
+from slurmpod.model.hostlist import expand
 from slurmpod.model.site import Inventory
 from slurmpod.report.placement import Placement
 from slurmpod.report.sacct import Attempt, Usage, restarts_of
+from slurmpod.telemetry.schema import read_gpu_summary
 
 LOSS_CAUSES = ("startup", "checkpoint", "restarts", "other")
 SPIKE_FACTOR = 1.5  # an iteration this many times the median is a spike (straggler, hiccup)
@@ -466,7 +468,6 @@ def _site_peak(nodelist: str, inventory: Inventory | None) -> float | None:
     """The site's dense BF16 peak of a job's nodes (one GPU type), else None."""
     if inventory is None or not nodelist:
         return None
-    from slurmpod.model.hostlist import expand
 
     try:
         return inventory.peak_of(expand(nodelist))
@@ -564,7 +565,6 @@ def params_estimate(fig: Figures, gpus: int) -> float | None:
 def efficiency_of(report: JobReport, usage: Usage | None,
                   spool_record: Mapping[str, Any] | None) -> Efficiency:
     """The job's efficiency figures (the Efficiency docstring says where each comes from)."""
-    from slurmpod.telemetry.schema import read_gpu_summary
 
     gpu = read_gpu_summary(spool_record) if spool_record is not None else None
     f = report.figures

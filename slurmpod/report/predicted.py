@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmpod.accounting.hooks import decode_field
+from slurmpod.errors import SlurmpodError
+from slurmpod.model.comment import PRED_PARTS
+
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
     from slurmpod.perf.model import Prediction
@@ -118,12 +122,11 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         return None
     if not (math.isfinite(achieved_step_s) and achieved_step_s > 0):
         return None
-    from slurmpod.accounting.trusted import site_gpu
-    from slurmpod.errors import SlurmpodError
-    from slurmpod.megatron.runspec import ModelConfig
-    from slurmpod.megatron.validate import check_dump_args
-    from slurmpod.perf.model import RunOptions, hardware_from_site, predict
-    from slurmpod.perf.planning import site_efficiency
+    from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
+    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
+    from slurmpod.perf.model import RunOptions, hardware_from_site, predict  # lazy: start-up
+    from slurmpod.perf.planning import site_efficiency  # lazy: start-up
 
     if check_dump_args(args) is not None:
         return None
@@ -161,7 +164,7 @@ def cause_note(v: VsPredicted, stability: Stability | None) -> Note:
     Stragglers first (measured: uneven steady iterations), then the largest of the predicted
     step's exposed communication and pipeline bubble when it is at least CAUSE_SHARE of it,
     else the compute itself (clocks, throttling, host or data-loader stalls)."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     b = v.prediction.breakdown_s
     step = v.predicted_step_s
@@ -224,8 +227,7 @@ def _pos(x: Any, hi: float) -> float | None:
 def recorded_prediction(doc: Mapping[str, Any] | None) -> Prediction | None:
     """The prediction recorded at submission (the submit Comment's `pred` key, decoded), or
     None when there is none or any of its numbers is out of range."""
-    from slurmpod.model.comment import PRED_PARTS
-    from slurmpod.perf.model import Prediction
+    from slurmpod.perf.model import Prediction  # lazy: start-up
 
     pred = doc.get("pred") if doc is not None else None
     if not isinstance(pred, Mapping):
@@ -256,7 +258,6 @@ def recorded_vs_predicted(comment: str, achieved_step_s: float | None,
         return None  # the substring test spares decoding 100,000 Comments without one
     if not (math.isfinite(achieved_step_s) and achieved_step_s > 0):
         return None
-    from slurmpod.accounting.hooks import decode_field
 
     doc = decode_field(comment)
     pred = recorded_prediction(doc)

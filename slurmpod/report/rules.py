@@ -87,7 +87,7 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
     out += _stability_notes(r)
     v = r.predicted
     if v is not None and v.flagged:
-        from slurmpod.report.predicted import cause_note
+        from slurmpod.report.predicted import cause_note  # lazy: start-up
 
         out.append(cause_note(v, r.stability))
     out += efficiency_notes(r)
@@ -96,7 +96,7 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
 
 def _end_notes(r: JobReport) -> list[Note]:
     """A job that ended badly (with the fix for its state), or one without a training log."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     out: list[Note] = []
     j = r.job
@@ -112,7 +112,7 @@ def _end_notes(r: JobReport) -> list[Note]:
 
 def _mfu_notes(r: JobReport, typical_mfu: Mapping[str, float] | None) -> list[Note]:
     """MFU over 100 % (a wrong peak or FLOPs), or far below the typical for the size class."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     f = r.figures
     if not (f.mfu and f.mfu.median is not None):
@@ -139,7 +139,7 @@ def _mfu_notes(r: JobReport, typical_mfu: Mapping[str, float] | None) -> list[No
 
 def _placement_notes(r: JobReport) -> list[Note]:
     """Nodes spread over more SUs or racks than the job needs; nodes the site does not list."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     p = r.placement
     if p is None:
@@ -164,7 +164,7 @@ def _placement_notes(r: JobReport) -> list[Note]:
 
 def _log_notes(log_hints: LogHints) -> list[Note]:
     """NCCL's topology file (unreadable, or none) and how each attempt ended."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     out: list[Note] = []
     if log_hints.nccl_topo_warning:
@@ -187,7 +187,7 @@ def _log_notes(log_hints: LogHints) -> list[Note]:
 
 def _lost_time_notes(r: JobReport) -> list[Note]:
     """GPU time lost to start-up, checkpoint stalls and restarts; low goodput overall."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     out: list[Note] = []
     f, loss = r.figures, r.loss
@@ -222,7 +222,7 @@ def _lost_time_notes(r: JobReport) -> list[Note]:
 
 def _stability_notes(r: JobReport) -> list[Note]:
     """Iteration records far over the median, and iteration times that vary in steady state."""
-    from slurmpod.report.model import SPIKE_FACTOR, Note
+    from slurmpod.report.model import SPIKE_FACTOR, Note  # lazy: start-up
 
     s = r.stability
     if s is None:
@@ -244,7 +244,7 @@ def _stability_notes(r: JobReport) -> list[Note]:
 
 def efficiency_notes(r: JobReport) -> list[Note]:
     """seff/jobstats verdicts on CPU, memory, time and GPUs, each with the fix."""
-    from slurmpod.report.model import Note
+    from slurmpod.report.model import Note  # lazy: start-up
 
     e = r.efficiency
     if e is None:

@@ -102,7 +102,7 @@ def progress_line(p: Progress | None, width: int = 30) -> str:
 
 def status_line(f: Frame) -> str:
     """One line per refresh (no terminal): time, state, progress and the live figures."""
-    from slurmpod.report.text import pct
+    from slurmpod.report.text import pct  # lazy: start-up
 
     r = f.report
     fig = r.figures
@@ -118,7 +118,7 @@ def status_line(f: Frame) -> str:
 
 
 def screen(f: Frame) -> str:
-    from slurmpod.report.text import job_text
+    from slurmpod.report.text import job_text  # lazy: start-up
 
     return (f"slurmpod report {f.report.job.job_id} --watch  ({f.at}; Ctrl-C to stop)\n"
             f"{progress_line(f.progress)}\n\n{job_text(f.report)}")

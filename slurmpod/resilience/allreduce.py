@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmpod.resilience import stepargs
+from slurmpod.resilience.health import failed_nodes
 
 Pair = tuple[str, str]
 DEFAULT_BYTES = 64 << 20  # large enough for bus bandwidth, ~1 ms on NVLink, ~0.2 s at 400 Gb/s
@@ -245,7 +246,7 @@ def peer(rank: int, rendezvous: Path, nbytes: int, iters: int, timeout_s: float,
     """Two ranks sum float32 vectors (rank + 1 everywhere) `iters` times over TCP and check every
     element (= 3): (ok, bus bandwidth GB/s, why). Rank 0 listens and writes its port to
     `rendezvous` (a shared directory's file, as torch's file:// rendezvous); rank 1 connects."""
-    import numpy as np
+    import numpy as np  # lazy: start-up (numpy only when used)
 
     n = max(1, nbytes // 4)
     mine = np.full(n, rank + 1.0 + (1.0 if corrupt else 0.0), np.float32)
@@ -288,7 +289,6 @@ def peer(rank: int, rendezvous: Path, nbytes: int, iters: int, timeout_s: float,
 
 def healthy_from(health_output: str, nodes: Sequence[str]) -> list[str]:
     """The candidates the per-node checks passed (their `slurmpod-health: NODE ok` lines)."""
-    from slurmpod.resilience.health import failed_nodes
 
     bad = failed_nodes(health_output, nodes)
     return [n for n in nodes if n not in bad]

@@ -21,10 +21,13 @@ own, and a quiet week does not give an infinite MTBF.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from slurmpod.errors import ConfigError
 
 if TYPE_CHECKING:
     from slurmpod.report.sacct import SacctJob
@@ -140,8 +143,7 @@ def read_history(paths: Iterable[Path]) -> History:
     """The history of every attempts.jsonl the paths name; each file's last 64 MiB (as a
     job owns its file, it is read as hostile input: slurmpod.runs.attempts). A path that
     names none is a ConfigError (one line)."""
-    from slurmpod.errors import ConfigError
-    from slurmpod.runs.attempts import parse_attempts
+    from slurmpod.runs.attempts import parse_attempts  # lazy: start-up
 
     total = History()
     seen: set[Path] = set()
@@ -183,11 +185,9 @@ def measured_from_log(path: Path) -> Measured:
     """Median checkpoint stall (the log's save timers, else save timestamps, else the gap in
     the iteration clock: slurmpod.accounting.metrics) and median iteration time of a
     Megatron log."""
-    import math
 
-    from slurmpod.accounting.logparse import parse_log
-    from slurmpod.accounting.metrics import job_metrics
-    from slurmpod.errors import ConfigError
+    from slurmpod.accounting.logparse import parse_log  # lazy: start-up
+    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
 
     try:
         with path.open("rb") as fh:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import ConfigError
+from slurmpod.render.launch import predicted_save_s
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -182,7 +183,6 @@ def recommend_for_run(site: Site, *, nodes: int, params_total: float, step_s: fl
     """The recommendation for a run on `site`: the node MTBF observed in `history` (shrunk
     toward the site's `[reliability] node_mtbf_hours`), else the site's; the save time
     measured in a log, else predicted as `render` predicts it for the signal lead."""
-    from slurmpod.render.launch import predicted_save_s
 
     site_mtbf = site.reliability.node_mtbf_hours
     if history is not None and history.attempts:

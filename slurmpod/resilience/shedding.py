@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurmpod.resilience import stepargs
+from slurmpod.resilience.health import failed_nodes
 
 _SRUN_TASK = re.compile(r"^srun: error: (?P<node>[A-Za-z0-9._-]+): tasks? (?P<tasks>[0-9,-]+): "
                         r"(?P<why>.+?)\s*$")
@@ -146,7 +147,7 @@ def decide(culprits: Sequence[Culprit], already: Sequence[str], cap: int
 
 def excluded_so_far(attempts: str, job_id: str) -> list[str]:
     """Nodes this job already excluded (its `exclude` events with action excluded/drained)."""
-    from slurmpod.runs.attempts import parse_attempts
+    from slurmpod.runs.attempts import parse_attempts  # lazy: start-up
 
     out: list[str] = []
     for att in parse_attempts(attempts).of_job(job_id):
@@ -238,7 +239,6 @@ def shed(args: argparse.Namespace) -> list[str]:
 
 
 def _read_health(path: str, nodes: Sequence[str]) -> Mapping[str, str]:
-    from slurmpod.resilience.health import failed_nodes
 
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from slurmpod.accounting.logparse import LogParser
 from slurmpod.backends.base import SlurmBackend
 from slurmpod.errors import SlurmError, SlurmpodError, UsageError
 from slurmpod.model.jobs import JobState, JobStatus
@@ -63,7 +64,6 @@ def load_attempts(runner: CommandRunner, work_dir: str) -> AttemptLog:
 
 
 def load_view(runner: CommandRunner, job: JobStatus) -> RunView:
-    from slurmpod.accounting.logparse import LogParser
 
     log = load_attempts(runner, job.work_dir)
     figures = LogFigures()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmpod.errors import ConfigError, SlurmError
+from slurmpod.errors import CommandError, ConfigError, SlurmError
 from slurmpod.fsutil import write_atomic, write_tree_atomic
 from slurmpod.sandbox import procs
 from slurmpod.sandbox.layout import Layout, Ports
@@ -119,7 +119,7 @@ class Sandbox:
     def __init__(self, state_dir: Path | str, site_path: Path | str | None = None, *,
                  base_port: int | None = None, accounting: bool = True,
                  progress: Progress | None = None, idle_timeout_s: float = 90.0) -> None:
-        from slurmpod.config import builtin_site_path, resolve_site_path
+        from slurmpod.config import builtin_site_path, resolve_site_path  # lazy: start-up
 
         self.layout = Layout(Path(state_dir).absolute())
         self._site_given = site_path is not None
@@ -178,7 +178,6 @@ class Sandbox:
         except FileNotFoundError:
             raise ConfigError(f"`{argv[0]}` not found; install slurm-client") from None
         if check and cp.returncode != 0:
-            from slurmpod.errors import CommandError
 
             raise CommandError(list(argv), cp.returncode, cp.stderr or cp.stdout)
         return cp
@@ -291,14 +290,17 @@ class Sandbox:
 
     def _start(self, tools: Tools, version: tuple[int, int, int],
                state: dict[str, Any] | None, t0: float) -> int:
-        from slurmpod.config import load_site
+        from slurmpod.config import load_site  # lazy: start-up
+
+        # lazy: start-up
+        # lazy: start-up
         from slurmpod.sandbox.configs import (
             SHIMS,
             SandboxSettings,
             generated_artefacts,
             render_files,
         )
-        from slurmpod.sandbox.measured_site import write_measured_site
+        from slurmpod.sandbox.measured_site import write_measured_site  # lazy: start-up
 
         site = load_site(self.site_path)
         nodes = [n.name for n in site.inventory.nodes]

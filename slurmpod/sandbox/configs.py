@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import slurmpod
 from slurmpod.errors import ConfigError
 from slurmpod.sandbox.layout import Layout, Ports
-from slurmpod.sandbox.prereqs import release_string
+from slurmpod.sandbox.prereqs import release_string, version_string
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -37,8 +37,7 @@ class SandboxSettings:
 
 
 def _options(s: SandboxSettings) -> Any:
-    from slurmpod.sandbox.prereqs import version_string
-    from slurmpod.topology.generate import GenerateOptions
+    from slurmpod.topology.generate import GenerateOptions  # lazy: start-up
 
     return GenerateOptions(slurm_version=version_string(s.slurm_version),
                            gres_file_prefix=s.layout.gres_file_prefix,
@@ -47,7 +46,7 @@ def _options(s: SandboxSettings) -> Any:
 
 def generated_artefacts(site: Site, s: SandboxSettings) -> dict[str, str]:
     """The topology generator's files for this sandbox (node ports on 127.0.0.1, fake GPUs)."""
-    from slurmpod.topology.generate import generate
+    from slurmpod.topology.generate import generate  # lazy: start-up
 
     return generate(site, _options(s))
 
@@ -59,7 +58,7 @@ def pick_slurm_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]
     The topology file is topology.conf (tree), topology-block.conf installed as topology.conf
     (block, Slurm >= 23.11) or topology.yaml (Slurm >= 25.05): the generator decides which.
     """
-    from slurmpod.topology.generate import topology_file_to_install
+    from slurmpod.topology.generate import topology_file_to_install  # lazy: start-up
 
     topo_src = topology_file_to_install(site, _options(s))
     topo_dst = "topology.yaml" if topo_src.endswith(".yaml") else "topology.conf"
@@ -76,14 +75,14 @@ def pick_slurm_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]
 
 
 def topology_plugin(site: Site, s: SandboxSettings) -> str:
-    from slurmpod.topology.generate import topology_plugin as plugin_for
+    from slurmpod.topology.generate import topology_plugin as plugin_for  # lazy: start-up
 
     return plugin_for(site, s.slurm_version[:2])
 
 
 def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> dict[str, str]:
     """All files of `etc/` and `hooks/`, relative to the state directory."""
-    from slurmpod.render.env import header, make_env
+    from slurmpod.render.env import header, make_env  # lazy: start-up
 
     lay = s.layout
     env = make_env()
@@ -131,7 +130,7 @@ SHIMS = ("dcgmi", "nvidia-smi")
 
 def shim_files(site: Site, s: SandboxSettings) -> dict[str, str]:
     """`bin/dcgmi` and `bin/nvidia-smi`: the emulated GPUs' tools (sandbox/gpu_shims.py)."""
-    from slurmpod.sandbox.gpu_shims import shim_figures, shim_script
+    from slurmpod.sandbox.gpu_shims import shim_figures, shim_script  # lazy: start-up
 
     figures = shim_figures(site)
     parent = str(Path(slurmpod.__file__).resolve().parent.parent)

@@ -23,6 +23,7 @@ drivers without NVML's energy counter, rejects `total_energy_consumption`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slurmpod.sandbox.workload import gpu_activity
+from slurmpod.telemetry.schema import POWER_LIMIT_UNKNOWN_W, POWER_LIMIT_W
 
 IDLE_SHARE = 0.10  # idle power as a share of the board limit (H100 SXM: ~70 of 700 W)
 LIVE_S = 15.0  # nvidia-smi: a job whose counters moved within this is running
@@ -296,7 +298,6 @@ def main(tool: str, argv: Sequence[str], gpu_dir: str, figures: Mapping[str, Any
 
 def shim_figures(site: Any) -> dict[str, Any]:
     """The emulated GPU's figures and each node's GPU count, from the site (`sandbox up`)."""
-    from slurmpod.telemetry.schema import POWER_LIMIT_UNKNOWN_W, POWER_LIMIT_W
 
     nodes: dict[str, int] = {}
     name, hbm, model = "emulated GPU", 80.0, "emu"
@@ -313,7 +314,6 @@ def shim_script(tool: str, python: str, package_parent: str, gpu_dir: str,
                 figures: Mapping[str, Any]) -> str:
     """The text of `<state>/bin/<tool>`: the sandbox's interpreter, no shell. The figures are
     a literal (JSON of strings and numbers, which Python reads as is)."""
-    import json
 
     literal = json.dumps(dict(figures), indent=1, sort_keys=True)
     return (f"#!{python}\n"

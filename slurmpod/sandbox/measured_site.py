@@ -36,7 +36,7 @@ def with_measured_peak(site_data: dict[str, Any], peak_tflops: float) -> dict[st
 def render_measured_site(site_data: dict[str, Any], peak_tflops: float, source: Path
                          ) -> str | None:
     """TOML text of the measured site, with a header saying where the peak came from."""
-    import tomli_w
+    import tomli_w  # lazy: start-up (tomli_w only when used)
 
     data = with_measured_peak(site_data, peak_tflops)
     if data is None:
@@ -49,7 +49,7 @@ def render_measured_site(site_data: dict[str, Any], peak_tflops: float, source: 
 
 def measure_peak() -> float:
     """This CPU's float32 matmul peak, TFLOP/s, robust to load during the measurement."""
-    from slurmpod.sandbox.workload.calibrate import sample_peak
+    from slurmpod.sandbox.workload.calibrate import sample_peak  # lazy: start-up
 
     return sample_peak().peak_tflops
 
@@ -58,8 +58,8 @@ def write_measured_site(source: Path, target: Path,
                         measure: Callable[[], float] = measure_peak) -> float | None:
     """Measure and write `target`; returns the peak, or None (and removes a stale `target`)
     when the site has no emulated GPU."""
-    from slurmpod.config import read_toml
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.config import read_toml  # lazy: start-up
+    from slurmpod.fsutil import write_atomic  # lazy: start-up
 
     data = read_toml(source)
     if with_measured_peak(data, 1.0) is None:

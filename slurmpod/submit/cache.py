@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,8 @@ def prepared_key(run_path: Path, site_path: Path, template_dirs: Sequence[Path],
     """The cache key of a local prepare: run spec and site file contents, every template file,
     the command-line choices, the working directory, and the code that renders. None when an
     input cannot be read (the uncached path then reports it properly)."""
-    from importlib.util import find_spec
 
-    from slurmpod.config import PACKAGE_DIR, data_dir
+    from slurmpod.config import PACKAGE_DIR, data_dir  # lazy: start-up
 
     h = hashlib.sha256()
     try:
@@ -92,7 +92,7 @@ def cache_load(key: str) -> Rendered | None:
 
 def cache_store(key: str, prep: Prepared) -> None:
     """Keep `prep` for the next identical prepare; any failure only means no cache."""
-    from slurmpod.fsutil import write_atomic
+    from slurmpod.fsutil import write_atomic  # lazy: start-up
 
     d = cache_dir()
     r = Rendered.of(prep)

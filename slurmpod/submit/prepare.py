@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmpod.errors import ConfigError
+from slurmpod.resilience.interval import recommend_for_run
 from slurmpod.submit.store import script_path
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ class Rendered:
 
 def read_run_and_site(run_path: Path, site: str | None) -> tuple[RunSpec, Site, str]:
     """The run spec, the site and the site's label (its file's stem) for the script header."""
-    from slurmpod.config import load_site, resolve_site_path
-    from slurmpod.megatron.runspec import load_run
+    from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
+    from slurmpod.megatron.runspec import load_run  # lazy: start-up
 
     site_path = resolve_site_path(site)
     return load_run(run_path), load_site(site_path), str(site_path.stem)
@@ -101,7 +102,7 @@ def load_site_env(template_dirs: tuple[Path, ...]) -> dict[str, str | None]:
         path = d / SITE_ENV_FILE
         if not path.is_file():
             continue
-        from slurmpod.config import read_toml
+        from slurmpod.config import read_toml  # lazy: start-up
 
         data = read_toml(path)
         env = data.get("env", {})
@@ -124,7 +125,7 @@ def load_site_env(template_dirs: tuple[Path, ...]) -> dict[str, str | None]:
 def plan_or_refuse(run: RunSpec, site: Site) -> Plan:
     """The plan; a ConfigError (exit 3) when the layout is invalid or does not fit.
     Without the group placement: it only adds warnings, and it is what needs numpy."""
-    from slurmpod.megatron.plan import make_plan
+    from slurmpod.megatron.plan import make_plan  # lazy: start-up
 
     plan = make_plan(run, site, placement=False)
     if plan.ok:
@@ -158,8 +159,7 @@ def save_interval_for(run: RunSpec, site: Site, facts: PlanFacts,
     calibration (`slurmpod calibrate`) as `plan` does."""
     if "save_interval" in run.megatron.explicit():
         return None
-    from slurmpod.perf.planning import predict_run
-    from slurmpod.resilience.interval import recommend_for_run
+    from slurmpod.perf.planning import predict_run  # lazy: start-up
 
     pred = predict_run(run, site, facts.nodes, site_path)
     if pred is None:
@@ -172,8 +172,8 @@ def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
             source: str = "run spec", site_path: Path | None = None) -> Prepared:
     """Plan, refuse, render; the token is the hash of the script with a fixed sentinel.
     `source` names the run spec in warnings."""
-    from slurmpod.megatron.argnames import unknown_key_warnings
-    from slurmpod.render.sbatch import PlanFacts, build_context, render_script
+    from slurmpod.megatron.argnames import unknown_key_warnings  # lazy: start-up
+    from slurmpod.render.sbatch import PlanFacts, build_context, render_script  # lazy: start-up
 
     plan = plan_or_refuse(run, site)
     facts = PlanFacts.of(plan)

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from slurmpod.errors import ConfigError, SlurmError
+from slurmpod.errors import ConfigError, JobNotFinishedError, SlurmError
+from slurmpod.model.hostlist import expand
+from slurmpod.model.slurm_time import format_minutes, limit_minutes
 from slurmpod.submit.store import read_marker, store_script, write_marker
 
 if TYPE_CHECKING:
@@ -82,7 +84,6 @@ def check_time_limit(prep: Prepared | Rendered, backend: SlurmBackend) -> None:
     ever (EnforcePartLimits=NO, Slurm's default through 24.11), or rejects it only with
     EnforcePartLimits set: either way the user learns late. Not at render time: the partition
     can change between render and submit, and render needs no Slurm."""
-    from slurmpod.model.slurm_time import format_minutes, limit_minutes
 
     max_min = backend.partition_max_time(prep.partition)
     limit = limit_minutes(prep.time_limit)
@@ -163,7 +164,6 @@ def wait_for_start(backend: SlurmBackend, site: Site, res: SubmitResult, *,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> SubmitResult:
     """Poll until the (first) job runs or ends; fill in its nodes and the SUs they span."""
-    from slurmpod.errors import JobNotFinishedError
 
     jid = res.job_ids[0]
     deadline = clock() + timeout_s
@@ -182,7 +182,6 @@ def wait_for_start(backend: SlurmBackend, site: Site, res: SubmitResult, *,
 
 def _sus_of(site: Site, nodes: str) -> list[str]:
     """The site's SUs that a hostlist's nodes lie in, in the order first met."""
-    from slurmpod.model.hostlist import expand
 
     inv = site.inventory
     sus: list[str] = []

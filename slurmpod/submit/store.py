@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from slurmpod.errors import CommandError
+
 if TYPE_CHECKING:
     from slurmpod.megatron.runspec import RunSpec
     from slurmpod.transport.base import CommandRunner
@@ -33,7 +35,7 @@ def script_path(run_dir: str, name: str) -> str:
 def resolve_run_dir(run: RunSpec, explicit: str | None, base: str) -> str:
     """An absolute run directory: explicit > [job] work_dir > slurmpod-runs/<name>, relative
     paths taken from `base` (the local cwd, or the remote home over SSH)."""
-    from slurmpod.render.sbatch import default_run_dir
+    from slurmpod.render.sbatch import default_run_dir  # lazy: start-up
 
     raw = explicit or run.job.work_dir or default_run_dir(run.job.name)
     p = PurePosixPath(raw)
@@ -46,7 +48,7 @@ def store_script(runner: CommandRunner, run_dir: str, path: str, script: str) ->
         runner.write_text(path, script, mode=0o755)
         runner.write_text(f"{run_dir}/{LOGS}/.keep", "")
     except OSError as exc:  # a local run dir; SSH raises SshError itself
-        from slurmpod.fsutil import output_error
+        from slurmpod.fsutil import output_error  # lazy: start-up
 
         raise output_error(run_dir, exc) from None
 
@@ -54,8 +56,7 @@ def store_script(runner: CommandRunner, run_dir: str, path: str, script: str) ->
 def read_marker(runner: CommandRunner, run_dir: str) -> dict[str, Any] | None:
     """The marker, or None when there is none (or it cannot be read or parsed: then the
     submission goes ahead, as for a new run)."""
-    from slurmpod.errors import CommandError
-    from slurmpod.runs.files import FileUnreadable, read_piece
+    from slurmpod.runs.files import FileUnreadable, read_piece  # lazy: start-up
 
     try:
         piece = read_piece(runner, f"{run_dir}/{MARKER}", 0, _MARKER_MAX_BYTES)

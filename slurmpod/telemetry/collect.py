@@ -17,13 +17,17 @@ or garbage gives "not measured" for that source and the next is tried. Nothing h
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slurmpod.model.hostlist import expand as expand_hosts
 from slurmpod.telemetry import comment as tcomment
+from slurmpod.telemetry.dcgm import job_stats
 from slurmpod.telemetry.schema import clean_gpu_summary, clean_record_part
+from slurmpod.telemetry.slurm_tres import job_telemetry as sacct_telemetry
 from slurmpod.telemetry.stats import Telemetry
 
 log = logging.getLogger("slurmpod.hook")
@@ -62,7 +66,6 @@ def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, lo
              model: str | None, read_file: Callable[[str, int, int], bytes] | None,
              path_env: str | None, comment: Mapping[str, Any], tried: dict[str, str]
              ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, str]]:
-    from slurmpod.model.hostlist import expand as expand_hosts
 
     job_id = str(job.get("job_id") or "")
     gpus = job.get("alloc_gpus") if isinstance(job.get("alloc_gpus"), int) else None
@@ -91,7 +94,7 @@ def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, lo
             if not isinstance(start, int) or not isinstance(end, int):
                 tried[src] = "no-times"
                 continue
-            from slurmpod.telemetry.prometheus import JOB_LABEL, job_telemetry
+            from slurmpod.telemetry.prometheus import JOB_LABEL, job_telemetry  # lazy: start-up
 
             got = job_telemetry(url, job_id, start, end,
                                 label=env.get("SLURMPOD_PROMETHEUS_JOB_LABEL") or JOB_LABEL)
@@ -99,7 +102,6 @@ def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, lo
             if run is None:
                 tried[src] = "not-installed"
                 continue
-            from slurmpod.telemetry.slurm_tres import job_telemetry as sacct_telemetry
 
             got = sacct_telemetry(run, job_id)
         elif src == "comment":
@@ -121,7 +123,6 @@ def _collect(job: Mapping[str, Any], env: Mapping[str, str], run: Run | None, lo
 
 
 def _dcgm(run: Run, job_id: str, nodes: list[str], exe: str) -> Telemetry | None:
-    from slurmpod.telemetry.dcgm import job_stats
 
     return job_stats(run, job_id, nodes, exe=exe)
 
@@ -129,7 +130,6 @@ def _dcgm(run: Run, job_id: str, nodes: list[str], exe: str) -> Telemetry | None
 def _job_series(job: Mapping[str, Any], log_path: str, model: str | None,
                 read_file: Callable[[str, int, int], bytes] | None) -> dict[str, Any] | None:
     """The monitor's per-GPU file beside the log, read safely as the job's uid, checked."""
-    import json
 
     uid = job.get("uid")
     if read_file is None or not isinstance(uid, int) or not log_path:

@@ -30,6 +30,7 @@ stay "not measured". Unknown rows are ignored, so later DCGM releases' extra row
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 
 from slurmpod.telemetry.schema import HBM_UNKNOWN_GIB, POWER_LIMIT_UNKNOWN_W, POWER_SLACK
@@ -117,7 +118,6 @@ def job_stats(run: Run, job_id: str, nodes: Sequence[str], *, timeout_s: float =
     """DCGM job statistics of `job_id` from each node's host engine (`--host NODE`), at most
     `timeout_s` per node and `budget_s` in all. None unless every node answered: a job half
     measured would under-count its energy."""
-    import time
 
     t0 = time.monotonic()
     gpus: list[GpuStat] = []

@@ -98,7 +98,7 @@ Fetch = Callable[[str, float], bytes]  # url, timeout -> body (raises OSError)
 
 
 def http_fetch(url: str, timeout_s: float) -> bytes:
-    import urllib.request
+    import urllib.request  # lazy: start-up
 
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         body: bytes = resp.read(MAX_BYTES + 1)

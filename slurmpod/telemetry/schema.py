@@ -48,6 +48,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from slurmpod.model.gpus import lookup
+
 GPU_V = 1
 SOURCES = ("dcgm", "prometheus", "sacct", "nvidia-smi")
 TRUST = ("site", "job")
@@ -109,7 +111,6 @@ def power_limit_w(model: str | None) -> float:
 
 
 def hbm_limit_gib(model: str | None) -> float:
-    from slurmpod.model.gpus import lookup
 
     spec = lookup(model or "")
     return spec.hbm_gib * 1.05 if spec is not None else HBM_UNKNOWN_GIB

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from slurmpod.errors import ConfigError, UsageError
 from slurmpod.model.site import BLOCK_MIN
+from slurmpod.topology.layout import block_layout, tree_switches
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -174,10 +175,9 @@ def _check_options(site: Site, options: GenerateOptions) -> None:
 
 def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, str]:
     """Every artefact of `site` as {relative path: text}. Pure: nothing is written."""
-    from slurmpod.render.env import header, make_env
-    from slurmpod.topology import node_files, slurm_files
-    from slurmpod.topology.fabric_plan import plan_fabric
-    from slurmpod.topology.layout import block_layout, tree_switches
+    from slurmpod.render.env import header, make_env  # lazy: start-up
+    from slurmpod.topology import node_files, slurm_files  # lazy: start-up
+    from slurmpod.topology.fabric_plan import plan_fabric  # lazy: start-up
 
     options = options or GenerateOptions()
     _check_options(site, options)
@@ -228,7 +228,7 @@ def generate(site: Site, options: GenerateOptions | None = None) -> dict[str, st
 def write_artifacts(site: Site, out_dir: Path | str,
                     options: GenerateOptions | None = None) -> list[Path]:
     """Generate everything first, then write all files atomically (nothing on error)."""
-    from slurmpod.fsutil import write_tree_atomic
+    from slurmpod.fsutil import write_tree_atomic  # lazy: start-up
 
     files = generate(site, options)
     return write_tree_atomic(Path(out_dir), files)

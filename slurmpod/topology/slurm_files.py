@@ -178,7 +178,7 @@ def partition_lines(site: Site) -> list[str]:
     inv = site.inventory
     parts = site.partitions
     if not parts:
-        from slurmpod.model.site import Partition
+        from slurmpod.model.site import Partition  # lazy: start-up
 
         parts = [Partition(name="batch", default=True)]
     out = []

@@ -21,7 +21,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # SshRunner pulls in paramiko only when asked for.
     if name == "SshRunner":
-        from slurmpod.transport.ssh import SshRunner
+        from slurmpod.transport.ssh import SshRunner  # lazy: start-up
 
         return SshRunner
     raise AttributeError(name)

@@ -77,7 +77,7 @@ class SshRunner(BaseRunner):
         path = Path(_expand(str(ssh_config)))
         if not path.is_file():
             return {}
-        import paramiko
+        import paramiko  # lazy: start-up (paramiko only when used)
 
         try:
             return dict(paramiko.SSHConfig.from_path(str(path)).lookup(host))
@@ -97,7 +97,7 @@ class SshRunner(BaseRunner):
             if transport is not None and transport.is_active():
                 return self._client
             self.close()  # the login node dropped us: reconnect once
-        import paramiko
+        import paramiko  # lazy: start-up (paramiko only when used)
 
         client = paramiko.SSHClient()
         if self.known_hosts.is_file():

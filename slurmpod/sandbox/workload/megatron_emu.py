@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from slurmpod.errors import SlurmpodError
 from slurmpod.sandbox.workload import gpu_activity
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def arguments_dump(args: argparse.Namespace, title: str = "arguments") -> str:
 
 def model_flops_per_iteration(args: argparse.Namespace) -> float:
     """slurmpod's Megatron FLOPs formula, so the sandbox MFU uses the same arithmetic."""
-    from slurmpod.megatron.flops import flops_per_iteration
+    from slurmpod.megatron.flops import flops_per_iteration  # lazy: start-up
 
     return float(flops_per_iteration(dict(vars(args))))
 
@@ -198,8 +199,7 @@ def emulated_peak(flag: float | None, env: dict[str, str] | os._Environ[str] = o
     site = env.get("SLURMPOD_SITE")
     if not site:
         return Peak(None, "no --emu-peak-tflops and no $SLURMPOD_SITE")
-    from slurmpod.config import read_toml, resolve_site_path
-    from slurmpod.errors import SlurmpodError
+    from slurmpod.config import read_toml, resolve_site_path  # lazy: start-up
 
     try:
         path = resolve_site_path(site)
@@ -235,7 +235,7 @@ def pacing_line(peak: Peak, flops_per_gpu: float, min_s: float,
                 measure: Callable[[], PeakEstimate] | None = None) -> str:
     """What the job measured and how it is paced, for its log. `measure()` returns a
     `calibrate.PeakEstimate` of this CPU now."""
-    from slurmpod.sandbox.workload.calibrate import sample_peak
+    from slurmpod.sandbox.workload.calibrate import sample_peak  # lazy: start-up
 
     # About 0.1 s on a quiet machine: a log figure, not the peak (that is the site's).
     est = (measure or (lambda: sample_peak(rounds=3, repeats=2, pause_s=0.02)))()
@@ -318,7 +318,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, save_dir: Path) -> Path:
         """Write iter_NNNNNNN/ into a temp dir and rename it; then the tracker, atomically."""
-        from slurmpod.fsutil import write_atomic
+        from slurmpod.fsutil import write_atomic  # lazy: start-up
 
         save_dir.mkdir(parents=True, exist_ok=True)
         name = f"iter_{self.iteration:07d}"
@@ -464,7 +464,7 @@ class Collective:
         except OSError:
             self.server = socket.create_server(("127.0.0.1", 0))
         port = self.server.getsockname()[1]
-        from slurmpod.fsutil import write_atomic
+        from slurmpod.fsutil import write_atomic  # lazy: start-up
 
         self.file.parent.mkdir(parents=True, exist_ok=True)
         # The nonce: a stale file (an earlier job with the same ids, or another job's rank 0
