@@ -21,7 +21,7 @@ from slurmpod import __version__
 from slurmpod.report.extras import JobExtras
 from slurmpod.report.fleet import FleetReport, Group, JobRow
 from slurmpod.report.model import LOSS_CAUSES, SPIKE_FACTOR, JobReport, finite
-from slurmpod.report.text import dist_text
+from slurmpod.report.text import dist_text, energy_in_units
 
 DASH = "–"
 # The published range of large training runs (Megatron-LM on A100/H100, PaLM: 30-50 % MFU,
@@ -108,12 +108,8 @@ def energy(joules: Any) -> str:
     v = _ok(joules)
     if v is None:
         return DASH
-    kwh = v / 3.6e6
-    if kwh >= 1000:
-        return f"{human(kwh / 1000)} MWh"
-    if kwh >= 1:
-        return f"{human(kwh)} kWh"
-    return f"{human(v / 3600)} Wh"
+    value, unit = energy_in_units(v)
+    return f"{human(value)} {unit}"
 
 
 def per_token(joules: Any) -> str:

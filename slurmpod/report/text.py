@@ -133,11 +133,21 @@ def size(n_bytes: float | None) -> str:
     return f"{n_bytes:.0f} B"
 
 
+def energy_in_units(j: float) -> tuple[float, str]:
+    """Joules in the unit a person reads an electricity figure in: Wh, kWh or MWh."""
+    kwh = j / 3.6e6
+    if kwh >= 1000:
+        return kwh / 1000, "MWh"
+    if kwh >= 1:
+        return kwh, "kWh"
+    return j / 3600, "Wh"
+
+
 def energy(j: float | None) -> str:
     if j is None or not math.isfinite(j):
         return NOT_MEASURED
-    kwh = j / 3.6e6
-    return f"{kwh:.3g} kWh ({j:.3g} J)" if kwh >= 0.01 else f"{j:.3g} J"
+    value, unit = energy_in_units(j)
+    return f"{value:.3g} {unit}"
 
 
 def efficiency_lines(e: Efficiency, r: JobReport) -> list[str]:
