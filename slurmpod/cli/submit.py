@@ -54,6 +54,28 @@ def _render_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Hot-spare nodes allocated on top of the run's nodes."),
         click.option("--cpu-bind", type=_CPU_BIND, default="numactl", show_default=True,
                      help="Per-rank binding to the GPU's NUMA node."),
+        # Resilience inside the job (docs/resilience-in-job.md): the rendered defaults, which
+        # the job's environment (SLURMPOD_HANG_K, ...) can still override at submit time.
+        click.option("--hang-k", type=click.FloatRange(1.0), default=10.0, show_default=True,
+                     help="A hang is declared after no iteration for K x the median step "
+                          "time (or --hang-floor, the longer)."),
+        click.option("--hang-floor", "hang_floor_s", type=click.FloatRange(1.0), default=300.0,
+                     show_default=True, metavar="SECONDS",
+                     help="The shortest silence declared a hang."),
+        click.option("--shed-fraction", type=click.FloatRange(0.0, 1.0), default=0.02,
+                     show_default=True,
+                     help="Bad nodes a run may exclude beyond its spares, as a share of the "
+                          "partition's nodes."),
+        click.option("--health-gate/--no-health-gate", default=True, show_default=True,
+                     help="Check every node (GPUs, HCAs, checkpoint directory) before each "
+                          "attempt and exclude the failing ones."),
+        click.option("--health-allreduce", is_flag=True,
+                     help="Add an all-reduce between pairs of the job's nodes to the health "
+                          "gate (nccl-tests' all_reduce_perf on the nodes)."),
+        click.option("--allreduce-min-busbw", type=click.FloatRange(0.0, min_open=True),
+                     default=None, metavar="GB/S",
+                     help="Bus bandwidth a pair must reach in --health-allreduce "
+                          "[default: none; about half a healthy pair's]."),
         click.option("--no-monitor", is_flag=True, help="Do not start `slurmpod hook monitor`."),
     ]
     for opt in reversed(opts):
@@ -73,6 +95,9 @@ def _options(site_label: str, kw: dict[str, Any]):  # -> RenderOptions
         switch_wait=kw["switch_wait"], chain=kw["chain"], spares=kw["spares"],
         cpu_bind=kw["cpu_bind"], monitor=not kw["no_monitor"],
         save_on_cancel=kw["save_on_cancel"], python=sys.executable,
+        hang_k=kw["hang_k"], hang_floor_s=kw["hang_floor_s"], shed_fraction=kw["shed_fraction"],
+        health_gate=kw["health_gate"], health_allreduce=kw["health_allreduce"],
+        allreduce_min_busbw=kw["allreduce_min_busbw"],
     )
 
 

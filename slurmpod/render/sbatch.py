@@ -9,6 +9,7 @@ first, then the built-in `templates/sbatch/`). `sbatch_line` is the one place a 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmpod import __version__
 from slurmpod.errors import ConfigError
-from slurmpod.model.comment import submit_comment
+from slurmpod.model.comment import prediction_keys, submit_comment
 from slurmpod.model.site import NodeType, Site
 from slurmpod.render import launch
 from slurmpod.render.nccl_env import (
@@ -35,6 +36,7 @@ from slurmpod.resilience.health import NODE_CHECK
 if TYPE_CHECKING:
     from slurmpod.megatron.plan import Plan
     from slurmpod.megatron.runspec import JobSpec, RunSpec
+    from slurmpod.perf.model import Prediction
 
 DEFAULT_TEMPLATE = "sbatch/megatron.sbatch.j2"
 
@@ -83,17 +85,51 @@ class PlanFacts:
     errors: tuple[str, ...] = ()
     tokens_per_iteration: int | None = None
     params_total: float = 0.0
+    # The performance model's prediction for the planned layout, as the Comment's `pred` key
+    # (model.comment.prediction_keys) that the fleet report compares the finished job with;
+    # None when the model made none.
+    prediction: Mapping[str, Any] | None = None
 
     @classmethod
-    def of(cls, plan: Plan) -> PlanFacts:
+    def of(cls, plan: Plan, prediction: Prediction | None = None) -> PlanFacts:
         return cls(
             nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, min_sus=plan.min_sus or 1,
             min_blocks=plan.min_blocks or 1, flops_per_iteration=plan.flops_per_iteration or 0.0,
             peak_tflops=plan.peak_tflops_per_gpu, formula=plan.flops_formula_version,
             fits=plan.fits, errors=plan.errors,
             tokens_per_iteration=plan.tokens_per_iteration or None,
-            params_total=plan.params_total,
+            params_total=plan.params_total, prediction=recorded_prediction(plan, prediction),
         )
+
+
+def layout_text(plan: Plan) -> str:
+    """The plan's layout in the words the reports show ("TP8 PP2 DP4 MBS1 GBS64"; as
+    report/predicted.py words a log's): plain letters, digits and spaces, so the report shows it
+    (it shows only such words from a Comment, which the job's owner may rewrite)."""
+    parts = [f"TP{plan.tp}", f"PP{plan.pp}"]
+    if plan.vpp and plan.vpp > 1:
+        parts.append(f"VPP{plan.vpp}")
+    if plan.cp > 1:
+        parts.append(f"CP{plan.cp}")
+    if plan.ep > 1:
+        parts.append(f"EP{plan.ep}")
+    parts += [f"DP{plan.data_parallel_size}", f"MBS{plan.micro_batch_size}"]
+    if plan.global_batch_size:
+        parts.append(f"GBS{plan.global_batch_size}")
+    return " ".join(parts)
+
+
+def recorded_prediction(plan: Plan, pred: Prediction | None) -> dict[str, Any] | None:
+    """The Comment's `pred` key for `pred` on `plan`'s layout and GPU; None without a
+    prediction or with one the fleet report would refuse (a step that is not a positive finite
+    time, an MFU outside (0, 1]: report/predicted.py `recorded_prediction`)."""
+    if pred is None or not (math.isfinite(pred.step_time_s) and pred.step_time_s > 0
+                            and 0 < pred.mfu <= 1):
+        return None
+    return prediction_keys(step_time_s=pred.step_time_s, mfu=pred.mfu,
+                           tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu,
+                           breakdown_s=pred.breakdown_s, gpu=plan.gpu_model,
+                           layout=layout_text(plan))
 
 
 @dataclass(frozen=True)
@@ -130,6 +166,11 @@ class RenderOptions:
     health_check: str | None = None  # a site's extra per-node check (an executable path)
     shed_fraction: float = 0.02
     drain_bad_nodes: bool = False
+    # The health gate's all-reduce between pairs of the job's nodes (resilience/allreduce.py;
+    # SLURMPOD_HEALTH_ALLREDUCE=1 turns it on at submit time) and the bus bandwidth in GB/s a
+    # pair must reach on nccl-tests (None: no threshold; SLURMPOD_ALLREDUCE_MIN_BUSBW).
+    health_allreduce: bool = False
+    allreduce_min_busbw: float | None = None
     # Megatron's --save-interval when [megatron] has none (submit: slurmpod.resilience.interval)
     save_interval: int | None = None
 
@@ -175,6 +216,9 @@ class SbatchContext:
     health_check: str | None = None
     shed_fraction: float = 0.02
     drain_bad_nodes: bool = False
+    health_allreduce: bool = False
+    allreduce_min_busbw: float | None = None
+    allreduce_tool: str = "auto"  # loopback for emulated GPUs (the sandbox has no NCCL)
     gpus_expected: int = 8
     hcas_expected: str = ""  # compute HCAs the health gate checks (none for emulated GPUs)
     hca_rate: str = ""  # e.g. "400 Gb/sec", when the site states it
@@ -206,7 +250,8 @@ def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     return submit_comment(version=__version__, run=run_name,
                           flops_per_iter=plan.flops_per_iteration, peak_tflops=plan.peak_tflops,
                           gpus=plan.nodes * plan.gpus_per_node, formula=plan.formula,
-                          tokens_per_iter=plan.tokens_per_iteration, token=token)
+                          tokens_per_iter=plan.tokens_per_iteration, token=token,
+                          prediction=plan.prediction)
 
 
 def segment_size(nodes: int, domain_nodes: int, unit: int = 1) -> int:
@@ -309,7 +354,9 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
         hang_k=opts.hang_k, hang_floor_s=opts.hang_floor_s,
         hang_setup_s=float(launch.DISTRIBUTED_TIMEOUT_MIN * 60), health_gate=opts.health_gate,
         health_check=opts.health_check, shed_fraction=opts.shed_fraction,
-        drain_bad_nodes=opts.drain_bad_nodes, gpus_expected=nt.gpus,
+        drain_bad_nodes=opts.drain_bad_nodes, health_allreduce=opts.health_allreduce,
+        allreduce_min_busbw=opts.allreduce_min_busbw,
+        allreduce_tool="loopback" if nt.gpu.emulated else "auto", gpus_expected=nt.gpus,
         hcas_expected="" if nt.gpu.emulated else ",".join(hcas),
         # two checkpoints' bytes: the one being written and the last good one
         checkpoint_free_bytes=int(2 * plan.params_total * launch.CHECKPOINT_BYTES_PER_PARAM),
@@ -320,6 +367,15 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
 def _check_options(opts: RenderOptions) -> None:
     if opts.spares < 0 or opts.max_restarts < 0 or opts.chain < 1:
         raise ConfigError("spares and max_restarts must be >= 0 and chain >= 1")
+    # The CLI's ranges (cli/submit.py), for callers that build RenderOptions themselves.
+    if not (math.isfinite(opts.hang_k) and math.isfinite(opts.hang_floor_s)
+            and opts.hang_k >= 1 and opts.hang_floor_s >= 1 and 0 <= opts.shed_fraction <= 1):
+        raise ConfigError(f"hang_k {opts.hang_k:g} (>= 1), hang_floor_s {opts.hang_floor_s:g} "
+                          f"(>= 1 s) or shed_fraction {opts.shed_fraction:g} (0 to 1) is out "
+                          "of range")
+    if opts.allreduce_min_busbw is not None and not (
+            math.isfinite(opts.allreduce_min_busbw) and opts.allreduce_min_busbw > 0):
+        raise ConfigError(f"allreduce_min_busbw {opts.allreduce_min_busbw:g} must be > 0 GB/s")
     _check_time(opts.switch_wait, "switch_wait")
 
 

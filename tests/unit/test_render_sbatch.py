@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from slurmpod.config import builtin_site_path, load_site, read_toml, validate
 from slurmpod.errors import ConfigError
 from slurmpod.megatron.runspec import run_from_dict
+from slurmpod.model.comment import prediction_keys
 from slurmpod.model.site import Site
 from slurmpod.render import launch
 from slurmpod.render.sbatch import (
@@ -329,8 +330,14 @@ def _golden_cases() -> dict[str, str]:
         {"node_type": "emu8", "sus": 4, "nodes_per_su": 4, "nodes_per_rack": 4}],
         slurm={"version": "24.11", "cluster_name": "nvl", "topology": "block"})
     cases = {
+        # With the plan's prediction, which the Comment records for the fleet report.
         "sandbox-2su": (sandbox(), run_spec({"nodes": 8, "time_limit": "00:30:00"}),
-                        facts(8, 2), RenderOptions(run_dir="/scratch/runs/sandbox-2su")),
+                        replace(facts(8, 2), prediction=prediction_keys(
+                            step_time_s=0.0123456, mfu=0.15, tokens_per_s_per_gpu=1315.36,
+                            breakdown_s={"compute": 0.0107, "tp": 0.00115,
+                                         "exposed_communication": 0.00115, "dp": 0.0},
+                            gpu="emu", layout="TP8 PP1 DP8 MBS1 GBS16")),
+                        RenderOptions(run_dir="/scratch/runs/sandbox-2su")),
         "superpod-sharp-container": (
             superpod,
             run_spec({"nodes": 64, "partition": "batch", "account": "ml", "qos": "high",
