@@ -17,10 +17,7 @@ import time
 from pathlib import Path
 
 from slurmpod.config import load_site, resolve_site_path
-from slurmpod.megatron.memory import GIB
-from slurmpod.megatron.plan import HBM_HEADROOM_FRACTION
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.calibrate import (
     error_stats,
     evaluate,
@@ -28,6 +25,7 @@ from slurmpod.perf.calibrate import (
     load_published,
     markdown_table,
     recipe_rank,
+    usable_bytes,
 )
 from slurmpod.perf.model import FITTED, RunOptions, hardware_from_site
 from slurmpod.perf.search import search
@@ -45,9 +43,8 @@ def _recipe_file_rank(path: Path, points: list) -> tuple[int | None, int, str]:
     run = load_run(path)
     c = ModelConfig.from_args(run.megatron)
     world = run.job.nodes * hw.gpus_per_node
-    usable = CATALOG[gpu].hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
     return layout_rank(c, world, hw, FITTED[hw.generation],
-                       RunOptions.from_args(run.megatron.values()), usable)
+                       RunOptions.from_args(run.megatron.values()), usable_bytes(c, world, hw))
 
 
 def main() -> None:
@@ -57,7 +54,6 @@ def main() -> None:
     args = ap.parse_args()
     site = load_site(resolve_site_path("dgx-h100-superpod"))
     hw = hardware_from_site(site)
-    usable = site.node_types["dgx-h100"].gpu.hbm_gib * GIB * (1 - HBM_HEADROOM_FRACTION)
     print(f"{'preset':<14} {'GPUs':>6} {'GBS':>6} {'layouts':>8} {'best s':>8} {'search s':>9}")
     for name, gbs in (("llama3-70b", 1024), ("llama3-405b", 2048), ("deepseek-v3", 8192),
                       ("qwen3-30b-a3b", 4096)):
@@ -66,6 +62,7 @@ def main() -> None:
         opts = RunOptions.from_args(run.megatron.values())
         for world in (1024, 16384):
             best = float("inf")
+            usable = usable_bytes(base, world, hw)  # as `plan` counts it
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 cands, n = search(base, world, hw, usable, None, opts)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from slurmpod.megatron.memory import peak_memory
+from slurmpod.megatron.memory import GIB, peak_memory, runtime_reserve
 from slurmpod.megatron.runspec import ModelConfig, preset_path
 from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.model import FITTED, Efficiency, Hardware, RunOptions, predict
@@ -272,12 +272,21 @@ def error_stats(results: Sequence[Result], role: str = "validation") -> dict[str
     return out
 
 
-def recipe_rank(p: Point, usable_fraction: float = 0.9) -> tuple[int | None, int, str]:
+def usable_bytes(c: ModelConfig, world: int, hw: Hardware) -> float:
+    """HBM per GPU the search may fill for `c` on `world` GPUs of `hw`: what `slurmpod plan`
+    counts as usable (the GPU's HBM less megatron.memory.runtime_reserve), so "fits" means
+    the same in the recipe ranking, the search benchmark and `plan`."""
+    hbm_gib = CATALOG[hw.gpu_model].hbm_gib
+    reserve = runtime_reserve(c, world, hbm_gib, gpus_per_node=hw.gpus_per_node)
+    return (hbm_gib - reserve.total_gib) * GIB
+
+
+def recipe_rank(p: Point) -> tuple[int | None, int, str]:
     """Where the search ranks the published layout of `p`: (rank or None, candidates, why)."""
 
     assert p.config is not None and p.hardware is not None
-    usable = CATALOG[p.hardware.gpu_model].hbm_gib * 1024**3 * usable_fraction
-    return layout_rank(p.config, p.gpus, p.hardware, FITTED[p.generation], p.opts, usable)
+    return layout_rank(p.config, p.gpus, p.hardware, FITTED[p.generation], p.opts,
+                       usable_bytes(p.config, p.gpus, p.hardware))
 
 
 def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions,
