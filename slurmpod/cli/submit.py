@@ -195,6 +195,7 @@ def submit(run_file: Path, host: str | None, remote_env: tuple[str, ...], backen
     finally:
         runner.close()
     if as_json:
+        from slurmpod.cli.output import emit_json  # lazy: start-up
 
         emit_json(res.to_json())
         return
