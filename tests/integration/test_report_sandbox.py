@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -491,3 +492,46 @@ def test_watch_shows_progress_of_a_running_job(sandbox: Any, jobs: Jobs) -> None
         assert 1 <= done[0] <= done[1]
     finally:
         sandbox.cancel(jid)
+
+
+def test_fleet_report_compares_a_submitted_job_with_its_prediction(sandbox: Any) -> None:
+    """A job submitted through `slurmpod submit` carries the plan's prediction in its Comment
+    (`pred`), and the fleet report compares the finished job with it (`vs_predicted`). The
+    sandbox's emulated GPU is in the catalog, so the model predicts; its step (numpy on shared
+    CPUs) has nothing of a real GPU's, so the ratio is checked present and finite, not near 1.
+    The job also runs the health gate's all-reduce (`--health-allreduce`) on its two nodes."""
+    from tests.integration.test_submit_sandbox import write_run  # its run spec, not its tests
+
+    d = sandbox.tmp_dir / "report-pred"
+    d.mkdir(exist_ok=True)
+    run = write_run(d / "run.toml", "pred", 2, train_iters=30)
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "submit", str(run), "--topo-dir", "",
+                         "--health-allreduce", "--json"], env=sandbox.env, capture_output=True,
+                        text=True, timeout=120, cwd=sandbox.tmp_dir, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    jid = json.loads(cp.stdout)["job_id"]
+    try:
+        wait_for(lambda: finished(sandbox, jid), 300, f"job {jid} in accounting")
+        wait_for(lambda: (decode_field(((sandbox.sacct_job(jid) or {}).get("comment") or {})
+                                       .get("administrator")) or {}).get("v"), 90,
+                 f"job {jid}'s AdminComment")
+    except BaseException:
+        sandbox.cancel(jid)
+        raise
+    run_dir = d / "pred"
+    log = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.out")))
+    assert "COMPLETED" in json.dumps(sandbox.sacct_job(jid)["state"]), log[-3000:]
+    # The gate's all-reduce ran between the two nodes (loopback on emulated GPUs) and passed.
+    gate = (run_dir / ".slurmpod" / f"health-{jid}-1.out").read_text()
+    assert "all-reduce (loopback) on 2 nodes" in gate, gate
+    assert " fail " not in gate, gate
+    # The Comment as Slurm stored it still holds the prediction (the monitor merges, keeps it).
+    stored = decode_field((sandbox.sacct_job(jid) or {}).get("comment", {}).get("job")) or {}
+    assert stored.get("pred", {}).get("layout") == "TP8 PP1 DP2 MBS1 GBS4", stored
+    fleet = json.loads(slurmpod(sandbox, "--since", "1d", "--json", "--jobs").stdout)
+    row = next(r for r in fleet["job_rows"] if r["job_id"] == jid)
+    ratio = row["vs_predicted"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0, row
+    assert fleet["vs_predicted"]["jobs"] >= 1
+    print(f"job {jid}: achieved / predicted speed {ratio:.3g} "
+          f"(predicted {stored['pred']['s']} s per iteration on the emulated GPU)")
