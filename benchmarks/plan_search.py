@@ -90,7 +90,7 @@ def main() -> None:
     if args.write:
         REPORT.write_text("# Performance model: published points, predicted, error\n\n"
                           "Written by `benchmarks/plan_search.py --write`; checked by "
-                          "tests/unit/test_perf_validation.py.\n\n"
+                          "tests/unit/perf/test_validation.py.\n\n"
                           + markdown_table(points, results), encoding="utf-8")
         print(f"\nwrote {REPORT.relative_to(ROOT)}")
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurmpod.topology.fabric_plan import plan_fabric
 from slurmpod.topology.generate import generate
-from tests.unit.test_topology_support import scale_site
+from tests.unit.topology.test_support import scale_site
 
 SIZES_GPUS = (1_000, 10_000, 100_000)
 

@@ -1,7 +1,7 @@
 """The SlurmBackend protocol: what slurmpod asks of Slurm, answered with model types.
 
 Two real implementations (the Slurm CLI through a CommandRunner, and pyslurm) and an in-memory
-fake pass the same contract tests (tests/unit/test_backend_contract_fake.py and
+fake pass the same contract tests (tests/unit/backends/test_contract.py and
 tests/integration/test_backend_contract.py).
 """
 

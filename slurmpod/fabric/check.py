@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 # The stable list of finding kinds (docs/fabric-check.md, "Findings", lists the same): scripts
 # may switch on `kind`; a kind is never renamed or reused for something else, only added. Every
 # module that reports fabric findings (check, switch_links, and the RoCE/counters/NVLink checks)
-# registers its kinds here; tests/unit/test_fabric_kinds.py holds the docs to this list.
+# registers its kinds here; tests/unit/fabric/ (forms, counters, nvlink) hold the docs to this list.
 FINDING_KINDS: dict[str, str] = {
     "swapped-cables": "two cables sit in each other's planned ports",
     "wrong-rail": "an HCA is on the leaf of another rail of its own SU",

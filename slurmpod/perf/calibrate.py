@@ -255,7 +255,7 @@ def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency 
         return None
 
 
-# --- the validation report (benchmarks/plan_search.py, tests/unit/test_perf_validation.py) -----
+# --- the validation report (benchmarks/plan_search.py, tests/unit/perf/test_validation.py) -----
 
 def error_stats(results: Sequence[Result], role: str = "validation") -> dict[str, float]:
     """Median and max |error| over `role` rows: all, dense, MoE, and MoE rows whose published

@@ -105,7 +105,7 @@ class Efficiency:
 
 
 # Fitted by `slurmpod.perf.calibrate.fit_generation` on the rows marked `calibration` in
-# tests/data/perf/published.toml (at most two per generation); tests/unit/test_perf_validation
+# tests/data/perf/published.toml (at most two per generation); tests/unit/perf/test_validation.py
 # refits them and checks these values.
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),

@@ -10,7 +10,7 @@ scale (the sum of many nodes' independent failures is close to one, whatever eac
 - Daly (2006), "A higher order estimate of the optimum checkpoint interval for restart dumps",
   FGCS 22(3) 303-312, eq. (37): τ = sqrt(2 δ M) [1 + ⅓ sqrt(δ / 2M) + (1/9)(δ / 2M)] − δ for
   δ < 2M, else τ = M. Its own check values (R = 10 min, δ = 5 min): M = 24 h -> 117 min,
-  M = 6 h -> 57 min, M = 15 min -> 9.1 min (tests/unit/test_resilience_interval.py).
+  M = 6 h -> 57 min, M = 15 min -> 9.1 min (tests/unit/resilience/test_interval.py).
 - Daly's exact expected wall time for that model gives the goodput of any τ:
   goodput = τ / (M e^(R/M) (e^((τ+δ)/M) − 1)): a failure during a save or a restart costs the
   whole segment, as in the simulator (slurmpod.resilience.simulate), which checks it.

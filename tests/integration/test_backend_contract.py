@@ -1,4 +1,4 @@
-"""The backend contract (tests/unit/test_backend_contract.py) against the real Slurm sandbox:
+"""The backend contract (tests/unit/backends/test_contract.py) against the real Slurm sandbox:
 the CLI backend run locally, the same backend over SSH to a real sshd on 127.0.0.1, and the
 pyslurm backend where a pyslurm built for the sandbox's Slurm is installed (it skips otherwise,
 also under CI: see require_matching_pyslurm in conftest.py)."""
@@ -18,7 +18,7 @@ from slurmpod.model.jobs import JobState
 from slurmpod.transport.local import LocalRunner
 from tests.integration.conftest import require_matching_pyslurm
 from tests.integration.ssh_fixture import SshdServer, sshd  # noqa: F401
-from tests.unit.test_backend_contract import BackendContract, batch_script
+from tests.unit.backends.test_contract import BackendContract, batch_script
 
 pytestmark = pytest.mark.slurm
 

@@ -209,3 +209,15 @@ def test_the_length_scan_can_fail(tmp_path: Path) -> None:
                               + lines(MAX_FUNCTION_LINES, " " * 8)
                               + "def exact():\n" + lines(MAX_FUNCTION_LINES - 1, " " * 4))
     assert long_functions(pkg) == {"pkg/m.py::C.long": MAX_FUNCTION_LINES + 1}
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    """tests/unit/<package>/ holds the tests of slurmpod/<package>/; only the tests about the
+    whole package (this file, the lazy-import rule) and shared fixtures sit at the top."""
+    unit = Path(__file__).resolve().parent
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    folders = {d.name for d in unit.iterdir() if d.is_dir() and d.name != "__pycache__"}
+    assert folders <= packages, f"test folders without a package: {sorted(folders - packages)}"
+    assert all((unit / d / "__init__.py").exists() for d in folders)
+    loose = sorted(p.name for p in unit.glob("test_*.py"))
+    assert loose == ["test_architecture.py", "test_lazy_imports.py"], loose

@@ -1,0 +1,169 @@
+"""`slurmpod plan --search` and the prediction in `slurmpod plan`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+from slurmpod.perf.model import Hardware
+from slurmpod.perf.search import search
+
+ROOT = Path(__file__).resolve().parents[3]
+H100 = Hardware(gpu_model="h100", generation="hopper", peak_bf16=989, peak_fp8=1979,
+                hbm_tb_s=3.35, nvlink_gb_s=450, domain_gpus=8, gpus_per_node=8, nic_gb_s=50)
+USABLE = 72 * 1024**3
+
+
+def slurmpod(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurmpod", *args], cwd=cwd, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=120)
+
+
+def test_candidates_are_valid_sorted_and_fit() -> None:
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    cands, n = search(c, 128, H100, USABLE, top=None)
+    assert n >= len(cands) > 10
+    times = [x.prediction.step_time_s for x in cands]
+    assert times == sorted(times)
+    for x in cands:
+        k = x.config
+        assert x.fits and x.memory_bytes <= USABLE
+        assert 8 % k.tp == 0 and k.num_attention_heads % k.tp == 0
+        assert 128 % (k.tp * k.cp * k.pp) == 0 and k.pp <= k.num_layers
+        dp = 128 // (k.tp * k.cp * k.pp)
+        assert k.global_batch_size % (k.micro_batch_size * dp) == 0
+        assert not k.pipeline_split().errors  # a split Megatron accepts
+        uneven = k.num_layers % (k.pp * (k.vpp or 1)) != 0
+        if uneven:
+            assert k.pipeline_layout is not None or k.account_for_embedding or k.account_for_loss
+        if k.pipeline_layout is not None and not uneven:
+            # An even split replaced only by a layout that gives the loss its own slot.
+            assert k.pipeline_layout.endswith("L")
+        assert k.sequence_parallel == (k.tp > 1)
+
+
+def test_the_presets_own_layout_is_among_the_candidates() -> None:
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    cands, _ = search(c, 128, H100, USABLE, top=None)
+    keys = {(x.config.tp, x.config.cp, x.config.pp, x.config.vpp) for x in cands}
+    assert (c.tp, c.cp, c.pp, c.vpp) in keys
+
+
+def test_nothing_fits_returns_the_smallest_not_fitting() -> None:
+    c = ModelConfig.from_args(load_run(preset_path("llama3-405b")).megatron)
+    cands, _ = search(dataclasses.replace(c, global_batch_size=64), 8, H100, USABLE, top=3)
+    assert cands and not any(x.fits for x in cands)
+    assert [x.memory_bytes for x in cands] == sorted(x.memory_bytes for x in cands)
+
+
+def test_moe_search_varies_expert_parallelism() -> None:
+    c = ModelConfig.from_args(load_run(preset_path("qwen3-30b-a3b")).megatron)
+    cands, _ = search(c, 32, H100, USABLE, top=None)
+    assert len({x.config.ep for x in cands}) > 2
+    assert all(c.num_experts % x.config.ep == 0 for x in cands)  # type: ignore[operator]
+
+
+def test_plan_json_has_prediction_and_search_candidates(tmp_path: Path) -> None:
+    out = tmp_path / "best.toml"
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--top", "3",
+                 "--json", "--write-spec", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    pred = data["prediction"]
+    assert set(pred) >= {"step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+                         "breakdown_s"}
+    assert set(pred["breakdown_s"]) >= {"compute", "tp", "cp", "pp_bubble", "dp", "ep",
+                                        "optimizer", "exposed_communication"}
+    cands = data["candidates"]
+    assert len(cands) == 3 and data["search"]["evaluated"] >= 3
+    assert set(cands[0]["layout"]) == set(data["layout"])
+    assert cands[0]["fits"] and cands[0]["prediction"]["step_time_s"] <= \
+        cands[1]["prediction"]["step_time_s"]
+    # The written spec is the fastest candidate, and it plans as predicted.
+    r2 = slurmpod("plan", str(out), "--json")
+    assert r2.returncode == 0, r2.stderr
+    again = json.loads(r2.stdout)
+    assert again["layout"] == cands[0]["layout"]
+    assert again["micro_batch_size"] == cands[0]["micro_batch_size"]
+    assert abs(again["prediction"]["step_time_s"] - cands[0]["prediction"]["step_time_s"]) \
+        < 1e-6 * again["prediction"]["step_time_s"]
+
+
+def test_plan_text_prints_the_prediction() -> None:
+    r = slurmpod("plan", "--preset", "llama3-8b", "--nodes", "2")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("predicted"))
+    assert "s/iteration" in line and "MFU" in line
+
+
+def test_pruned_top_n_is_the_head_of_the_full_ranking() -> None:
+    """`top` skips the memory of layouts predicted slower than the top-th so far; the answer
+    must be what ranking everything gives."""
+    for preset, world in (("llama3-70b", 128), ("qwen3-30b-a3b", 64)):
+        c = ModelConfig.from_args(load_run(preset_path(preset)).megatron)
+        every, _ = search(c, world, H100, USABLE, top=None)
+        head, _ = search(c, world, H100, USABLE, top=5)
+        assert [x.prediction.step_time_s for x in head] == \
+            [x.prediction.step_time_s for x in every[:5]]
+
+
+def test_layers_that_do_not_divide_get_a_split_megatron_accepts() -> None:
+    """Llama 3.1 405B (126 layers) at PP8 x VPP8 on 1,024 GPUs, the Megatron-Bridge recipe's
+    layout, is a candidate through the embedding/loss slots."""
+    c = ModelConfig.from_args(load_run(preset_path("llama3-405b")).megatron)
+    c = dataclasses.replace(c, global_batch_size=512)
+    cands, _ = search(c, 1024, H100, USABLE, top=None)
+    hit = [x for x in cands if (x.config.tp, x.config.pp, x.config.vpp) == (8, 8, 8)]
+    assert hit and all(x.config.account_for_embedding and x.config.account_for_loss
+                       for x in hit)
+    keys = hit[0].megatron_keys()
+    assert keys["account_for_loss_in_pipeline_split"] is True
+    assert keys["pipeline_model_parallel_layout"] is None
+
+
+def test_candidates_carry_the_runs_settings() -> None:
+    c = ModelConfig.from_args(load_run(ROOT / "tests/data/recipes/"
+                                       "deepseek-v3-h100-fp8cs-1024gpu.toml").megatron)
+    cands, _ = search(c, 1024, H100, USABLE, top=3)
+    for x in cands:
+        assert x.config.fp8 == c.fp8 and x.config.grad_bytes == 2
+        assert x.config.hidden_dropout == 0.0 and x.config.fp8_param_gather
+
+
+def test_in_flight_counts_match_the_schedule_walk() -> None:
+    import itertools
+    from collections import Counter
+
+    from slurmpod.megatron.memory import _in_flight_chunks, _in_flight_counts
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    for pp, v, nmb in itertools.product([2, 4, 8], [None, 2, 5], [1, 3, 8, 64, None]):
+        k = dataclasses.replace(c, pp=pp, vpp=v)
+        for r in range(pp):
+            walk = Counter(_in_flight_chunks(k, r, nmb))
+            assert [walk.get(i, 0) for i in range(v or 1)] == _in_flight_counts(k, r, nmb)
+
+
+def test_the_loss_gets_a_layer_slot_where_the_last_stage_would_be_slowest() -> None:
+    """Llama 3 70B FP8 at PP8 x VPP5: the output layer and loss (~2-3 FP8 layer-times) make the
+    evenly split last rank the slowest, so the search predicts the balanced layout with the
+    loss in its own slot, as Megatron-Bridge's H100 recipe pins ("...,tL")."""
+    import dataclasses
+
+    from slurmpod.perf.model import RunOptions
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    c = dataclasses.replace(c, global_batch_size=128)
+    opts = RunOptions(fp8=True, tp_comm_overlap=True, overlap_grad_reduce=True,
+                      overlap_param_gather=True)
+    cands, _ = search(c, 64, H100, USABLE, None, opts, top=None)
+    pp8 = [x for x in cands
+           if (x.config.tp, x.config.pp, x.config.vpp, x.config.cp) == (4, 8, 5, 1)]
+    assert pp8 and all(x.config.pipeline_layout and x.config.pipeline_layout.endswith("tL")
+                       for x in pp8)

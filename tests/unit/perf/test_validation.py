@@ -1,0 +1,99 @@
+"""The performance model against published iteration times (tests/data/perf/published.toml).
+
+The table is the test: every point names its source, config and any assumption. Calibration
+rows refit to the constants in slurmpod.perf.model.FITTED; the validation rows' errors are the
+model's accuracy, and tests/data/perf/validation.md (written by benchmarks/plan_search.py
+--write) must show the current figures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from slurmpod.perf.calibrate import (
+    error_stats,
+    evaluate,
+    fit_generation,
+    load_published,
+    markdown_table,
+)
+from slurmpod.perf.model import FITTED
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "perf"
+POINTS = load_published(DATA / "published.toml")
+RESULTS = evaluate(POINTS)
+STATS = error_stats(RESULTS)
+
+
+def test_every_point_names_its_source_and_the_roles_are_valid() -> None:
+    import tomllib
+
+    table = tomllib.loads((DATA / "published.toml").read_text(encoding="utf-8"))
+    for p in POINTS:
+        assert p.source in table["sources"] and table["sources"][p.source]["url"]
+        assert p.role in ("calibration", "validation", "excluded")
+        if p.role == "excluded":
+            assert p.raw["reason"]
+        else:
+            assert p.published_s and p.published_s > 0
+    assert len({p.id for p in POINTS}) == len(POINTS)
+
+
+def test_at_most_two_calibration_points_per_generation() -> None:
+    per = Counter(p.generation for p in POINTS if p.role == "calibration")
+    assert per and max(per.values()) <= 2
+
+
+@pytest.mark.parametrize("generation", ["ampere", "hopper", "blackwell"])
+def test_fitted_factors_are_what_the_calibration_rows_give(generation: str) -> None:
+    got = fit_generation(POINTS, generation)
+    assert got.gemm == pytest.approx(FITTED[generation].gemm, abs=2e-3)
+    assert got.fp8 == pytest.approx(FITTED[generation].fp8, abs=2e-3)
+
+
+def test_dense_rows_meet_the_accuracy_target() -> None:
+    assert STATS["dense_n"] >= 20
+    assert STATS["dense_median"] <= 0.10
+    assert STATS["dense_max"] <= 0.25
+
+
+@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median 20.6 %, max 60.9 % "
+                   "over 15 rows): Qwen3-30B-A3B and GPT-OSS rows are decided by settings they "
+                   "do not publish (config_gap in the table); Qwen3-235B on B200 is predicted "
+                   "33 % fast; see docs/perf-model.md")
+def test_moe_rows_meet_the_accuracy_target() -> None:
+    assert STATS["moe_median"] <= 0.10 and STATS["moe_max"] <= 0.25
+
+
+def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
+    """Without the config_gap rows: not yet the target (max 33 %, Qwen3-235B on B200), but it
+    must not slide back (DeepSeek-V3 on 1,024 H100 was +113 % before the flex dispatcher)."""
+    assert STATS["moe_published_n"] >= 8
+    assert STATS["moe_published_median"] <= 0.15
+    assert STATS["moe_published_max"] <= 0.35
+
+
+# Dense recipes whose published layout the search ranks in its top 5 today (11 of 16; the
+# rest, and why, in docs/perf-model.md); a model change that pushes one out must say why.
+TOP5 = ["nemo2407-h100-gpt3-175b-128", "nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b",
+        "nemo2407-h100-nemotron4-340b", "nemo2407-h100-llama3-8b",
+        "nemo2407-h100-llama3-70b", "bridge2511-h100-llama31-405b-fp8",
+        "bridge2602-h100-llama31-405b-fp8", "bridge2511-b200-llama3-8b-fp8",
+        "bridge2511-gb200-llama3-8b-fp8", "bridge2511-b200-llama31-405b-fp8"]
+
+
+@pytest.mark.parametrize("point_id", TOP5)
+def test_the_search_ranks_the_published_layout_in_its_top_5(point_id: str) -> None:
+    from slurmpod.perf.calibrate import recipe_rank
+
+    p = next(x for x in POINTS if x.id == point_id)
+    rank, _, why = recipe_rank(p)
+    assert rank is not None and rank <= 5, why or rank
+
+
+def test_the_written_table_is_current() -> None:
+    text = (DATA / "validation.md").read_text(encoding="utf-8")
+    assert markdown_table(POINTS, RESULTS) in text

@@ -1,0 +1,186 @@
+"""Achieved vs predicted in job reports (slurmpod/report/predicted.py, issue 19 item 6).
+
+The model and layout are the recorded arguments dumps of tests/data/megatron (2024 layout: 8
+GPUs; 2026 layout: 64 GPUs, `srun --label` prefixes), the achieved iteration time the steady
+median the epilog computes from the same log's iteration lines (`job_metrics`), the GPU the
+built-in DGX H100 site's. The expected ratio is computed here independently: the dump straight
+into `slurmpod.perf.predict` with the Hopper fit, over the log's own median."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurmpod.accounting.logparse import parse_log
+from slurmpod.accounting.metrics import job_metrics
+from slurmpod.cli.report import megatron_args
+from slurmpod.config import load_site, resolve_site_path
+from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.model.jobs import JobState
+from slurmpod.model.site import Site
+from slurmpod.perf.model import FITTED, Prediction, RunOptions, hardware_from_site, predict
+from slurmpod.report.build import build_job_report
+from slurmpod.report.html import job_html
+from slurmpod.report.model import LogHints, Stability
+from slurmpod.report.predicted import (
+    LOW_VS_PREDICTED,
+    VsPredicted,
+    cause_note,
+    vs_predicted,
+)
+from slurmpod.report.sacct import parse_sacct_jobs
+from slurmpod.report.text import job_text
+
+DATA = Path(__file__).parents[2] / "data"
+
+
+@pytest.fixture(scope="module")
+def h100() -> Site:
+    return load_site(resolve_site_path("dgx-h100-superpod"))
+
+
+@pytest.fixture(scope="module")
+def base_job() -> object:
+    text = (DATA / "report" / "sacct-handmade-22.05.json").read_text()
+    return next(sj for sj in parse_sacct_jobs(text) if sj.record.job_id == "101")
+
+
+def _log(name: str) -> tuple[dict, float]:
+    """(the dump, the steady median iteration in seconds) of a recorded log."""
+    raw = (DATA / "megatron" / name).read_bytes()
+    summary = parse_log(io.BytesIO(raw))
+    assert summary.args is not None
+    m = job_metrics(summary, None, 989.0, summary.args["world_size"], seq_length=None,
+                    flops_formula="none")
+    assert m.iter_time_ms is not None
+    return summary.args, m.iter_time_ms.median / 1000.0
+
+
+def _independent(args: dict, site: Site, achieved_s: float) -> tuple[float, Prediction]:
+    pred = predict(ModelConfig.from_args(args), args["world_size"], hardware_from_site(site),
+                   FITTED["hopper"], RunOptions.from_args(args))
+    assert pred is not None
+    return pred.step_time_s / achieved_s, pred
+
+
+def _record(achieved_s: float, p10: float | None = None, p90: float | None = None) -> dict:
+    ms = achieved_s * 1000.0
+    return {"v": 1, "summary": {"iters": 20, "last_iter": 20, "metrics": {"iter_time_ms": {
+        "median": ms, "p10": ms if p10 is None else p10 * 1000, "p90": ms if p90 is None
+        else p90 * 1000}}}}
+
+
+def _job(base: object, nodes: str, n_nodes: int, state: JobState = JobState.COMPLETED) -> object:
+    rec = replace(base.record, nodes=nodes, n_nodes=n_nodes, n_gpus=8 * n_nodes, state=state)
+    return replace(base, record=rec)
+
+
+def test_slow_job_is_flagged_with_the_ratio_of_an_independent_prediction(
+        h100: Site, base_job: object) -> None:
+    args, achieved = _log("megatron-2024-restart.log")
+    ratio, pred = _independent(args, h100, achieved)
+    assert ratio < LOW_VS_PREDICTED  # 1.5 s per iteration where ~0.38 s is predicted
+    r = build_job_report(_job(base_job, "dgx0001", 1), spool_record=_record(achieved),
+                         log_hints=LogHints("x.out", args=args), site=h100)
+    v = r.predicted
+    assert v is not None and v.gpu == "h100" and v.world == 8
+    assert v.ratio == pytest.approx(ratio)
+    assert v.predicted_step_s == pytest.approx(pred.step_time_s)
+    assert v.achieved_mfu == pytest.approx(pred.mfu * ratio)
+    note = next(n for n in r.notes if n.code == "below-predicted")
+    # The model's step is compute-bound (no PP, one node): the GPUs themselves.
+    assert pred.breakdown_s["compute"] > 0.8 * pred.step_time_s
+    assert "compute-bound" in note.text and "nvidia-smi" in note.fix
+    assert f"{100 * ratio:.0f} % of its predicted speed" in note.text
+    j = r.to_json()["predicted"]
+    assert j["ratio"] == pytest.approx(ratio) and j["flagged"] is True
+    assert j["predicted_step_time_s"] == pytest.approx(pred.step_time_s)
+    assert set(j["breakdown_s"]) == set(pred.breakdown_s)
+    assert f"{100 * ratio:.0f} % of predicted MFU" in job_text(r)
+    assert "vs predicted" in job_html(r, generated="now")
+
+
+def test_job_faster_than_predicted_is_not_flagged(h100: Site, base_job: object) -> None:
+    args, achieved = _log("megatron-2026-microseconds.log")
+    ratio, _ = _independent(args, h100, achieved)
+    r = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=_record(achieved),
+                         log_hints=LogHints("x.out", args=args), site=h100)
+    assert r.predicted is not None and r.predicted.world == 64
+    assert r.predicted.ratio == pytest.approx(ratio) and ratio > 1.0
+    assert not r.predicted.flagged
+    assert "below-predicted" not in [n.code for n in r.notes]
+    assert "TP1 PP1 DP64 MBS2 GBS128" in job_text(r)
+
+
+def test_the_cli_reads_the_dump_from_the_log_head() -> None:
+    head = (DATA / "megatron" / "megatron-2026-microseconds.log").read_bytes()
+    args = megatron_args(head)
+    assert args is not None and args["world_size"] == 64 and args["num_layers"] == 32
+    assert megatron_args(b"no dump here\n") is None
+
+
+def test_nothing_missing_is_an_error_only_no_prediction(h100: Site, base_job: object) -> None:
+    args, achieved = _log("megatron-2024-restart.log")
+    sandbox = load_site(resolve_site_path("sandbox"))
+    rec = _record(achieved)
+
+    def pred(job: object, a: dict | None, site: Site | None = h100) -> VsPredicted | None:
+        hints = LogHints("x.out", args=a)
+        return build_job_report(job, spool_record=rec, log_hints=hints, site=site).predicted
+
+    one = _job(base_job, "dgx0001", 1)
+    assert pred(one, None) is None  # no dump
+    assert pred(one, args, None) is None  # no site
+    assert pred(_job(base_job, "gpu001", 1), args, h100) is None  # node not in the site file
+    assert pred(_job(base_job, "dgx0001", 1), args, sandbox) is None  # nor in this one
+    assert pred(one, args | {"num_layers": 0}) is None  # check_dump_args refuses it
+    assert pred(one, args | {"tensor_model_parallel_size": 3}) is None  # does not divide
+    assert pred(one, args | {"world_size": 64}) is None  # more GPUs than the job held
+    assert pred(one, args | {"hidden_size": "big"}) is None
+    assert pred(_job(base_job, "dgx0001", 1, JobState.RUNNING), args) is None
+    # Without a site the report is the same as before, notes included.
+    r = build_job_report(one, spool_record=rec, log_hints=LogHints("x.out", args=args))
+    assert r.predicted is None and r.to_json()["predicted"] is None
+    assert "vs predicted" not in job_text(r)
+    assert vs_predicted(args, float("nan"), site=h100, nodelist="dgx0001", gpus=8) is None
+
+
+def _v(breakdown: dict[str, float], achieved: float = 2.0) -> VsPredicted:
+    step = sum(v for k, v in breakdown.items() if k != "exposed_communication")
+    return VsPredicted("h100", 64, achieved, Prediction(step, 1000.0, 400.0, 0.4, breakdown),
+                       "TP2 PP4 DP8 MBS1 GBS512")
+
+
+ZERO = dict.fromkeys(("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
+                      "exposed_communication"), 0.0)
+
+
+def test_the_cause_follows_the_breakdown_and_the_stability() -> None:
+    comm = _v(ZERO | {"compute": 0.7, "dp": 0.2, "exposed_communication": 0.2,
+                      "optimizer": 0.05})
+    assert comm.ratio == pytest.approx(0.475) and comm.flagged
+    n = cause_note(comm, None)
+    assert "exposed communication" in n.text and "DP 0.2 s" in n.text
+    assert "--overlap-grad-reduce" in n.fix
+    bubble = _v(ZERO | {"compute": 0.7, "pp_bubble": 0.3})
+    assert "pipeline bubble" in cause_note(bubble, None).text
+    compute = _v(ZERO | {"compute": 0.95, "optimizer": 0.05})
+    assert "compute-bound" in cause_note(compute, None).text
+    # Uneven steady iterations come first, whatever the breakdown says.
+    uneven = Stability(0, 2000.0, None, 0.3, 0, None)
+    n = cause_note(comm, uneven)
+    assert "stragglers" in n.text and "30 %" in n.text and "--exclude" in n.fix
+    steady = Stability(10, 2000.0, 0.01, 0.02, 0, 1.01)
+    assert "stragglers" not in cause_note(comm, steady).text
+
+
+def test_uneven_slow_job_gets_the_straggler_note(h100: Site, base_job: object) -> None:
+    args, achieved = _log("megatron-2024-restart.log")
+    r = build_job_report(_job(base_job, "dgx0001", 1),
+                         spool_record=_record(achieved, achieved * 0.9, achieved * 1.4),
+                         log_hints=LogHints("x.out", args=args), site=h100)
+    note = next(n for n in r.notes if n.code == "below-predicted")
+    assert "stragglers" in note.text
