@@ -78,9 +78,9 @@ def megatron_log(n_iters: int = 20000, interval: int = 5, ckpt_every: int = 1000
 
 def template_record() -> dict[str, Any]:
     """One record as the epilog writes it, for a 64-GPU job (the hook's own code)."""
-    from slurmpod.accounting import hooks
     from slurmpod.accounting.epilog import build_record
     from slurmpod.accounting.figures import summarise_log
+    from slurmpod.model import comment as hooks
 
     start = 1772460000
     comment = json.dumps({"slurmpod": "llama3-8b", "gpus": 64, "peak_tflops": 989.0})

@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from slurmpod.accounting import hooks
 from slurmpod.accounting.safeio import (
     DEFAULT_HEAD_BYTES,
     DEFAULT_TAIL_BYTES,
@@ -48,6 +47,7 @@ from slurmpod.accounting.safeio import (
 from slurmpod.accounting.spool import LOG_NAME, Deliver, DeliveryError, Spool, safe_job_id
 from slurmpod.accounting.trusted import SiteGpu, allocated_gpus, parse_scontrol_job
 from slurmpod.errors import CommandError
+from slurmpod.model import comment as hooks
 
 log = logging.getLogger("slurmpod.hook")
 SPOOL_ENV = "SLURMPOD_SPOOL"

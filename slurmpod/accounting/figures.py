@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from slurmpod.accounting import hooks, plausible
+from slurmpod.accounting import plausible
+from slurmpod.model import comment as hooks
 
 SERIES_MAX_POINTS = 512
 

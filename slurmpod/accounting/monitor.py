@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmpod.accounting import hooks
 from slurmpod.accounting.figures import JobParams, LiveWindow, job_params
+from slurmpod.model import comment as hooks
 
 log = logging.getLogger("slurmpod.hook.monitor")
 FIRST_POLL_HEAD_BYTES = 1 << 20  # the arguments dump is near the start

@@ -245,7 +245,7 @@ class SbatchContext:
 
 def compact_comment(run_name: str, plan: PlanFacts, token: str) -> str:
     """The job's `--comment`: compact JSON the accounting hooks parse (sacct keeps it when
-    AccountingStoreFlags=job_comment). Keys as slurmpod.accounting.hooks reads them; the live
+    AccountingStoreFlags=job_comment). Keys as slurmpod.model.comment reads them; the live
     monitor merges its figures in and keeps these."""
     return submit_comment(version=__version__, run=run_name,
                           flops_per_iter=plan.flops_per_iteration, peak_tflops=plan.peak_tflops,

@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import Any
 
 from slurmpod.accounting import plausible
-from slurmpod.accounting.hooks import decode_field
+from slurmpod.model.comment import decode_field
 from slurmpod.model.hostlist import expand
 from slurmpod.model.site import Inventory
 from slurmpod.report.placement import Placement

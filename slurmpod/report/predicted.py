@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmpod.accounting.hooks import decode_field
 from slurmpod.errors import SlurmpodError
-from slurmpod.model.comment import PRED_PARTS
+from slurmpod.model.comment import PRED_PARTS, decode_field
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from slurmpod.accounting.hooks import decode_field, parse_initial_comment
 from slurmpod.accounting.logparse import LogSummary
+from slurmpod.model.comment import decode_field, parse_initial_comment
 from slurmpod.model.hostlist import compress
 from slurmpod.model.jobs import JobState, JobStatus
 from slurmpod.runs.attempts import Attempt, fault_text, faults

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slurmpod.accounting.hooks import decode_field, validate_admin_comment, validate_comment
+from slurmpod.model.comment import decode_field, validate_admin_comment, validate_comment
 from tests.helpers import EMU, TINY, log_iterations, wait_for
 
 

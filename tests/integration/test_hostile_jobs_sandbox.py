@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from slurmpod.accounting.hooks import decode_field, validate_admin_comment
+from slurmpod.model.comment import decode_field, validate_admin_comment
 from tests.helpers import wait_for
 
 ITER_MS = 2000.0

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slurmpod.accounting.hooks import decode_field
+from slurmpod.model.comment import decode_field
 from slurmpod.model.hostlist import expand
 from slurmpod.sandbox.workload import megatron_emu
 from tests.helpers import EMU, LOADED, TINY, segments, wait_for

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmpod.accounting.epilog import run_epilog, slurm_deliver
-from slurmpod.accounting.hooks import decode_field, validate_admin_comment
 from slurmpod.accounting.spool import DeliveryError, Spool
 from slurmpod.cli.hook import hook
 from slurmpod.cli.main import main
+from slurmpod.model.comment import decode_field, validate_admin_comment
 from tests.unit.accounting.test_hook_figures import iteration_line
 
 ME = os.getuid()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmpod.accounting.hooks import (
+from slurmpod.model.comment import (
     ADMIN_FIELDS,
     ADMIN_STR_KEYS,
     LIVE_KEYS,

@@ -6,8 +6,8 @@ import json
 import threading
 from pathlib import Path
 
-from slurmpod.accounting.hooks import validate_comment
 from slurmpod.accounting.monitor import LogTail, MonitorIO, MonitorState, parse_chunk, run_monitor
+from slurmpod.model.comment import validate_comment
 from tests.unit.accounting.test_hook_figures import iteration_line
 
 

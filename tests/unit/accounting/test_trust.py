@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from slurmpod.accounting import plausible
 from slurmpod.accounting.epilog import run_epilog
-from slurmpod.accounting.hooks import build_admin_comment, decode_field, validate_admin_comment
 from slurmpod.accounting.trusted import (
     allocated_gpus,
     gpus_in_tres,
@@ -23,6 +22,7 @@ from slurmpod.accounting.trusted import (
     site_gpu,
 )
 from slurmpod.config import load_site, resolve_site_path
+from slurmpod.model.comment import build_admin_comment, decode_field, validate_admin_comment
 from tests.unit.accounting.test_hook_epilog import Slurm, job_env, scontrol_line, write_log
 
 # -- scontrol show job: job-controlled text cannot plant keys ---------------------------------

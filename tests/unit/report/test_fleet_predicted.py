@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmpod.accounting.hooks import build_comment
-from slurmpod.model.comment import prediction_keys, submit_comment
+from slurmpod.model.comment import build_comment, prediction_keys, submit_comment
 from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, build_fleet
 from slurmpod.report.html import fleet_html
