@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slurmpod.runs.attempts import parse_attempts
 from tests.integration.test_lifecycle_sandbox import restarts_of
 from tests.integration.test_submit_sandbox import log_of, wait_for, write_run
@@ -32,6 +34,11 @@ FAULTS = ("kill", "freeze", "down", "slurmd", "kill", "freeze", "down", "kill", 
           "down")
 HANG = {"SLURMPOD_HANG_K": "10", "SLURMPOD_HANG_FLOOR_S": "5", "SLURMPOD_HANG_POLL_S": "0.5",
         "SLURMPOD_HANG_SETUP_S": "120", "SLURMPOD_SHED_FRACTION": "0.75"}
+# Enough work that the run cannot finish under a fault: iterations are paced to >= 20.8 ms on
+# the sandbox's emulated GPU, and a killed slurmd ends the step only once slurmctld declares the
+# node DOWN (SlurmdTimeout 30 s + a ping); 600 iterations let a quiet machine train to the end
+# first. 4,000 are >= 83 s of training in all.
+TRAIN_ITERS = 4000
 _ITER = re.compile(r"^\s*0:\s+\[([0-9-]+ [0-9:.]+)\] iteration\s+(\d+)/", re.M)
 
 
@@ -64,10 +71,25 @@ def node_state(sandbox: Any, node: str) -> str:
     return (cp.stdout.split() or [""])[0]
 
 
+def _state(sandbox: Any, jid: str, run_dir: Path, node: str) -> str:
+    """What Slurm and the run's record say, for a failure message."""
+    out = []
+    for argv in (["squeue", "-h", "-j", jid, "-o", "%T %r %N"], ["sinfo", "-h", "-N", "-o",
+                 "%N %T %E"], ["scontrol", "show", "job", jid]):
+        cp = sandbox.run(argv, check=False)
+        out.append(f"$ {' '.join(argv)}\n{cp.stdout.strip()}{cp.stderr.strip()}")
+    rec = run_dir / ".slurmpod" / "attempts.jsonl"
+    out.append("attempts.jsonl (last 8 lines):\n" + "\n".join(
+        rec.read_text().splitlines()[-8:] if rec.exists() else ["(none)"]))
+    out.append("log (last 30 lines but iterations):\n" + "\n".join(
+        [ln for ln in log_of(run_dir).splitlines() if " iteration " not in ln][-30:]))
+    return f"node {node}\n" + "\n".join(out)
+
+
 def test_ten_faults_one_run_completes_without_lost_progress(sandbox: Any) -> None:
     d = sandbox.tmp_dir / "faults"
     d.mkdir(exist_ok=True)
-    run = write_run(d / "run.toml", "faults", 2, train_iters=600, hidden=512, seq=256,
+    run = write_run(d / "run.toml", "faults", 2, train_iters=TRAIN_ITERS, hidden=512, seq=256,
                     extra="save_interval = 5")
     cp = subprocess.run([sys.executable, "-m", "slurmpod", "submit", str(run), "--topo-dir", "",
                          "--json", "--spares", "1", "--max-restarts", "2",
@@ -116,8 +138,11 @@ def test_ten_faults_one_run_completes_without_lost_progress(sandbox: Any) -> Non
             injected.append({"kind": kind, "node": victim, "attempt": att.attempt,
                              "job": jid, "time": t0})
             # The next attempt (in this allocation, or after a requeue) trains again.
-            wait_for(lambda a=att: (cur := current()) is not None and cur.attempt > a.attempt,
-                     240, f"training again after {kind} on {victim}")
+            try:
+                wait_for(lambda a=att: (cur := current()) is not None and cur.attempt > a.attempt,
+                         240, f"training again after {kind} on {victim}")
+            except pytest.fail.Exception as exc:
+                pytest.fail(f"{exc}\n{_state(sandbox, jid, run_dir, victim)}", pytrace=False)
         wait_for(lambda: sandbox.squeue_state(jid) in ("", "COMPLETED"), 600, "the end")
         job = sandbox.wait_job(jid, timeout_s=120)
         assert "COMPLETED" in json.dumps(job["state"]), job["state"]
@@ -133,7 +158,7 @@ def test_ten_faults_one_run_completes_without_lost_progress(sandbox: Any) -> Non
 
     atts = attempts(run_dir).of_job(jid)
     log = log_of(run_dir)
-    assert atts[-1].end == "completed" and atts[-1].iteration == 600
+    assert atts[-1].end == "completed" and atts[-1].iteration == TRAIN_ITERS
     # No progress lost beyond the last checkpoint: each attempt starts where the last ended.
     for prev, nxt in itertools.pairwise(atts):
         part = log[nxt.log_offset:]
