@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from slurmpod.report.fleet import FleetReport, Group
 from slurmpod.report.model import LOSS_CAUSES, JobReport
+from slurmpod.report.predicted import LOW_VS_PREDICTED
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -182,12 +183,27 @@ def job_exposition(reports: Iterable[JobReport]) -> str:
     return x.render()
 
 
+def _prediction_metrics(x: Exposition, fleet: FleetReport) -> None:
+    """Achieved vs predicted over the plausible jobs whose Comment recorded a prediction."""
+    base = {"window": fleet.window}
+    x.family("slurmpod_fleet_predicted_jobs",
+             "Finished jobs with a prediction recorded at submit.").add(
+        base, float(fleet.jobs_with_prediction))
+    x.family("slurmpod_fleet_vs_predicted_median_ratio",
+             "Median of achieved / predicted speed over those jobs.").add(
+        base, fleet.vs_predicted_median)
+    x.family("slurmpod_fleet_below_predicted_jobs",
+             f"Jobs below {LOW_VS_PREDICTED:.0%} of their prediction.").add(
+        base, float(len(fleet.below_predicted)))
+
+
 def fleet_exposition(fleet: FleetReport, *, per_job: bool = False,
                      reports: Iterable[JobReport] = ()) -> str:
     x = Exposition()
     _group_metrics(x, "fleet", [fleet.total], fleet.window)
     run = x.family("slurmpod_fleet_running_jobs", "Jobs still running (not in the sums).")
     run.add({"window": fleet.window}, float(fleet.n_running))
+    _prediction_metrics(x, fleet)
     _group_metrics(x, "user", fleet.by_user, fleet.window)
     _group_metrics(x, "account", fleet.by_account, fleet.window)
     _group_metrics(x, "partition", _by_partition(fleet), fleet.window)

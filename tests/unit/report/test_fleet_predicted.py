@@ -15,6 +15,9 @@ import csv
 import dataclasses
 import io
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,24 @@ def test_job_text_words_are_taken_only_when_plain() -> None:
     assert recorded_vs_predicted(comment, 2.0, 0) is None
     assert recorded_vs_predicted(comment, float("inf"), 8) is None
     assert recorded_vs_predicted('{"run":"predict"}', 2.0, 8) is None
+
+
+def test_prometheus_carries_the_fleet_comparison(fleet) -> None:
+    from slurmpod.report.prom import fleet_exposition
+
+    text = fleet_exposition(fleet)
+    w = f'{{window="{fleet.window}"}}'
+    assert f"slurmpod_fleet_predicted_jobs{w} 3" in text
+    assert f"slurmpod_fleet_vs_predicted_median_ratio{w} 0.6" in text
+    assert f"slurmpod_fleet_below_predicted_jobs{w} 2" in text
+    plain = _fleet({})  # no job recorded a prediction: a count of 0, no median sample
+    ptext = fleet_exposition(plain)
+    assert "slurmpod_fleet_predicted_jobs{" in ptext and "_median_ratio{" not in ptext
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI must run promtool (install Debian's prometheus package)")
+        pytest.skip("promtool not installed")
+    cp = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
