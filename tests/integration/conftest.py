@@ -206,7 +206,10 @@ class SandboxFixture:
         found = [job for job in json.loads(cp.stdout).get("jobs", [])
                  if str(job.get("job_id")) == job_id]
         final = [job for job in found if _sacct_state(job) != "REQUEUED"]
-        return (final or found)[-1] if found else None
+        # After many requeues slurmdbd can also hold a PENDING record of an attempt that never
+        # ran, listed after the one that finished: a finished record is the job's end.
+        ended = [job for job in final if _sacct_state(job) in TERMINAL]
+        return (ended or final or found)[-1] if found else None
 
     def wait_job(self, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
         """The job's sacct --json record once it has finished and is complete.
