@@ -1,10 +1,13 @@
 """What several test files share: the Megatron emulator with a tiny model, an independent
-reading of Megatron's iteration lines (a regex here, never slurmpod's log parser), and polling
-with a deadline."""
+reading of Megatron's iteration lines (a regex here, never slurmpod's log parser), polling
+with a deadline and `promtool check metrics`."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,3 +54,17 @@ def wait_for(fetch: Callable[[], Any], timeout_s: float, what: str) -> Any:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}", pytrace=False)
         time.sleep(0.3)
+
+
+def promtool_check(text: str) -> None:
+    """`promtool check metrics` on a Prometheus textfile: skipped locally without promtool, a
+    failure under CI (.ci/install installs Debian's prometheus, which ships it)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI must run promtool (.ci/install installs Debian's prometheus)",
+                        pytrace=False)
+        pytest.skip("promtool not installed")
+    cp = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr).decode(errors="replace")

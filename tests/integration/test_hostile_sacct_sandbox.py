@@ -9,9 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,8 +19,8 @@ from typing import Any
 import pytest
 
 from slurmpod.backends.parse import SACCT_FIELDS
+from tests.helpers import promtool_check
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PHANTOM = "987654"  # an id the sandbox never reaches in one session
 
 
@@ -137,7 +135,7 @@ def test_forged_rows_never_reach_the_fleet_report(sandbox: Any, hostile: Hostile
     _slurmpod(sandbox, "--since", "2h", "--prometheus", str(prom))
     body = prom.read_text()
     assert f'slurmpod_fleet_jobs{{window="2h"}} {doc["jobs"]}' in body  # plausible ones
-    _promtool(body)
+    promtool_check(body)
 
 
 def test_job_report_and_textfile_of_the_forger(sandbox: Any, hostile: Hostile) -> None:
@@ -149,15 +147,4 @@ def test_job_report_and_textfile_of_the_forger(sandbox: Any, hostile: Hostile) -
     _slurmpod(sandbox, c, "--prometheus", str(prom))
     body = prom.read_text()
     assert f'job_id="{c}",name="n\x1fa|me\\n' in body  # escaped, on one line
-    _promtool(body)
-
-
-def _promtool(text: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if CI:
-            pytest.fail("CI must run promtool (bash .ci/install)", pytrace=False)
-        pytest.skip("promtool not installed")
-    cp = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
-                        capture_output=True, timeout=60)
-    assert cp.returncode == 0, (cp.stdout + cp.stderr).decode(errors="replace")
+    promtool_check(body)

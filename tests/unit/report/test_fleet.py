@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, build_fleet, weighted_median
 from slurmpod.report.prom import escape_label, fleet_exposition, job_exposition
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
+from tests.helpers import promtool_check
 
 DATA = Path(__file__).parents[2] / "data" / "report"
 
@@ -115,14 +113,7 @@ def test_prometheus_label_values_with_quotes(reports) -> None:
     odd = dataclasses.replace(r, job=dataclasses.replace(r.job, name='we"ird\\ name\nx'))
     text = job_exposition([odd])
     assert 'name="we\\"ird\\\\ name\\nx"' in text
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI must run promtool (install Debian's prometheus package)")
-        pytest.skip("promtool not installed")
-    cp = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
-                        capture_output=True, timeout=60)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    promtool_check(text)
 
 
 @pytest.mark.parametrize(("value", "cell"), [

@@ -15,9 +15,6 @@ import csv
 import dataclasses
 import io
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ from slurmpod.report.predicted import (
 )
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 from slurmpod.report.text import fleet_text
+from tests.helpers import promtool_check
 
 DATA = Path(__file__).parents[2] / "data" / "report"
 
@@ -197,11 +195,4 @@ def test_prometheus_carries_the_fleet_comparison(fleet) -> None:
     plain = _fleet({})  # no job recorded a prediction: a count of 0, no median sample
     ptext = fleet_exposition(plain)
     assert "slurmpod_fleet_predicted_jobs{" in ptext and "_median_ratio{" not in ptext
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI must run promtool (install Debian's prometheus package)")
-        pytest.skip("promtool not installed")
-    cp = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
-                        capture_output=True, timeout=60)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    promtool_check(text)

@@ -20,8 +20,8 @@ import pytest
 
 from slurmpod.report.fleet import build_fleet
 from slurmpod.report.prom import fleet_exposition, job_exposition
+from tests.helpers import promtool_check
 from tests.unit.report.test_html import job_report, record, sacct_job
-from tests.unit.report.test_prom_exposition import promtool_check
 
 DASHBOARD = Path(__file__).parents[3] / "templates" / "grafana" / "slurmpod-dashboard.json"
 

@@ -6,16 +6,14 @@ feed; one TYPE per family, before its samples, families not interleaved), plus
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmpod.report.prom import Exposition, escape_label
+from tests.helpers import promtool_check
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -103,18 +101,6 @@ def check_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
             seen.add(key)
             samples.append((name, labels, value))
     return samples
-
-
-def promtool_check(text: str) -> None:
-    """`promtool check metrics`: skipped locally without it, a failure under CI."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI must run promtool (.ci/install installs Debian's prometheus)")
-        pytest.skip("promtool not installed")
-    cp = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
-                        capture_output=True, timeout=60)
-    assert cp.returncode == 0, (cp.stdout + cp.stderr).decode(errors="replace")
 
 
 HOSTILE = ['we"ird\\ name\nx', "\\", '"', "\n", "\\n", '\\"', "a}b{c=\"d\"", "x,y=z",

@@ -305,7 +305,8 @@ def test_job_prometheus_with_a_hostile_name_passes_promtool(hostile_sacct: Path)
     body = prom.read_text()
     assert 'job_id="101",name="we\\"ird\\\\ name\\nx",' in body
     assert "999" not in body
-    from tests.unit.report.test_prom_exposition import check_exposition, promtool_check
+    from tests.helpers import promtool_check
+    from tests.unit.report.test_prom_exposition import check_exposition
 
     check_exposition(body)
     promtool_check(body)
