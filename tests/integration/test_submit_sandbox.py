@@ -8,13 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.helpers import EMU
+from tests.helpers import EMU, wait_for
 
 
 def write_run(path: Path, name: str, nodes: int, *, tp: int = 8, train_iters: int = 6,
@@ -60,14 +57,6 @@ def submit_json(sandbox: Any, run: Path, *args: str) -> dict[str, Any]:
 
 def log_of(run_dir: Path) -> str:
     return "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.out")))
-
-
-def wait_for(pred: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}", pytrace=False)
-        time.sleep(0.5)
 
 
 def sus_of(sandbox: Any, nodes: list[str]) -> set[int]:
