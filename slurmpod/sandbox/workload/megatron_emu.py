@@ -514,15 +514,8 @@ class Collective:
         any_stop = stop
         for rank in sorted(self.peers):
             _, fh, node = self.peers[rank]
-            try:
-                line = fh.readline()
-            except TimeoutError:
-                raise CollectiveTimeout(f"rank {rank} on {node} sent nothing for "
-                                        f"{self.timeout_s:g} s in iteration {iteration}") from None
-            except OSError as exc:
-                raise PeerLost(f"rank {rank} on {node}: {exc}") from None
-            if not line:
-                raise PeerLost(f"rank {rank} on {node} closed its connection")
+            peer = f"rank {rank} on {node}"
+            line = self._line_from(fh, None, peer, f"{peer} sent nothing", iteration)
             words = line.split()
             any_stop = any_stop or (len(words) == 2 and words[1] == b"1")
         self._send_all(b"%d %d\n" % (iteration, 1 if any_stop else 0))
@@ -575,22 +568,31 @@ class Collective:
         iteration = self.start_iteration
         while True:
             iteration += 1
-            try:
-                fh.write(b"%d %d\n" % (iteration, 1 if stopped() else 0))
-                fh.flush()
-                line = fh.readline()
-            except TimeoutError:
-                raise CollectiveTimeout(f"no answer from rank 0 for {self.timeout_s:g} s in "
-                                        f"iteration {iteration}") from None
-            except OSError as exc:
-                raise PeerLost(f"rank 0: {exc}") from None
-            if not line:
-                raise PeerLost("rank 0 closed its connection")
+            line = self._line_from(fh, b"%d %d\n" % (iteration, 1 if stopped() else 0),
+                                   "rank 0", "no answer from rank 0", iteration)
             if line.strip() == b"done":
                 return 0
             words = line.split()
             if len(words) == 2 and words[1] == b"1":
                 continue  # stopping: rank 0 saves, then says done
+
+    def _line_from(self, fh: Any, send: bytes | None, peer: str, silent: str,
+                   iteration: int) -> bytes:
+        """Send `send` (if any) to `peer`, then read its next line. Silence past the timeout is
+        NCCL's watchdog (`CollectiveTimeout`); a broken or closed connection is a dead peer."""
+        try:
+            if send is not None:
+                fh.write(send)
+                fh.flush()
+            line: bytes = fh.readline()
+        except TimeoutError:
+            raise CollectiveTimeout(f"{silent} for {self.timeout_s:g} s in "
+                                    f"iteration {iteration}") from None
+        except OSError as exc:
+            raise PeerLost(f"{peer}: {exc}") from None
+        if not line:
+            raise PeerLost(f"{peer} closed its connection")
+        return line
 
     def close(self) -> None:
         for conn, fh, _ in self.peers.values():
