@@ -11,11 +11,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from slurmpod.sandbox.workload import EMULATOR_MODULE
+
+# tests/data: the fixtures every test reads (each file names its own subfolder).
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 # The emulated trainer (docs/workload.md): every test that starts it builds its command line from
 # these, so a move of the module is one edit (slurmpod/sandbox/workload/__init__.py).

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from slurmpod.accounting.logparse import LogParser, parse_log, parse_timestamp
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 MIXTRAL = DATA / "mixtral-8x7b-h100x16.log"
 
 

@@ -4,16 +4,15 @@ careful line-by-line path gives, for real lines and for any damage to them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmpod.accounting.logparse import LogParser, parse_log
 from slurmpod.accounting.logrecords import COLUMNS
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data"
+DATA = DATA_DIR
 LOGS = DATA / "logs"
 MEGATRON = [DATA / "megatron" / n for n in (
     "mixtral-8x7b-h100x16.log", "megatron-2023-no-timestamp.log", "megatron-2024-restart.log",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 
 from slurmpod.accounting.logparse import LogParser, parse_log, parse_timestamp
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 
 
 def _parse(name: str):

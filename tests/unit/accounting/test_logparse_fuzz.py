@@ -7,14 +7,13 @@ damaged is left out, never guessed).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmpod.accounting.logparse import LogParser, parse_log
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 REAL = (DATA / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)
 SAMPLES = b"".join((DATA / n).read_bytes() for n in (
     "mixtral-8x7b-h100x16.log", "megatron-2023-no-timestamp.log", "megatron-2024-restart.log",

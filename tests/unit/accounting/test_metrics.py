@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from slurmpod.accounting.logparse import parse_log, parse_timestamp
 from slurmpod.accounting.metrics import job_metrics
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 
 DUMP = [
     "------------------------ arguments ------------------------",

@@ -9,15 +9,14 @@ release did not halve it), reproduces the printed numbers; slurmpod's formula (M
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from slurmpod.accounting.logparse import parse_log
 from slurmpod.accounting.metrics import flops_fn_for, job_metrics
 from slurmpod.megatron.runspec import load_run
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 
 # Mixtral 8x7B (NVIDIA/Megatron-LM issue 756 arguments dump) and the log's job.
 H, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 4096, 32, 32, 8, 128

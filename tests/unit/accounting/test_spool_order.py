@@ -13,8 +13,9 @@ import pytest
 from slurmpod.accounting import spool as spool_mod
 from slurmpod.accounting.spool import DeliveryError, Spool, compact_record
 from slurmpod.report.model import figures_from_spool
+from tests.helpers import DATA_DIR
 
-RECORDED = Path(__file__).parents[2] / "data" / "report" / "sandbox-22.05" / "records"
+RECORDED = DATA_DIR / "report" / "sandbox-22.05" / "records"
 
 
 def recorded(name: str) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePath
+from pathlib import PurePath
 
 import pytest
 
@@ -14,8 +14,9 @@ from slurmpod.errors import CommandError, SlurmError, UsageError
 from slurmpod.model.jobs import JobState
 from slurmpod.transport.base import CommandResult, CommandTimeoutError
 from slurmpod.transport.local import LocalRunner
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "slurm" / "22.05"
+DATA = DATA_DIR / "slurm" / "22.05"
 
 
 class CannedRunner:

@@ -27,8 +27,9 @@ from slurmpod.backends.parse import (
 )
 from slurmpod.errors import SlurmError
 from slurmpod.model.jobs import JobState
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "slurm"
+DATA = DATA_DIR / "slurm"
 V2205 = DATA / "22.05"
 V2411 = DATA / "24.11"
 

@@ -10,8 +10,9 @@ import pytest
 
 from slurmpod.cli.main import main
 from slurmpod.config import load_site
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "ibnetdiscover"
+DATA = DATA_DIR / "ibnetdiscover"
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from slurmpod.cli.main import main
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
+DATA = DATA_DIR / "megatron"
 MIXTRAL = str(DATA / "mixtral-8x7b-h100x16.log")
 RUN = str(DATA / "mixtral-8x7b-h100x16.run.toml")
 

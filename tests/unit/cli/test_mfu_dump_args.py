@@ -10,9 +10,10 @@ import pytest
 
 from slurmpod.cli.main import main
 from slurmpod.megatron.validate import check_dump_args
+from tests.helpers import DATA_DIR
 
-MEGATRON = Path(__file__).resolve().parent.parent.parent / "data" / "megatron"
-LOGS = Path(__file__).resolve().parent.parent.parent / "data" / "logs"
+MEGATRON = DATA_DIR / "megatron"
+LOGS = DATA_DIR / "logs"
 LINE = (MEGATRON / "mixtral-8x7b-h100x16.log").read_bytes().splitlines(keepends=True)[0]
 GOOD = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 2048,
         "world_size": 16, "num_query_groups": 8, "group_query_attention": True,

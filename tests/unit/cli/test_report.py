@@ -14,8 +14,9 @@ from click.testing import CliRunner
 
 from slurmpod.cli.main import cli, main
 from slurmpod.cli.report import slurm_since
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 # prints a recorded file with the delimiter the query asked for
 FAKE = Path(__file__).parents[1] / "fake_sacct.py"
 

@@ -4,7 +4,6 @@ finding (and fix) that names it; storage HCAs are kept apart; the hand-written s
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,8 +14,9 @@ from slurmpod.fabric.check import LOCATION_KEYS, check_fabric, compile_filters
 from slurmpod.fabric.ibnetdiscover import parse, parse_file
 from slurmpod.fabric.synth import Fault, synthesize
 from slurmpod.topology.fabric_plan import plan_fabric
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "ibnetdiscover"
+DATA = DATA_DIR / "ibnetdiscover"
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ from slurmpod.fabric.drain import Drain, drains, safe_reason
 from slurmpod.fabric.ibnetdiscover import parse, parse_file
 from slurmpod.fabric.synth import synthesize
 from slurmpod.topology.fabric_plan import plan_fabric
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "counters"
+DATA = DATA_DIR / "counters"
 
 
 @pytest.fixture(scope="module")

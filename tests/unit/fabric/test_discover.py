@@ -4,7 +4,6 @@ site's topology (same SUs, same leaf node sets), and the draft is a site `load_s
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,9 @@ from slurmpod.fabric.discover import discover_site, draft_site_toml, natural_key
 from slurmpod.fabric.ibnetdiscover import parse, parse_file
 from slurmpod.fabric.synth import Fault, synthesize
 from slurmpod.topology.fabric_plan import plan_fabric
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "ibnetdiscover"
+DATA = DATA_DIR / "ibnetdiscover"
 
 
 def leaf_sets(site, plan):

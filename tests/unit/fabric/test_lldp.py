@@ -14,8 +14,9 @@ from slurmpod.config import builtin_site_path, load_site
 from slurmpod.errors import ConfigError
 from slurmpod.fabric import lldp
 from slurmpod.topology.fabric_plan import plan_fabric
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "lldp"
+DATA = DATA_DIR / "lldp"
 
 
 @pytest.fixture(scope="module")

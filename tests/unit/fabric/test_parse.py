@@ -3,8 +3,6 @@ clear errors on garbage, and a round trip through the synthesizer."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,8 +12,9 @@ from slurmpod.errors import ConfigError
 from slurmpod.fabric.ibnetdiscover import host_device, link_gbps, parse, parse_file, speed_name
 from slurmpod.fabric.synth import synthesize
 from slurmpod.topology.fabric_plan import plan_fabric
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "ibnetdiscover"
+DATA = DATA_DIR / "ibnetdiscover"
 
 
 def test_basic_sample_nodes_ports_and_ids():

@@ -23,8 +23,9 @@ from slurmpod.megatron.pipeline import LayoutError, balanced_layout, parse_layou
 from slurmpod.megatron.plan import HBM_HEADROOM_FRACTION, make_plan
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path, run_from_dict
 from slurmpod.render.sbatch import PlanFacts, RenderOptions, build_context, render_script
+from tests.helpers import DATA_DIR
 
-RECIPES = Path(__file__).resolve().parents[2] / "data" / "recipes"
+RECIPES = DATA_DIR / "recipes"
 RECIPE_FILES = sorted(RECIPES.glob("*.toml"))
 
 

@@ -19,8 +19,9 @@ from slurmpod.megatron.memory import (
     runtime_reserve,
 )
 from slurmpod.megatron.runspec import ModelConfig, load_run
+from tests.helpers import DATA_DIR
 
-RECIPES = Path(__file__).resolve().parents[2] / "data" / "recipes"
+RECIPES = DATA_DIR / "recipes"
 
 
 def _cfg(name: str) -> ModelConfig:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,9 @@ from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, build_fleet, weighted_median
 from slurmpod.report.prom import escape_label, fleet_exposition, job_exposition
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
-from tests.helpers import promtool_check
+from tests.helpers import DATA_DIR, promtool_check
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 
 
 @pytest.fixture(scope="module")

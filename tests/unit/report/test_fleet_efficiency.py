@@ -30,9 +30,10 @@ from slurmpod.report.fleet import (
 )
 from slurmpod.report.sacct import usage_argv, usage_selection_argv
 from slurmpod.report.text import fleet_text
+from tests.helpers import DATA_DIR
 from tests.unit.report.test_usage import _sacct_job, usage
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 FAKE = Path(__file__).parents[1] / "fake_sacct.py"
 GIB = float(1 << 30)
 M = 1 << 20

@@ -9,7 +9,6 @@ import csv
 import dataclasses
 import io
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,8 +17,9 @@ from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import CSV_COLUMNS, JobRow, build_fleet
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 from slurmpod.report.text import fleet_text
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 FLAGS = ("mfu-over-100", "goodput-over-100")
 
 

@@ -15,7 +15,6 @@ import csv
 import dataclasses
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -30,9 +29,9 @@ from slurmpod.report.predicted import (
 )
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 from slurmpod.report.text import fleet_text
-from tests.helpers import promtool_check
+from tests.helpers import DATA_DIR, promtool_check
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 
 
 def submitted(step_s: float, mfu: float, parts: dict[str, float], layout: str) -> str:

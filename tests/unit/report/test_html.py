@@ -44,8 +44,9 @@ from slurmpod.report.plots import nice_ticks, tick_label
 from slurmpod.report.sacct import Attempt as SacctAttempt
 from slurmpod.report.sacct import SacctJob, parse_sacct_jobs
 from slurmpod.runs.attempts import Attempt
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data"
+DATA = DATA_DIR
 T0 = 1_764_000_000  # submission, epoch seconds
 NODES = "dgx[0029-0060]"
 GPUS = 256

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -33,8 +32,9 @@ from slurmpod.report.predicted import (
 )
 from slurmpod.report.sacct import parse_sacct_jobs
 from slurmpod.report.text import job_text
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data"
+DATA = DATA_DIR
 
 
 @pytest.fixture(scope="module")

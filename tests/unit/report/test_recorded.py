@@ -5,7 +5,6 @@ and from the raw sacct JSON, independently of slurmpod's parsers."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +13,9 @@ from slurmpod.config import load_site, resolve_site_path
 from slurmpod.report.build import build_job_report
 from slurmpod.report.fleet import build_fleet
 from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
-from tests.helpers import LOADED, segments
+from tests.helpers import DATA_DIR, LOADED, segments
 
-REC = Path(__file__).parents[2] / "data" / "report" / "sandbox-22.05"
+REC = DATA_DIR / "report" / "sandbox-22.05"
 FLOPS, PEAK = 2.0e9, 0.05  # the jobs' Comment (flops_per_iter, peak_tflops)
 LOGS = {"1": "done-1.out", "2": "failed-2.out", "3": "requeued-3.out", "4": "nolog-4.out"}
 

@@ -5,8 +5,6 @@ next to it from the figures in that file."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from slurmpod.config import load_site, resolve_site_path
@@ -27,8 +25,9 @@ from slurmpod.report.sacct import (
     parse_sacct_jobs,
     with_exit_codes,
 )
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data"
+DATA = DATA_DIR
 
 
 @pytest.fixture(scope="module")

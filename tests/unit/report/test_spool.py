@@ -11,9 +11,10 @@ import pytest
 
 from slurmpod.accounting.spool import Spool
 from slurmpod.cli.report import read_spool_record, spool_index
+from tests.helpers import DATA_DIR
 from tests.unit.cli.test_report import fake_sacct, run  # noqa: F401 (fixture)
 
-RECORDED = Path(__file__).parents[2] / "data" / "report" / "sandbox-22.05" / "records"
+RECORDED = DATA_DIR / "report" / "sandbox-22.05" / "records"
 
 
 def test_compact_index_prefers_the_summary_of_the_newest_attempt(tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def _fleet_jobs(tmp_path: Path, n: int) -> tuple[list, Path]:
 
     from slurmpod.report.sacct import parse_exit_codes, parse_sacct_jobs, with_exit_codes
 
-    data = Path(__file__).parents[2] / "data" / "report"
+    data = DATA_DIR / "report"
     base = with_exit_codes(parse_sacct_jobs((data / "sacct-handmade-22.05.json").read_text()),
                            parse_exit_codes((data / "exit-codes-handmade.txt").read_text()))
     spool = Spool(tmp_path / "spool")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +22,9 @@ from slurmpod.report.build import build_job_report
 from slurmpod.report.rules import mem_request, time_request
 from slurmpod.report.sacct import Attempt, SacctJob, Usage, parse_usage, usage_argv
 from slurmpod.report.text import job_text
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data" / "report"
+DATA = DATA_DIR / "report"
 US = "\x1f"
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 

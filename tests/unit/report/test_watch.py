@@ -9,7 +9,6 @@ import io
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +25,9 @@ from slurmpod.report.watch import (
     progress_line,
     watch,
 )
+from tests.helpers import DATA_DIR
 
-LOG = Path(__file__).parents[2] / "data" / "report" / "watch-emu-head.log"
+LOG = DATA_DIR / "report" / "watch-emu-head.log"
 
 
 def test_progress_from_a_real_log_head() -> None:
@@ -131,7 +131,7 @@ def test_watch_option_errors(args: list[str], capsys: pytest.CaptureFixture[str]
     assert err.startswith(("slurmpod: error: ", "Usage:")) and "Traceback" not in err
 
 
-SLURM_DATA = Path(__file__).parents[2] / "data" / "slurm"
+SLURM_DATA = DATA_DIR / "slurm"
 
 
 @pytest.mark.parametrize(("version", "job_id", "state", "log"), [

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from slurmpod.resilience import allreduce as ar
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data" / "nccl-tests"
+DATA = DATA_DIR / "nccl-tests"
 
 
 def test_nccl_tests_output_is_read() -> None:

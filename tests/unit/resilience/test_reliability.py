@@ -7,7 +7,6 @@ row per attempt or resize phase; attempts-101.jsonl is a job script's attempts r
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -23,8 +22,9 @@ from slurmpod.resilience.reliability import (
     reliability_text,
 )
 from slurmpod.runs.attempts import parse_attempts
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parents[2] / "data" / "report" / "reliability"
+DATA = DATA_DIR / "report" / "reliability"
 
 
 def _job(jid: str, n_nodes: int, gpus: int, states: list[str]) -> SacctJob:

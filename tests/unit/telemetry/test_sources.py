@@ -4,14 +4,14 @@ documented formats of dcgmi, nvidia-smi, the kernel's NVRM lines, sacct and Prom
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from slurmpod.telemetry import dcgm, nvidia_smi, prometheus, slurm_tres
 from slurmpod.telemetry.schema import clean_gpu_summary
+from tests.helpers import DATA_DIR
 
-DATA = Path(__file__).parent.parent.parent / "data" / "telemetry"
+DATA = DATA_DIR / "telemetry"
 
 
 def text(name: str) -> str:
