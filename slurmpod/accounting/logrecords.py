@@ -424,6 +424,44 @@ class CheckpointSave:
 
 
 @dataclass(frozen=True, slots=True)
+class RankTimers:
+    """Megatron's timer blocks (`--timing-log-level 1|2`, printed by the last rank after each
+    logged iteration, megatron/core/timers.py), averaged per iteration over the blocks read.
+
+    `--timing-log-option all` prints every rank's time (`times across ranks (ms):`): `per_rank`
+    holds timer -> {rank: mean ms per iteration}. `minmax` (the default) and `max` print only
+    the extremes over ranks: `min_max` holds timer -> (mean min or None under `max`, mean max).
+    The first block is left out when there are others (it holds start-up: compilation,
+    allocator warm-up, NCCL connection set-up)."""
+
+    option: str  # "all" | "minmax" | "max"
+    blocks: int  # blocks averaged
+    per_rank: Mapping[str, Mapping[int, float]]
+    min_max: Mapping[str, tuple[float | None, float]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"option": self.option, "blocks": self.blocks,
+                "per_rank": {k: {str(r): v for r, v in ranks.items()}
+                             for k, ranks in self.per_rank.items()},
+                "min_max": {k: list(v) for k, v in self.min_max.items()}}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RankTimers | None:
+        """The inverse of to_json, for a spool record (written by the epilog, so trusted as to
+        shape, yet checked: a record that does not read back gives None)."""
+        if not isinstance(doc, Mapping) or doc.get("option") not in ("all", "minmax", "max"):
+            return None
+        try:
+            per_rank = {str(k): {int(r): float(v) for r, v in ranks.items()}
+                        for k, ranks in (doc.get("per_rank") or {}).items()}
+            min_max = {str(k): (None if v[0] is None else float(v[0]), float(v[1]))
+                       for k, v in (doc.get("min_max") or {}).items()}
+            return cls(doc["option"], int(doc.get("blocks") or 0), per_rank, min_max)
+        except (TypeError, ValueError, AttributeError, IndexError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressEntry:
     """A `progress.txt` line (megatron/training/training.py `append_to_progress_log`)."""
 
