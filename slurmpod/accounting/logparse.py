@@ -75,6 +75,8 @@ from slurmpod.accounting.logrecords import (
     minute_base,
     parse_timestamp,
 )
+from slurmpod.accounting.timerblocks import MARKER as TIMER_MARKER
+from slurmpod.accounting.timerblocks import TimerBlocks, header_option
 from slurmpod.megatron.args import parse_arguments_dump
 
 MAX_LINE_BYTES = 256 * 1024
@@ -90,7 +92,8 @@ CHUNK_BYTES = 1 << 20
 # a tab for progress.txt lines (memchr-fast; Megatron's own output has no tabs).
 _MARK_ITER = b"elapsed time per iteration ("
 _MARK_NEMO = b"train_step_timing in s"
-_MARKERS = (_MARK_ITER, _MARK_NEMO, b" arguments ---", b"] datetime: ", b" checkpoint ", b"\t")
+_MARKERS = (_MARK_ITER, _MARK_NEMO, b" arguments ---", b"] datetime: ", b" checkpoint ", b"\t",
+            TIMER_MARKER)
 
 _ITER_HDR = re.compile(rb"iteration\s+(\d{1,12})\s*/\s*(\d{1,12})\s*\|")
 _TS_RE = rb"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?)"
@@ -451,6 +454,7 @@ class LogParser:
         self._skip_line = False  # inside an over-long line: drop it up to the next newline
         self._base = 0  # stream offset of the next byte fed
         self._want_timer = False
+        self._timers = TimerBlocks()  # Megatron's per-rank timer blocks
         self._want_vocab = False  # after a dump without padded_vocab_size, until training starts
         self._n_rejected = 0
         self._n_duplicates = 0
@@ -578,6 +582,8 @@ class LogParser:
         pos = start
         if self._dump is not None:
             pos = self._dump_lines(data, pos, end, base)
+        if self._timers.open:  # a timer block cut by the chunk's end
+            pos = self._timer_lines(data, pos, end)
         if self._want_timer:
             self._timer_after(data, pos, end)
         if self._want_vocab:
@@ -851,6 +857,9 @@ class LogParser:
             if bm and not bm.group(1):
                 self._start_dump(base + ls)
                 return self._dump_lines(data, nl + 1, end, base)
+        elif TIMER_MARKER in line and (option := header_option(line)):
+            self._timers.start(option, self._segs[-1].index)
+            return self._timer_lines(data, nl + 1, end)
         elif b"] datetime: " in line:  # before checkpoint lines: a marker label may say anything
             self._datetime_line(line, base + ls, data, ls)
         elif b" checkpoint " in line:
@@ -860,6 +869,18 @@ class LogParser:
         elif b"\t" in line:
             self._progress_line(line)
         return nl + 1
+
+    def _timer_lines(self, data: bytes, pos: int, end: int) -> int:
+        """Read lines of an open timer block from pos; returns where the block stopped."""
+        timers = self._timers
+        while timers.open and pos < end:
+            nl = data.find(b"\n", pos, end)
+            if nl < 0:
+                nl = end
+            if not timers.line(data, pos, nl):
+                return pos
+            pos = nl + 1
+        return pos
 
     def _timer_after(self, data: bytes, pos: int, end: int) -> None:
         """The `save-checkpoint` timer is logged right after a save (timers.log in
@@ -1176,7 +1197,8 @@ class LogParser:
             progress=tuple(self._progress),
             n_bytes=self._base, n_rejected=self._n_rejected,
             n_duplicates=self._n_duplicates, first_time_s=self._first_time,
-            last_time_s=self._last_time, complete=self._closed)
+            last_time_s=self._last_time, complete=self._closed,
+            rank_timers=self._timers.freeze())
 
 
 def parse_log(source: IO[bytes] | Iterable[bytes | str],

@@ -488,6 +488,7 @@ class LogSummary:
     first_time_s: float | None
     last_time_s: float | None
     complete: bool  # close() was called: the whole input is in
+    rank_timers: RankTimers | None = None  # Megatron's timer blocks, when the log has them
 
     @property
     def args(self) -> Mapping[str, Any] | None:
@@ -513,6 +514,7 @@ class LogSummary:
                             for c in self.checkpoints],
             "progress": [{k: getattr(p, k) for k in ProgressEntry.__slots__}
                          for p in self.progress],
+            "rank_timers": self.rank_timers.to_json() if self.rank_timers else None,
         }
 
 

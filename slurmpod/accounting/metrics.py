@@ -49,7 +49,8 @@ import numpy as np
 
 from slurmpod.accounting import exactstats
 from slurmpod.accounting.logparse import LogSummary
-from slurmpod.accounting.logrecords import Segment
+from slurmpod.accounting.logrecords import RankTimers, Segment
+from slurmpod.accounting.timerblocks import for_record
 
 SCHEMA = "slurmpod.mfu/1"
 # The record columns job_metrics reads (either way): a parse for it alone keeps only these
@@ -157,6 +158,8 @@ class JobMetrics:
     goodput: float | None
     segments: tuple[SegmentInfo, ...]
     series: IterationSeries | None  # None: computed with series=False
+    # Megatron's timer blocks, reduced to what the record keeps (timerblocks.for_record)
+    rank_timers: RankTimers | None = None
 
     def headline(self) -> dict[str, Any]:
         """A few numbers for a job comment (compact, versioned)."""
@@ -175,7 +178,9 @@ class JobMetrics:
             if key == "series":
                 continue
             val = getattr(self, key)
-            if isinstance(val, Stats):
+            if isinstance(val, RankTimers):
+                val = val.to_json()
+            elif isinstance(val, Stats):
                 val = {k: _num(v) for k, v in asdict(val).items()}
             elif isinstance(val, tuple):
                 val = [{k: _num(v) for k, v in asdict(x).items()} for x in val]
@@ -336,7 +341,8 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         time_to_first_iteration_ref=ref,
         checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
         productive_s=f.productive_s, lost_s=f.lost_s, lost_iters=f.lost_iters, wall_s=wall,
-        allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=f.series)
+        allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=f.series,
+        rank_timers=for_record(summary.rank_timers))
 
 
 def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,

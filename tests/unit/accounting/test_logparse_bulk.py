@@ -38,7 +38,7 @@ def _same(a: object, b: object) -> None:
         x, y = getattr(ta, k), getattr(tb, k)
         assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True), k
     for k in ("segments", "checkpoints", "progress", "n_rejected", "n_duplicates",
-              "first_time_s", "last_time_s", "n_bytes"):
+              "first_time_s", "last_time_s", "n_bytes", "rank_timers"):
         assert getattr(a, k) == getattr(b, k), k
 
 
