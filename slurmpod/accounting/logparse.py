@@ -22,7 +22,9 @@ What is understood, by Megatron-LM release:
 - `[label] datetime: ts` markers, `time to initialize megatron (seconds): X`, checkpoint lines
   (`saving checkpoint at iteration N`, `successfully saved checkpoint at/from iteration N`,
   `successfully loaded checkpoint ... at iteration N`, timestamped or not), the timer line
-  `save-checkpoint ....: (min, max)`, and `progress.txt` lines (tab-separated, `Job ID:`).
+  `save-checkpoint ....: (min, max)`, `progress.txt` lines (tab-separated, `Job ID:`), and
+  the timer blocks of `--timing-log-level 1|2` in each `--timing-log-option` shape, averaged
+  per rank into `LogSummary.rank_timers` (`timerblocks`).
 - restarts within one log (requeue with `--open-mode=append`, an auto-resume loop): a second
   arguments dump, or an iteration number that does not increase, opens a new `Segment`.
 - `srun --label` rank prefixes (`0: `) and other text before a line's payload.

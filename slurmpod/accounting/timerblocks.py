@@ -106,8 +106,9 @@ class TimerBlocks:
     each following line until it returns False (the block ended), `freeze()` for the summary."""
 
     def __init__(self) -> None:
-        self.option: str | None = None  # the option of the last block seen
+        self.option: str | None = None  # the option of the first block with training timers
         self.open = False  # inside a block
+        self._block_option = ""  # the option of the open block
         self._warm = _Sums()  # the first block of each launch (start-up)
         self._steady = _Sums()
         self._segments_seen: set[int] = set()
@@ -116,15 +117,19 @@ class TimerBlocks:
         self._name: str | None = None  # `all`: the timer whose rank lines follow
 
     def start(self, option: str, segment: int) -> None:
-        if self.option is not None and option != self.option:
-            self.open = False  # another option mid-log: not comparable, keep the first
-            return
-        self.option, self.open = option, True
+        self._block_option, self.open = option, True
         self._segment, self._sums, self._name = segment, None, None
 
-    def _target(self) -> _Sums:
-        """The first training entry decides whether this block is a launch's first."""
-        if self._sums is None:
+    def _target(self) -> _Sums | None:
+        """Where the open block's training entries go; None (the block is closed) when its
+        option is not the one of the earlier blocks (not comparable: the first kept). A save's
+        block (`save-checkpoint` only) never gets here, so it fixes no option."""
+        if self.option is None:
+            self.option = self._block_option
+        elif self._block_option != self.option:
+            self.open = False
+            return None
+        if self._sums is None:  # the first training entry: is this block a launch's first?
             first = self._segment not in self._segments_seen
             self._segments_seen.add(self._segment)
             self._sums = self._warm if first else self._steady
@@ -141,28 +146,27 @@ class TimerBlocks:
         rank, value, name, lo, hi, single = m.groups()
         if rank is not None:
             r = int(rank)
-            if self.option != "all" or self._name is None or r >= MAX_RANK:
+            if self._block_option != "all" or self._name is None or r >= MAX_RANK:
                 self.open = False
                 return False
-            if not self._name.startswith("save-checkpoint"):
-                self._target().add_rank(self._name, r, float(value))
-            return True
+            if not self._name.startswith("save-checkpoint") and (t := self._target()):
+                t.add_rank(self._name, r, float(value))
+            return self.open
         assert name is not None
         key = name.decode("ascii")
         if lo is None and hi is None and single is None:  # `all`: a timer name line
-            if self.option != "all":
+            if self._block_option != "all":
                 self.open = False
                 return False
             self._name = key
             return True
-        if self.option == "all":  # a minmax/max entry cannot be part of an `all` block
+        if self._block_option == "all":  # a minmax/max entry cannot be part of an `all` block
             self.open = False
             return False
-        if not key.startswith("save-checkpoint"):
-            top = float(hi if hi is not None else single)
-            low = float(lo) if lo is not None else None
-            self._target().add_min_max(key, low, top)
-        return True
+        if not key.startswith("save-checkpoint") and (t := self._target()):
+            t.add_min_max(key, float(lo) if lo is not None else None,
+                          float(hi if hi is not None else single))
+        return self.open
 
     def freeze(self) -> RankTimers | None:
         """Steady blocks when there are any, else the start-up ones; None without blocks."""

@@ -84,7 +84,8 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
         med = fig.iter_ms.median
         report = replace(report, predicted=vs_predicted(
             log_hints.args, None if med is None else med / 1000.0, site=site,
-            nodelist=job.nodes, gpus=gpus, site_path=site_path))
+            nodelist=job.nodes, gpus=gpus, site_path=site_path),
+            stragglers=_stragglers(spool_record, log_hints.args, job.nodes, gpus))
     eff = report.efficiency
     if status == "no-training-log" and eff is not None and (eff.usage or eff.gpu):
         # Not a Megatron job (or no log): the seff/jobstats part is the report.
@@ -92,6 +93,27 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
             "identity and placement only", "efficiency from Slurm and the GPUs, no MFU"))
     notes = notes_for(report, log_hints=log_hints, typical_mfu=typical_mfu)
     return replace(report, notes=tuple(notes))
+
+
+def _stragglers(record: Mapping[str, Any] | None, args: Mapping[str, Any], nodelist: str,
+                gpus: int) -> Any:
+    """The stragglers Megatron's per-rank timers name (report/stragglers.py): ranks placed by
+    srun's default block distribution, one rank per GPU, in the order of Slurm's node list."""
+    from slurmpod.accounting.logrecords import RankTimers  # lazy: start-up
+    from slurmpod.model.hostlist import expand  # lazy: start-up
+    from slurmpod.report.stragglers import find_stragglers  # lazy: start-up
+
+    metrics = ((record or {}).get("summary") or {}).get("metrics") or {}
+    timers = RankTimers.from_json(metrics.get("rank_timers"))
+    if timers is None:
+        return None
+    world = args.get("world_size")  # the run's (a dump of more GPUs than Slurm gave is not)
+    if not isinstance(world, int) or isinstance(world, bool) or not 0 < world <= gpus:
+        world = gpus
+    nodes = expand(nodelist) if nodelist else []
+    per_node = gpus // len(nodes) if nodes and gpus % len(nodes) == 0 else 0
+    return find_stragglers(timers, args, world=world, nodes=nodes if per_node else (),
+                           tasks_per_node=per_node or 8)
 
 
 def _row_gpu(record: Mapping[str, Any] | None) -> Efficiency | None:

@@ -240,6 +240,9 @@ class JobReport:
     # Achieved vs predicted (report/predicted.py): a finished job whose log has the arguments
     # dump, on nodes of one GPU type of the site file; None otherwise.
     predicted: Any = None  # VsPredicted
+    # Ranks whose own compute ran well above their pipeline stage's median, from Megatron's
+    # per-rank timers in the log (report/stragglers.py); None without them or without any.
+    stragglers: Any = None  # StragglerFinding
 
     @property
     def queue_s(self) -> float | None:
@@ -300,6 +303,7 @@ class JobReport:
             "stability": self.stability.to_json() if self.stability else None,
             "notes": [n.to_json() for n in self.notes],
             "predicted": self.predicted.to_json() if self.predicted is not None else None,
+            "stragglers": self.stragglers.to_json() if self.stragglers is not None else None,
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency.to_json()

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from slurmpod.model.site import Site
     from slurmpod.perf.model import Prediction
     from slurmpod.report.model import Note, Stability
+    from slurmpod.report.stragglers import StragglerFinding
 
 # A job below 70 % of its predicted speed is flagged. The model's validation error is median
 # ~10 %, max ~25 % on dense rows (docs/perf-model.md): a job at 1/1.25 = 80 % may still be the
@@ -157,13 +158,16 @@ def _s(x: float) -> str:
     return f"{x:.3g} s"
 
 
-def cause_note(v: VsPredicted, stability: Stability | None) -> Note:
+def cause_note(v: VsPredicted, stability: Stability | None,
+               stragglers: StragglerFinding | None = None) -> Note:
     """The note of a job far below its prediction: the likely cause and its fix.
 
-    Stragglers first (measured: uneven steady iterations), then the largest of the predicted
+    Stragglers first, measured: the ranks Megatron's per-rank timers name (report/stragglers.py)
+    when the log has them, else uneven steady iterations; then the largest of the predicted
     step's exposed communication and pipeline bubble when it is at least CAUSE_SHARE of it,
     else the compute itself (clocks, throttling, host or data-loader stalls)."""
     from slurmpod.report.model import Note  # lazy: start-up
+    from slurmpod.report.stragglers import FIX as STRAGGLER_FIX  # lazy: start-up
 
     b = v.prediction.breakdown_s
     step = v.predicted_step_s
@@ -171,6 +175,10 @@ def cause_note(v: VsPredicted, stability: Stability | None) -> Note:
             f"({_s(v.achieved_step_s)} per iteration against {_s(step)} predicted for "
             f"{v.layout} on {v.world} {v.gpu.upper()} GPUs; MFU {100 * v.achieved_mfu:.1f} % "
             f"against {100 * v.prediction.mfu:.1f} % predicted)")
+    if stragglers is not None:
+        return Note("warn", "below-predicted",
+                    f"{head}: stragglers, by Megatron's per-rank timers: {stragglers.phrase()}",
+                    STRAGGLER_FIX)
     spread = stability.spread if stability is not None else None
     cv = stability.cv if stability is not None else None
     if ((spread is not None and spread > STRAGGLER_SPREAD)

@@ -89,7 +89,14 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
     if v is not None and v.flagged:
         from slurmpod.report.predicted import cause_note  # lazy: start-up
 
-        out.append(cause_note(v, r.stability))
+        out.append(cause_note(v, r.stability, r.stragglers))
+    elif r.stragglers is not None:
+        from slurmpod.report.model import Note  # lazy: start-up
+        from slurmpod.report.stragglers import FIX  # lazy: start-up
+
+        out.append(Note("warn", "stragglers",
+                        f"stragglers, by Megatron's per-rank timers: {r.stragglers.phrase()}",
+                        FIX))
     out += efficiency_notes(r)
     return out
 

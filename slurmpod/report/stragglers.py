@@ -54,6 +54,11 @@ _COMPUTE = ("forward-compute", "backward-compute")
 _WORDS = {"forward-compute": "forward compute", "backward-compute": "backward compute"}
 
 
+# What to do about a named straggler (the job report's notes).
+FIX = ("check the named nodes' GPUs (`nvidia-smi -q -d PERFORMANCE`: clocks, throttling; "
+       "`dcgmi diag -r 2`) and exclude a bad one with --exclude, or drain it")
+
+
 @dataclass(frozen=True)
 class Straggler:
     rank: int  # global rank

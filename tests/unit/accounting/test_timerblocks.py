@@ -182,3 +182,14 @@ def test_json_round_trip_and_a_damaged_record() -> None:
     assert RankTimers.from_json({"option": "all", "per_rank": {"x": {"zero": 1}}}) is None
     assert RankTimers.from_json({"option": "sometimes"}) is None
     assert RankTimers.from_json(None) is None
+
+
+def test_save_blocks_fix_no_option() -> None:
+    """A log's first block is often a save's `(min, max)` one (the default option) though its
+    training blocks are `all`."""
+    log = iteration(1) + minmax({"save-checkpoint": (3000.0, 3000.0)})
+    log += iteration(2) + all_ranks({"forward-compute": [10.0, 11.0]})
+    log += iteration(3) + all_ranks({"forward-compute": [20.0, 21.0]})
+    t = parse(log)
+    assert t is not None and t.option == "all"
+    assert t.per_rank == {"forward-compute": {0: 20.0, 1: 21.0}}
