@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from slurmpod.model.hostlist import expand
 from slurmpod.model.site import Inventory, Site
 from slurmpod.report.model import (
     Efficiency,
@@ -100,7 +101,6 @@ def _stragglers(record: Mapping[str, Any] | None, args: Mapping[str, Any], nodel
     """The stragglers Megatron's per-rank timers name (report/stragglers.py): ranks placed by
     srun's default block distribution, one rank per GPU, in the order of Slurm's node list."""
     from slurmpod.accounting.logrecords import RankTimers  # lazy: start-up
-    from slurmpod.model.hostlist import expand  # lazy: start-up
     from slurmpod.report.stragglers import find_stragglers  # lazy: start-up
 
     metrics = ((record or {}).get("summary") or {}).get("metrics") or {}
