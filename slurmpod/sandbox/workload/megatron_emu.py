@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--bf16", action="store_true")
     a("--fp16", action="store_true")
     a("--distributed-timeout-minutes", type=float, default=10.0)
+    # Megatron's timers (megatron/core/timers.py): level 1 `forward-backward`, level 2 also each
+    # rank's `forward-compute` and `backward-compute`, printed after each iteration line.
+    a("--timing-log-level", type=int, default=0, choices=[0, 1, 2])
+    a("--timing-log-option", default="minmax", choices=["max", "minmax", "all"])
     a("--emu-peak-tflops", type=float, default=None, metavar="TFLOPS",
       help="peak of one emulated GPU to pace to (default: the emulated GPUs' peak in "
            "$SLURMPOD_SITE, which `slurmpod sandbox env` sets to the measured site)")
@@ -110,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="crash (exit 1) after this iteration, once per run (a marker in --save)")
     a("--emu-fail-at-start", type=int, default=None, metavar="CODE",
       help="exit with CODE before training, as a launch that cannot start would")
+    a("--emu-slow-rank", type=int, default=None, metavar="RANK",
+      help="this rank's compute takes --emu-slow-ms longer every iteration (a throttled GPU): "
+           "it joins each all-reduce late, and its per-rank timers show it")
+    a("--emu-slow-ms", type=float, default=0.0, metavar="MS")
     return p
 
 
@@ -455,6 +463,7 @@ class Collective:
         self.server: socket.socket | None = None
         self.start_iteration = 0
         self.nonce = ""
+        self.extra_ms: dict[int, float] = {}  # rank -> its extra compute ms this log interval
 
     # rank 0 ----------------------------------------------------------------------------------
     def listen(self) -> None:
@@ -517,7 +526,12 @@ class Collective:
             peer = f"rank {rank} on {node}"
             line = self._line_from(fh, None, peer, f"{peer} sent nothing", iteration)
             words = line.split()
-            any_stop = any_stop or (len(words) == 2 and words[1] == b"1")
+            any_stop = any_stop or (len(words) >= 2 and words[1] == b"1")
+            if len(words) == 3:
+                with contextlib.suppress(ValueError):
+                    extra = float(words[2])
+                    if math.isfinite(extra) and extra > 0:
+                        self.extra_ms[rank] = self.extra_ms.get(rank, 0.0) + extra
         self._send_all(b"%d %d\n" % (iteration, 1 if any_stop else 0))
         return any_stop
 
@@ -560,15 +574,20 @@ class Collective:
             time.sleep(0.05)
         return False
 
-    def follow(self, stopped: Callable[[], bool]) -> int:
+    def follow(self, stopped: Callable[[], bool], slow_ms: float = 0.0) -> int:
         """A non-zero rank's training loop: one line per iteration until rank 0 says done.
-        Rank 0's death is a lost peer: like NCCL, wait (the step is ended by srun's
-        --kill-on-bad-exit or by hang detection), up to the timeout."""
+        A slow rank (`--emu-slow-rank`) spends `slow_ms` more on each step before it joins, and
+        says so in its line (rank 0's per-rank timers). Rank 0's death is a lost peer: like
+        NCCL, wait (the step is ended by srun's --kill-on-bad-exit or by hang detection), up
+        to the timeout."""
         fh = self.rfile
         iteration = self.start_iteration
         while True:
             iteration += 1
-            line = self._line_from(fh, b"%d %d\n" % (iteration, 1 if stopped() else 0),
+            if slow_ms > 0:
+                time.sleep(slow_ms / 1000.0)
+            line = self._line_from(fh, b"%d %d %.3f\n" % (iteration, 1 if stopped() else 0,
+                                                          slow_ms),
                                    "rank 0", "no answer from rank 0", iteration)
             if line.strip() == b"done":
                 return 0
@@ -628,7 +647,8 @@ def other_rank(args: argparse.Namespace, dist: Dist) -> int:
     try:
         if not coll.join(lambda: sig.received is not None):
             return 0  # ended before the step began
-        return coll.follow(lambda: sig.received is not None)
+        slow = args.emu_slow_ms if args.emu_slow_rank == dist.rank else 0.0
+        return coll.follow(lambda: sig.received is not None, max(0.0, slow))
     except PeerLost as exc:
         print(f"megatron_emu: rank {dist.rank}: NCCL error: lost {exc}", file=sys.stderr,
               flush=True)
@@ -640,6 +660,24 @@ def other_rank(args: argparse.Namespace, dist: Dist) -> int:
         return 1
     finally:
         coll.close()
+
+
+def timer_block(timers: dict[str, list[float]], option: str) -> str:
+    """Megatron's `Timers.log` text for per-rank times in ms (megatron/core/timers.py
+    `_get_all_ranks_time_string`, `_get_global_min_max_time_string`)."""
+    if option == "all":
+        out = "times across ranks (ms):"
+        for name, ms in timers.items():
+            out += f"\n  {name}:" + "".join(f"\n     rank {r:2d}: {t:.2f}"
+                                             for r, t in enumerate(ms))
+        return out + "\n"
+    out = "max time across ranks (ms):" if option == "max" else \
+        "(min, max) time across ranks (ms):"
+    for name, ms in timers.items():
+        dots = (name + " ").ljust(48, ".")
+        out += (f"\n    {dots}: {max(ms):.2f}" if option == "max"
+                else f"\n    {dots}: ({min(ms):.2f}, {max(ms):.2f})")
+    return out + "\n"
 
 
 def report_env(dist: Dist, out: TextIO) -> None:
@@ -745,15 +783,23 @@ class _Run:
         self.interval_t0 = self.job_t0
         self.interval_iters = 0
         self.losses: list[float] = []
+        self.busy_s = 0.0  # this interval's own compute (every rank's, in this stand-in)
+        self.own_extra_ms = 0.0  # rank 0 as the slow rank: its extra this interval
+        self.coll: Collective | None = None
 
     def loop(self, sig: _Signals, coll: Collective | None, min_s: float) -> int:
         args, trainer = self.args, self.trainer
+        self.coll = coll
         activity = gpu_activity.Recorder.from_env()
         self.interval_t0 = time.monotonic()
         while trainer.iteration < args.train_iters:
             t_step = time.monotonic()
             loss, gnorm = trainer.step()
             busy_s = time.monotonic() - t_step
+            self.busy_s += busy_s
+            if args.emu_slow_rank == 0 and args.emu_slow_ms > 0:
+                time.sleep(args.emu_slow_ms / 1000.0)
+                self.own_extra_ms += args.emu_slow_ms
             if coll is not None and coll.allreduce(trainer.iteration, sig.received is not None) \
                     and sig.received is None:
                 sig.received = signal.SIGTERM  # another rank was told to stop: stop together
@@ -788,7 +834,28 @@ class _Run:
         print(iteration_line(it, args, self.trainer.consumed_samples, elapsed, tflops,
                              learning_rate(args, it), float(np.mean(self.losses)), gnorm),
               file=self.out, flush=True)
+        if args.timing_log_level:
+            print(self._timers(elapsed), file=self.out, end="", flush=True)
         self.interval_t0, self.interval_iters, self.losses = time.monotonic(), 0, []
+        self.busy_s, self.own_extra_ms = 0.0, 0.0
+        if self.coll is not None:
+            self.coll.extra_ms.clear()
+
+    def _timers(self, elapsed_s: float) -> str:
+        """Megatron's timer block for this interval, per iteration: `forward-backward` (every
+        rank waits for the slowest, so the step), and at level 2 each rank's compute, split a
+        third forward, two thirds backward. Only rank 0 computes here; its compute stands in
+        for every rank's, plus a slow rank's extra."""
+        n = max(self.interval_iters, 1)
+        base = 1000.0 * self.busy_s / n
+        extra = dict(self.coll.extra_ms) if self.coll is not None else {}
+        extra[0] = extra.get(0, 0.0) + self.own_extra_ms
+        compute = [base + extra.get(r, 0.0) / n for r in range(self.dist.world_size)]
+        timers = {"forward-backward": [1000.0 * elapsed_s] * self.dist.world_size}
+        if self.args.timing_log_level >= 2:
+            timers["forward-compute"] = [c / 3 for c in compute]
+            timers["backward-compute"] = [2 * c / 3 for c in compute]
+        return timer_block(timers, self.args.timing_log_option)
 
     def _stop_after(self, it: int, sig: _Signals) -> int | None:
         """The exit code when iteration `it` ends the run (an asked-for crash, SIGTERM,

@@ -387,3 +387,39 @@ def test_the_real_start_measurement_is_logged(tmp_path: Path) -> None:
                   r"median (\S+)\); iterations paced to >= 0\.1 ms", out)
     assert m is not None, out
     assert 0 < float(m.group(2)) <= float(m.group(1))  # median <= second-best of 6
+
+
+# -- Megatron's timers: per-rank compute, a slow rank -----------------------------------------
+
+@pytest.mark.parametrize("option", ["minmax", "max", "all"])
+def test_timer_blocks_are_megatrons_and_the_log_parser_reads_them(option: str) -> None:
+    out, _ = run_emu([*TINY, "--train-iters", "4", "--timing-log-level", "2",
+                      "--timing-log-option", option])
+    t = parse_log(io.BytesIO(out.encode())).rank_timers
+    assert t is not None and t.option == option and t.blocks == 3  # the first left out
+    names = {"forward-backward", "forward-compute", "backward-compute"}
+    if option == "all":
+        assert set(t.per_rank) == names and set(t.per_rank["forward-compute"]) == {0}
+        fwd, bwd = t.per_rank["forward-compute"][0], t.per_rank["backward-compute"][0]
+        assert bwd == pytest.approx(2 * fwd, abs=0.02)  # printed to 0.01 ms
+    else:
+        assert set(t.min_max) == names
+        assert (t.min_max["forward-backward"][0] is None) == (option == "max")
+
+
+def test_a_slow_rank_joins_late_and_its_timers_show_it(tmp_path: Path) -> None:
+    procs = start_ranks(tmp_path, 4, "--train-iters", "5", "--save", str(tmp_path / "c"),
+                        "--timing-log-level", "2", "--timing-log-option", "all",
+                        "--emu-slow-rank", "2", "--emu-slow-ms", "150")
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    s = parse_log(io.BytesIO(outs[0].encode()))
+    t = s.rank_timers
+    assert t is not None and sorted(t.per_rank["forward-compute"]) == [0, 1, 2, 3]
+    compute = {r: t.per_rank["forward-compute"][r] + t.per_rank["backward-compute"][r]
+               for r in range(4)}
+    assert compute[2] - compute[0] == pytest.approx(150.0, abs=0.05)
+    assert compute[0] == compute[1] == compute[3]
+    # Rank 0 waited for it: every iteration took at least the slow rank's extra (but the
+    # first, whose line the slow rank sent while rank 0 was still starting up).
+    assert min(s.iterations.elapsed_ms.tolist()[1:]) >= 150.0
