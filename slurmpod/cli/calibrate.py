@@ -1,51 +1,175 @@
-"""`slurmpod calibrate LOG...`: fit the performance model's efficiency factors to this site's
-own finished jobs and store them beside the site file (`<site>.perf.toml`), where `slurmpod
-plan` picks them up (docs/perf-model.md)."""
+"""`slurmpod calibrate`: fit the performance model's efficiency factors to this site's own
+finished jobs and store them beside the site file (`<site>.perf.toml`), where `slurmpod plan`
+picks them up (docs/perf-model.md).
+
+    slurmpod calibrate LOG... [--site SITE] [--output FILE] [--dry-run] [--json]
+    slurmpod calibrate --since 30d [--user U] [--account A] [--partition P] [--spool DIR] ...
+
+Two sources, exactly one per run: Megatron logs named on the command line, or the finished
+jobs of Slurm's accounting over a window, selected as `slurmpod report --since` selects them
+(its sacct query, spool records and safe log reader are reused from `slurmpod.cli.report`).
+For those, what decides the fit comes from Slurm and the epilog's record, the model and layout
+from the log's arguments dump (`perf.calibrate.achieved_from_record` decides per job). This
+module is the I/O edge.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmpod.errors import ConfigError, UsageError
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from slurmpod.model.site import Site
+    from slurmpod.perf.calibrate import Achieved
+    from slurmpod.perf.model import Hardware
+    from slurmpod.report.model import LogHints
+    from slurmpod.report.sacct import SacctJob
+
 
 @click.command("calibrate")
-@click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False,
-                                                                path_type=Path))
+@click.argument("logs", nargs=-1, type=click.Path(exists=True, dir_okay=False,
+                                                  path_type=Path))
+@click.option("--since", metavar="WINDOW",
+              help="Fit on the finished jobs of Slurm's accounting over this window (7d, 12h, "
+                   "2w or a date) instead of LOGS.")
+@click.option("--user", help="With --since: only this user's jobs.")
+@click.option("--account", help="With --since: only this account's jobs.")
+@click.option("--partition", help="With --since: only this partition's jobs.")
+@click.option("--spool", envvar="SLURMPOD_SPOOL",
+              help="With --since: the hooks' spool directory (default $SLURMPOD_SPOOL, the "
+                   "sandbox's spool when $SLURMPOD_SANDBOX is set, else /var/spool/slurmpod).")
 @click.option("--site", "site_name", default=None,
               help="Site TOML or built-in site name (default: dgx-h100-superpod).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to store the factors (default: SITE.perf.toml beside the site file).")
-@click.option("--warmup-iters", type=click.IntRange(0), default=10, show_default=True)
+@click.option("--warmup-iters", type=click.IntRange(0), default=10, show_default=True,
+              help="LOGS: iterations left out as warm-up (the epilog's records use its own).")
 @click.option("--dry-run", is_flag=True, help="Print the fit; store nothing.")
-def calibrate(logs: tuple[Path, ...], site_name: str | None, output: Path | None,
-              warmup_iters: int, dry_run: bool) -> None:
-    """Fit the performance model to finished Megatron jobs' logs (their arguments dump and
-    steady iteration time) on this site."""
-    from slurmpod.accounting.logparse import parse_log  # lazy: start-up
-    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
+              account: str | None, partition: str | None, spool: str | None,
+              site_name: str | None, output: Path | None, warmup_iters: int, dry_run: bool,
+              as_json: bool) -> None:
+    """Fit the performance model to this site's finished Megatron jobs: their logs (LOGS), or
+    the jobs of Slurm's accounting since a time (--since) with the epilog's records."""
+    if bool(logs) == (since is not None):
+        raise UsageError("give LOG files or --since WINDOW, not both (e.g. `slurmpod "
+                         "calibrate job.out` or `slurmpod calibrate --since 30d`)")
+    if logs and (user or account or partition or spool):
+        raise UsageError("--user/--account/--partition/--spool select jobs of Slurm's "
+                         "accounting: they go with --since, not with LOG files")
     from slurmpod.config import data_dir, load_site, resolve_site_path  # lazy: start-up
-    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
-    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
     from slurmpod.perf import calibrate as cal  # lazy: start-up
 
     # lazy: start-up
-    # lazy: start-up
-    from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, RunOptions, hardware_from_site
+    from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, hardware_from_site
 
     site_path = Path(resolve_site_path(site_name, default="dgx-h100-superpod"))
     site = load_site(site_path)
+    if (not dry_run and output is None
+            and site_path.resolve().parent == data_dir("site_configs").resolve()):
+        raise UsageError(f"site {site.site.name} is built in; give --output or a site file "
+                         "of your own")
     hw = hardware_from_site(site)
-    jobs: list[cal.Achieved] = []
+    skipped: Counter[str] = Counter()
+    if since is not None:
+        jobs = _from_accounting(since, user, account, partition, spool, site, hw.generation,
+                                skipped)
+    else:
+        jobs = _from_logs(logs, hw, warmup_iters, skipped)
+    if not jobs:
+        _nothing_usable(since, skipped)
+    base = FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+    try:
+        eff, ratios = cal.fit_site(jobs, hw, base)
+    except ValueError:
+        skipped["no-prediction"] += len(jobs)
+        _nothing_usable(since, skipped)
+    skipped["no-prediction"] += len(jobs) - len(ratios)
+    skipped = +skipped  # no zero counts
+    stored: Path | None = None
+    if not dry_run:
+        from slurmpod.fsutil import output_error  # lazy: start-up
+
+        stored = output or cal.store_path(site_path)
+        try:
+            cal.save(stored, hw.generation, eff, len(ratios))
+        except OSError as exc:
+            raise output_error(stored, exc) from None
+    if skipped:
+        click.echo(f"slurmpod: skipped {sum(skipped.values())} job(s): {_counts(skipped)}",
+                   err=True)
+    if as_json:
+        from slurmpod.cli.output import emit_json  # lazy: start-up
+
+        emit_json({"site": site.site.name, "gpu": hw.gpu_model, "generation": hw.generation,
+                   "jobs": [{"job_id": job, "ratio": ratio} for job, ratio in ratios],
+                   "skipped": dict(sorted(skipped.items())),
+                   "before": {"gemm": base.gemm, "fp8": base.fp8},
+                   "after": {"gemm": eff.gemm, "fp8": eff.fp8},
+                   "stored": None if stored is None else str(stored)})
+        return
+    click.echo(f"{site.site.name} ({hw.gpu_model}, {hw.generation}): {len(ratios)} jobs; "
+               f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}")
+    for job, ratio in ratios:
+        click.echo(f"  {job}: predicted / achieved {ratio:.2f}")
+    if stored is not None:
+        click.echo(f"stored {stored}")
+
+
+def _by_count(skipped: Counter[str]) -> list[tuple[str, int]]:
+    return sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _counts(skipped: Counter[str]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in _by_count(skipped))
+
+
+def _nothing_usable(since: str | None, skipped: Counter[str]) -> None:
+    from slurmpod.perf.calibrate import SKIP_REASONS  # lazy: start-up
+
+    skipped = +skipped
+    if since is None:
+        raise UsageError("no log with an arguments dump, world_size and iteration lines",
+                         hint="calibrate reads the stdout of finished Megatron jobs")
+    if not skipped:
+        raise UsageError(f"no job in Slurm's accounting since {since} (with these filters)",
+                         hint="widen --since, or check `sacct --allusers --starttime ...`")
+    why = "; ".join(f"{n} {SKIP_REASONS.get(reason, reason)} ({reason})"
+                    for reason, n in _by_count(skipped))
+    raise UsageError(f"no finished job since {since} to calibrate on",
+                     hint=f"skipped: {why}")
+
+
+def _from_logs(logs: tuple[Path, ...], hw: Hardware, warmup_iters: int,
+               skipped: Counter[str]) -> list[Achieved]:
+    """Each log named on the command line: its arguments dump and steady median iteration."""
+    from slurmpod.accounting.logparse import parse_log  # lazy: start-up
+    from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
+    from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
+    from slurmpod.perf.calibrate import Achieved  # lazy: start-up
+    from slurmpod.perf.model import RunOptions  # lazy: start-up
+
+    jobs: list[Achieved] = []
     for log in logs:
         with log.open("rb") as f:
             summary = parse_log(f)
         args = summary.args
         if args is None or not summary.iterations:
+            # A few files the user named: each one is worth its own line.
             click.echo(f"slurmpod: warning: {log}: no arguments dump or no iteration lines; "
                        "skipped", err=True)
+            skipped["no-dump" if args is None else "no-step-time"] += 1
             continue
         problem = check_dump_args(args)
         if problem is not None:
@@ -53,35 +177,75 @@ def calibrate(logs: tuple[Path, ...], site_name: str | None, output: Path | None
         world = args.get("world_size")
         if not isinstance(world, int) or world < 1:
             click.echo(f"slurmpod: warning: {log}: no world_size in the dump; skipped", err=True)
+            skipped["bad-dump"] += 1
             continue
         m = job_metrics(summary, None, hw.peak_bf16, world, seq_length=None,
                         flops_formula="none", warmup_iters=warmup_iters)
         if m.iter_time_ms is None:
+            skipped["no-step-time"] += 1
             continue
-        jobs.append(cal.Achieved(log.name, ModelConfig.from_args(args), world,
-                                 RunOptions.from_args(args), m.iter_time_ms.median / 1000))
-    if not jobs:
-        raise UsageError("no log with an arguments dump, world_size and iteration lines",
-                         hint="calibrate reads the stdout of finished Megatron jobs")
-    base = FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
-    try:
-        eff, ratios = cal.fit_site(jobs, hw, base)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    click.echo(f"{site.site.name} ({hw.gpu_model}, {hw.generation}): {len(ratios)} jobs; "
-               f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}")
-    for job, ratio in ratios:
-        click.echo(f"  {job}: predicted / achieved {ratio:.2f}")
-    if dry_run:
-        return
-    dest = output or cal.store_path(site_path)
-    if output is None and site_path.resolve().parent == data_dir("site_configs").resolve():
-        raise UsageError(f"site {site.site.name} is built in; give --output or a site file "
-                         "of your own")
-    from slurmpod.fsutil import output_error  # lazy: start-up
+        jobs.append(Achieved(log.name, ModelConfig.from_args(args), world,
+                             RunOptions.from_args(args), m.iter_time_ms.median / 1000))
+    return jobs
 
-    try:
-        cal.save(dest, hw.generation, eff, len(ratios))
-    except OSError as exc:
-        raise output_error(dest, exc) from None
-    click.echo(f"stored {dest}")
+
+def _from_accounting(since: str, user: str | None, account: str | None,
+                     partition: str | None, spool: str | None, site: Site, generation: str,
+                     skipped: Counter[str]) -> list[Achieved]:
+    """The finished jobs `slurmpod report --since` would list, each through
+    `achieved_from_record`: Slurm's fields, the latest spool record, the log's dump."""
+    from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
+
+    # lazy: start-up
+    from slurmpod.cli.report import (
+        PROGRESS_MIN_JOBS,
+        _load,
+        _spool_dir,
+        log_hints,
+        read_spool_record,
+        slurm_since,
+        spool_index,
+    )
+    from slurmpod.perf.calibrate import achieved_from_record  # lazy: start-up
+    from slurmpod.report.sacct import select  # lazy: start-up
+
+    sel = [f"--starttime={slurm_since(since)}", "--endtime=now"]
+    sel += [f"--user={user}"] if user else ["--allusers"]
+    if account:
+        sel.append(f"--accounts={account}")
+    if partition:
+        sel.append(f"--partition={partition}")
+    selected = select(_load(sel), user=user, account=account, partition=partition)
+    index = spool_index(_spool_dir(spool))
+    inventory = site.inventory
+    types: dict[str, str | None] = {}  # node list -> site node type (a fleet repeats them)
+    out: list[Achieved] = []
+
+    def one(job: SacctJob) -> None:
+        r = job.record
+        if r.nodes not in types:
+            sg = site_gpu(r.nodes, site, inventory) if r.nodes else None
+            types[r.nodes] = sg.node_type if sg is not None else None
+        path = index.get(r.job_id)
+        # Only finished jobs with a record are read (a running job's file would be an earlier
+        # attempt's); the log is read last, only when every other check passed.
+        rec = read_spool_record(path) if path is not None and r.state.is_terminal else None
+        got = achieved_from_record(r, rec, lambda: _dump(log_hints(rec)),
+                                   node_type=types[r.nodes], site=site, generation=generation)
+        if isinstance(got, str):
+            skipped[got] += 1
+        else:
+            out.append(got)
+
+    if len(selected) >= PROGRESS_MIN_JOBS:
+        with click.progressbar(selected, label="reading jobs", file=sys.stderr) as bar:
+            for job in bar:
+                one(job)
+    else:
+        for job in selected:
+            one(job)
+    return out
+
+
+def _dump(hints: LogHints | None) -> Mapping[str, Any] | None:
+    return None if hints is None else hints.args

@@ -16,12 +16,24 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slurmpod.errors import SlurmpodError
 from slurmpod.megatron.memory import GIB, peak_memory, runtime_reserve
 from slurmpod.megatron.runspec import ModelConfig, preset_path
 from slurmpod.model.gpus import CATALOG
-from slurmpod.perf.model import FITTED, Efficiency, Hardware, RunOptions, predict
+from slurmpod.perf.model import (
+    FITTED,
+    Efficiency,
+    Hardware,
+    RunOptions,
+    hardware_from_site,
+    predict,
+)
+
+if TYPE_CHECKING:
+    from slurmpod.model.jobs import JobRecord
+    from slurmpod.model.site import Site
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,108 @@ class Achieved:
     world: int
     opts: RunOptions
     step_time_s: float
+    # The GPU of the job's own nodes (same generation as the fit's); None: the fit's hardware.
+    hardware: Hardware | None = None
+
+
+# No steady training iteration takes a day: a record saying so is not a measurement.
+MAX_STEP_S = 86_400.0
+
+# Why a job of Slurm's accounting gives no point to fit on (`achieved_from_record`'s reasons,
+# `slurmpod calibrate --json`'s `skipped` keys, the hint when no job is left).
+SKIP_REASONS = {
+    "running": "not finished",
+    "no-record": "no spool record of the epilog",
+    "implausible": "figures the epilog flagged implausible",
+    "no-step-time": "no steady-state median iteration time in the record",
+    "bad-step-time": "a median iteration time no real step has (not a number, <= 0, over a day)",
+    "unknown-nodes": "nodes not all of one node type of the site file",
+    "other-generation": "GPUs of another generation than the one fitted",
+    "no-dump": "no Megatron arguments dump in the head of a log this user may read",
+    "bad-dump": "an arguments dump that fails its checks",
+    "more-gpus-than-slurm": "a dump world_size above the GPUs Slurm allocated",
+    "no-prediction": "a model or layout the performance model cannot place",
+}
+
+
+def _step_time_s(record: Mapping[str, Any]) -> float | str:
+    """The epilog's steady-state median iteration time in seconds, or a skip reason."""
+    summary = record.get("summary")
+    metrics = summary.get("metrics") if isinstance(summary, dict) else None
+    stats = metrics.get("iter_time_ms") if isinstance(metrics, dict) else None
+    median = stats.get("median") if isinstance(stats, dict) else None
+    if median is None:
+        return "no-step-time"
+    if isinstance(median, bool) or not isinstance(median, int | float):
+        return "bad-step-time"
+    s = float(median) / 1000.0
+    if not (math.isfinite(s) and 0 < s <= MAX_STEP_S):
+        return "bad-step-time"
+    return s
+
+
+def achieved_from_record(job: JobRecord, record: Any,
+                         args: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None,
+                         *, node_type: str | None, site: Site, generation: str
+                         ) -> Achieved | str:
+    """One finished job of Slurm's accounting as a point to fit on, or why not (a key of
+    `SKIP_REASONS`). Pure.
+
+    What decides the fit comes from Slurm and the epilog: the job's state, GPUs and nodes
+    (`job`; `node_type`: the site file's type of all its nodes, `trusted.site_gpu`, None when
+    unknown or mixed) and the record's steady-state median (`summary.metrics.iter_time_ms`);
+    what ran (model, layout, world_size) comes from the log's arguments dump `args`, checked by
+    `check_dump_args`, and may not claim more GPUs than Slurm allocated. `args` may be a
+    callable, called only once every cheaper check has passed (it reads the job's log)."""
+    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
+
+    if not job.state.is_terminal:
+        return "running"
+    if not isinstance(record, dict):
+        return "no-record"
+    summary = record.get("summary")
+    if isinstance(summary, dict) and summary.get("implausible"):
+        return "implausible"
+    step = _step_time_s(record)
+    if isinstance(step, str):
+        return step
+    nt = site.node_types.get(node_type) if node_type is not None else None
+    if nt is None:
+        return "unknown-nodes"
+    try:
+        hw = hardware_from_site(site, node_type)
+    except (StopIteration, KeyError):  # a node type no SU group uses
+        return "unknown-nodes"
+    if hw.generation != generation:
+        return "other-generation"
+    # Slurm's gres/gpu allocation; a whole-node job that asked for no gres holds its nodes'
+    # GPUs (as `trusted.allocated_gpus` counts it).
+    slurm_gpus = job.n_gpus if job.n_gpus > 0 else nt.gpus * max(job.n_nodes, 0)
+    dump = args() if callable(args) else args
+    if not dump:
+        return "no-dump"
+    if check_dump_args(dump) is not None:
+        return "bad-dump"
+    world = dump.get("world_size", slurm_gpus)
+    if world is None:
+        world = slurm_gpus
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        return "bad-dump"
+    if world > slurm_gpus:
+        return "more-gpus-than-slurm"
+    try:
+        config, opts = ModelConfig.from_args(dump), RunOptions.from_args(dump)
+    except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
+        return "bad-dump"
+    return Achieved(job.job_id, config, world, opts, step, hw)
+
+
+def _predictable(j: Achieved, hw: Hardware, eff: Efficiency) -> bool:
+    """The model places the job's layout (a dump's layout it refuses is no point to fit on)."""
+    try:
+        return predict(j.config, j.world, j.hardware or hw, eff, j.opts) is not None
+    except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
+        return False
 
 
 def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = None
@@ -196,7 +310,7 @@ def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = N
     """Scale the generation's factors by one number so that the median job's prediction equals
     its achieved time; returns the factors and each job's achieved / predicted after the fit."""
     base = base or FITTED.get(hw.generation, FITTED["hopper"])
-    usable = [j for j in jobs if predict(j.config, j.world, hw, base, j.opts) is not None]
+    usable = [j for j in jobs if _predictable(j, hw, base)]
     if not usable:
         raise ValueError("no job with a model and a steady iteration time to calibrate on")
 
@@ -204,7 +318,7 @@ def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = N
         eff = Efficiency(base.gemm * scale, base.fp8 * scale)
         logs = []
         for j in usable:
-            pred = predict(j.config, j.world, hw, eff, j.opts)
+            pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
             assert pred is not None
             logs.append(math.log(pred.step_time_s / j.step_time_s))
         return statistics.median(logs)
@@ -214,7 +328,7 @@ def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = N
                      f"{len(usable)} jobs of this site (slurmpod calibrate)")
     ratios: list[tuple[str, float]] = []
     for j in usable:
-        pred = predict(j.config, j.world, hw, eff, j.opts)
+        pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
         assert pred is not None
         ratios.append((j.job_id, pred.step_time_s / j.step_time_s))
     return eff, ratios

@@ -1,0 +1,198 @@
+"""`slurmpod calibrate`: its two sources (LOG files or `--since`, exactly one), and the
+accounting path end to end against a stand-in `sacct` on PATH printing the recorded-shape
+files of tests/data/report/ (handmade.records.txt: 101 completed on gpu[001-004] with 32 GPUs,
+102 failed on gpu[004-005] with 16, 103 requeued, 104 completed, 105 running), with spool
+records and job logs written here."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmpod.cli.main import cli, main
+from tests.helpers import DATA_DIR
+
+DATA = DATA_DIR / "report"
+FAKE = Path(__file__).parents[1] / "fake_sacct.py"
+LOG = DATA_DIR / "megatron" / "megatron-2024-restart.log"
+
+# Megatron's arguments dump as it prints it (megatron/training/arguments.py `_print_args`):
+# a small GPT on 32 GPUs, sized for the sandbox site's emulated GPU (its peak is measured on
+# CPUs, ~0.05 TFLOP/s): the model predicts ~1.4 s per iteration there, the records say 2 s.
+DUMP = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 256,
+        "max_position_embeddings": 256, "ffn_hidden_size": 1024, "vocab_size": 50257,
+        "make_vocab_size_divisible_by": 128, "micro_batch_size": 2, "global_batch_size": 64,
+        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1, "world_size": 32, "bf16": True,
+        "group_query_attention": False}
+
+
+def megatron_log(path: Path, args: dict[str, Any]) -> Path:
+    lines = ["------------------------ arguments ------------------------"]
+    lines += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
+    lines += ["-------------------- end of arguments ---------------------",
+              "time to initialize megatron (seconds): 20.000"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def spool_record(spool: Path, job_id: str, attempt: int, median: float | None,
+                 log: Path | None, **summary: Any) -> None:
+    """A record as the epilog writes it (accounting.epilog.build_record), series left out."""
+    metrics = {} if median is None else {"iter_time_ms": {"median": median, "p10": median,
+                                                          "p90": median, "n": 100}}
+    rec = {"v": 1, "job": {"job_id": job_id, "uid": os.getuid(), "restart": attempt},
+           "log": {"path": str(log) if log else "", "bytes": 1000, "truncated": False},
+           "summary": {"iters": 110, "implausible": None, "metrics": metrics, **summary},
+           "series": {}, "written": 1795004000}
+    (spool / "records").mkdir(parents=True, exist_ok=True)
+    (spool / "records" / f"{job_id}.{attempt}.json").write_text(json.dumps(rec))
+
+
+@pytest.fixture()
+def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    argv_log = tmp_path / "sacct.argv"
+    script = bin_dir / "sacct"
+    script.write_text(f"""#!/bin/sh
+printf '%s\\n' "$*" >> {argv_log}
+case "$*" in
+  *Comment*) exec {sys.executable} {FAKE} {DATA / 'handmade.records.txt'} us "$@" ;;
+  *ElapsedRaw,State*) exec {sys.executable} {FAKE} {DATA / 'handmade.attempts.txt'} pipe "$@" ;;
+  *) echo "unexpected sacct call" >&2; exit 1 ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SLURMPOD_SANDBOX", raising=False)
+    return argv_log
+
+
+@pytest.fixture()
+def spool(tmp_path: Path) -> Path:
+    """101: usable; 102: its dump claims 32 GPUs, Slurm gave 16; 103: no record; 104: flagged
+    implausible; 105: running (its earlier record is not read)."""
+    d = tmp_path / "spool"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    spool_record(d, "101", 0, 2000.0, megatron_log(logs / "101.out", DUMP))
+    spool_record(d, "102", 0, 900.0, megatron_log(logs / "102.out", DUMP))
+    spool_record(d, "104", 0, 1200.0, megatron_log(logs / "104.out", DUMP),
+                 implausible="mfu-over-100")
+    spool_record(d, "105", 0, 1200.0, megatron_log(logs / "105.out", DUMP))
+    return d
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["calibrate", *args], catch_exceptions=False)
+
+
+def main_rc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Through the real entry point: exit code, stdout and stderr as a user sees them."""
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", *args])
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+@pytest.mark.parametrize("args", [(), (str(LOG), "--since", "7d"), ("--dry-run",),
+                                  ("--user", "alice")])
+def test_exactly_one_source(capsys: pytest.CaptureFixture[str], args: tuple[str, ...]) -> None:
+    rc, out, err = main_rc(capsys, *args)
+    assert rc == 2 and out == ""
+    assert err.startswith("slurmpod: error: give LOG files or --since WINDOW, not both")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_selection_options_go_with_since(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = main_rc(capsys, str(LOG), "--user", "alice", "--dry-run")
+    assert rc == 2 and "go with --since" in err and err.count("\n") == 1
+
+
+def test_a_bad_window_is_one_line(fake_sacct: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = main_rc(capsys, "--since", "yesterday", "--dry-run")
+    assert rc == 2 and err.startswith("slurmpod: error: --since 'yesterday'")
+    assert not fake_sacct.exists()  # refused before asking Slurm
+
+
+def test_logs_still_calibrate_with_json(tmp_path: Path) -> None:
+    res = run(str(LOG), "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [j["job_id"] for j in doc["jobs"]] == [LOG.name]
+    assert doc["stored"] is None and doc["skipped"] == {}
+
+
+def test_accounting_json(fake_sacct: Path, spool: Path) -> None:
+    res = run("--since", "7d", "--site", "sandbox", "--spool", str(spool), "--dry-run",
+              "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"site", "gpu", "generation", "jobs", "skipped", "before", "after",
+                        "stored"}
+    assert doc["site"] == "sandbox" and doc["gpu"] == "emu" and doc["stored"] is None
+    assert [j["job_id"] for j in doc["jobs"]] == ["101"]
+    assert doc["jobs"][0]["ratio"] == pytest.approx(1.0, abs=0.01)  # one job: fitted onto it
+    assert doc["skipped"] == {"more-gpus-than-slurm": 1, "no-record": 1, "implausible": 1,
+                              "running": 1}
+    assert set(doc["before"]) == set(doc["after"]) == {"gemm", "fp8"}
+    # achieved 2 s where the model said ~1.4 s: the factors come down
+    assert 0.5 < doc["after"]["gemm"] / doc["before"]["gemm"] < 0.9
+    # one stderr line for every skipped job
+    assert res.stderr == ("slurmpod: skipped 4 job(s): implausible 1, more-gpus-than-slurm 1, "
+                          "no-record 1, running 1\n")
+    argv = fake_sacct.read_text().splitlines()
+    assert "--starttime=now-7days --endtime=now --allusers" in argv[0]
+
+
+def test_accounting_text_stores_beside_the_site(fake_sacct: Path, spool: Path,
+                                                tmp_path: Path) -> None:
+    from slurmpod.config import builtin_site_path
+
+    site = tmp_path / "lab.toml"
+    site.write_text(builtin_site_path("sandbox").read_text())
+    res = run("--since", "2d", "--site", str(site), "--spool", str(spool), "--user", "alice")
+    assert res.exit_code == 0, res.output
+    assert "sandbox (emu, emulated): 1 jobs" in res.stdout
+    assert "  101: predicted / achieved 1.00" in res.stdout
+    assert f"stored {tmp_path / 'lab.perf.toml'}" in res.stdout
+    assert 'generation = "emulated"' in (tmp_path / "lab.perf.toml").read_text()
+    # alice's jobs only: 101, 103, 104 (102 and 105 are bob's)
+    assert "no-record 1" in res.stderr and "implausible 1" in res.stderr
+    assert "running" not in res.stderr and "more-gpus" not in res.stderr
+    assert "--user=alice" in fake_sacct.read_text()
+
+
+def test_nothing_usable_names_what_was_missing(fake_sacct: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = main_rc(capsys, "--since", "7d", "--site", "sandbox", "--spool",
+                           str(tmp_path / "empty"), "--dry-run")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    lines = err.splitlines()
+    assert lines[-2] == "slurmpod: error: no finished job since 7d to calibrate on"
+    assert lines[-1].startswith("hint: skipped: 4 no spool record of the epilog (no-record); "
+                                "1 not finished (running)")
+
+
+def test_a_site_whose_nodes_are_not_the_jobs_skips_them(fake_sacct: Path, spool: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    # dgx-h100-superpod names its nodes dgx0001...: none of the sandbox's gpu nodes
+    rc, _, err = main_rc(capsys, "--since", "7d", "--spool", str(spool), "--dry-run")
+    assert rc == 2 and "(unknown-nodes)" in err
+
+
+def test_the_spool_comes_from_the_environment(fake_sacct: Path, spool: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMPOD_SPOOL", str(spool))
+    res = run("--since", "7d", "--site", "sandbox", "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == ["101"]
