@@ -186,10 +186,13 @@ def test_uneven_slow_job_gets_the_straggler_note(h100: Site, base_job: object) -
     assert "stragglers" in note.text
 
 
-def _timers_record(log: str, achieved: float, slow_rank: int, world: int) -> dict:
-    """The spool record the epilog writes for `log` with Megatron's per-rank timer blocks
-    (`--timing-log-level 2 --timing-log-option all`) appended: every rank's forward + backward
-    compute 300 + 600 ms per iteration, `slow_rank`'s 1.4x."""
+def _timers_report(site: Site, base_job: object, log: str, nodes: str, n_nodes: int,
+                   slow_rank: int) -> object:
+    """The job report of `log` on `nodes` when the epilog's record holds Megatron's per-rank
+    timer blocks (`--timing-log-level 2 --timing-log-option all`) appended to it: every rank's
+    forward + backward compute 300 + 600 ms per iteration, `slow_rank`'s 1.4x."""
+    args, achieved = _log(log)
+    world = 8 * n_nodes
     blocks = ""
     for _ in range(3):
         blocks += "times across ranks (ms):\n"
@@ -202,15 +205,13 @@ def _timers_record(log: str, achieved: float, slow_rank: int, world: int) -> dic
     m = job_metrics(summary, None, 989.0, world, seq_length=None, flops_formula="none")
     rec = _record(achieved)
     rec["summary"]["metrics"]["rank_timers"] = m.to_json()["rank_timers"]
-    return rec
+    return build_job_report(_job(base_job, nodes, n_nodes), spool_record=rec,
+                            log_hints=LogHints("x.out", args=args), site=site)
 
 
 def test_per_rank_timers_name_the_straggling_node_in_the_below_predicted_note(
         h100: Site, base_job: object) -> None:
-    args, achieved = _log("megatron-2024-restart.log")
-    rec = _timers_record("megatron-2024-restart.log", achieved, slow_rank=5, world=8)
-    r = build_job_report(_job(base_job, "dgx0001", 1), spool_record=rec,
-                         log_hints=LogHints("x.out", args=args), site=h100)
+    r = _timers_report(h100, base_job, "megatron-2024-restart.log", "dgx0001", 1, slow_rank=5)
     note = next(n for n in r.notes if n.code == "below-predicted")
     assert "per-rank timers" in note.text and "node dgx0001 (rank 5)" in note.text
     assert "1.40x" in note.text and "--exclude" in note.fix
@@ -220,10 +221,8 @@ def test_per_rank_timers_name_the_straggling_node_in_the_below_predicted_note(
 
 def test_per_rank_stragglers_are_a_note_of_their_own_without_a_slow_prediction(
         h100: Site, base_job: object) -> None:
-    args, achieved = _log("megatron-2026-microseconds.log")
-    rec = _timers_record("megatron-2026-microseconds.log", achieved, slow_rank=43, world=64)
-    r = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=rec,
-                         log_hints=LogHints("x.out", args=args), site=h100)
+    r = _timers_report(h100, base_job, "megatron-2026-microseconds.log", "dgx[0001-0008]", 8,
+                       slow_rank=43)
     assert r.predicted is not None and not r.predicted.flagged
     note = next(n for n in r.notes if n.code == "stragglers")
     assert "node dgx0006 (rank 43)" in note.text  # 43 // 8 ranks per node: the sixth node
