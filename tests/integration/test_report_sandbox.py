@@ -535,3 +535,25 @@ def test_fleet_report_compares_a_submitted_job_with_its_prediction(sandbox: Any)
     assert fleet["vs_predicted"]["jobs"] >= 1
     print(f"job {jid}: achieved / predicted speed {ratio:.3g} "
           f"(predicted {stored['pred']['s']} s per iteration on the emulated GPU)")
+
+
+def test_calibrate_fits_on_the_finished_jobs_of_accounting(sandbox: Any, jobs: Jobs) -> None:
+    """`slurmpod calibrate --since` reads the same accounting, spool and logs as the fleet
+    report: the completed emulator job is a point of the fit (the emulated GPU's step has
+    nothing of a real GPU's, so its ratio is checked present and finite, not near 1); the job
+    that printed no training log is skipped, counted by reason."""
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "calibrate", "--since", "1h",
+                         "--site", str(sandbox.sb.site_path), "--spool",
+                         str(sandbox.sb.spool_dir), "--dry-run", "--json"], env=sandbox.env,
+                        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    ratios = {j["job_id"]: j["ratio"] for j in doc["jobs"]}
+    assert jobs.done in ratios, (doc, cp.stderr)
+    assert isinstance(ratios[jobs.done], float) and math.isfinite(ratios[jobs.done])
+    assert ratios[jobs.done] > 0
+    assert jobs.nolog not in ratios and sum(doc["skipped"].values()) >= 1, doc
+    assert doc["stored"] is None and doc["generation"] == "emulated"
+    assert cp.stderr.count("\n") <= 1, cp.stderr  # one summary line, never one per job
+    print(f"calibrate: {len(ratios)} jobs, skipped {doc['skipped']}, gemm "
+          f"{doc['before']['gemm']} -> {doc['after']['gemm']}")
