@@ -109,8 +109,8 @@ class Efficiency:
 # refits them and checks these values.
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
-    "hopper": Efficiency(0.6153, 0.6153, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.8001, 0.4621, "bridge2511-gb200-llama3-8b-fp8, "
+    "hopper": Efficiency(0.6152, 0.6152, "bridge2511-h100-llama3-70b-fp8"),
+    "blackwell": Efficiency(0.8001, 0.4355, "bridge2511-gb200-llama3-8b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox measures its own peak"),
 }
@@ -611,6 +611,8 @@ def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float,
     all-reduce (SHARP-accelerated on the fabric) counted as the reduce."""
     c, hw = u.c, u.hw
     gb = u.opts.grad_reduce_bytes
+    # FP8 parameters (`fp8_param_gather`) are gathered as FP8, one byte each.
+    pb = 1 if u.fp8 and c.fp8_param_gather else 2
     t_rs = t_ag = 0.0
     for params, d, block in ((w.nonexpert_params_per_gpu, d_ne, c.tp),
                              (w.expert_params_per_gpu, d_e, c.etp * c.ep)):
@@ -620,7 +622,7 @@ def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float,
         ring = (d - 1) / d
         if c.use_distributed_optimizer:
             t_rs += params * gb * ring / bw
-            t_ag += params * 2 * ring / bw
+            t_ag += params * pb * ring / bw
         else:
             gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == u.nic else 1.0
             t_rs += 2 * params * gb * ring / (bw * gain)
