@@ -136,13 +136,28 @@ def jobs(sandbox: Any) -> Jobs:
         # the one that saw the relaunch in the appended log.
         wait_for(lambda: final_record(spool / f"{requeued}.1.json"), 90, "the final record")
         for jid in ids:
-            wait_for(lambda jid=jid: (decode_field(((sandbox.sacct_job(jid) or {}).get(
-                "comment") or {}).get("administrator")) or {}).get("v"), 90,
-                f"job {jid}'s AdminComment")
+            wait_for(lambda jid=jid: epilog_wrote(sandbox, jid), 90, f"job {jid}'s AdminComment")
     except BaseException:
         sandbox.cancel(*ids)
         raise
     return Jobs(done, failed, requeued, nolog, logs, d, peak)
+
+
+def epilog_wrote(sandbox: Any, job_id: str) -> bool:
+    """The epilog's AdminComment (slurmpod's `v` key) is in accounting."""
+    admin = ((sandbox.sacct_job(job_id) or {}).get("comment") or {}).get("administrator")
+    return bool((decode_field(admin) or {}).get("v"))
+
+
+def wait_finished(sandbox: Any, job_id: str, timeout_s: float = 300) -> None:
+    """Until the job is complete in accounting and the epilog has written its AdminComment;
+    the job is cancelled if the wait fails."""
+    try:
+        wait_for(lambda: finished(sandbox, job_id), timeout_s, f"job {job_id} in accounting")
+        wait_for(lambda: epilog_wrote(sandbox, job_id), 90, f"job {job_id}'s AdminComment")
+    except BaseException:
+        sandbox.cancel(job_id)
+        raise
 
 
 def final_record(path: Path) -> bool:
@@ -510,14 +525,7 @@ def test_fleet_report_compares_a_submitted_job_with_its_prediction(sandbox: Any)
                         text=True, timeout=120, cwd=sandbox.tmp_dir, stdin=subprocess.DEVNULL)
     assert cp.returncode == 0, cp.stderr
     jid = json.loads(cp.stdout)["job_id"]
-    try:
-        wait_for(lambda: finished(sandbox, jid), 300, f"job {jid} in accounting")
-        wait_for(lambda: (decode_field(((sandbox.sacct_job(jid) or {}).get("comment") or {})
-                                       .get("administrator")) or {}).get("v"), 90,
-                 f"job {jid}'s AdminComment")
-    except BaseException:
-        sandbox.cancel(jid)
-        raise
+    wait_finished(sandbox, jid)
     run_dir = d / "pred"
     log = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.out")))
     assert "COMPLETED" in json.dumps(sandbox.sacct_job(jid)["state"]), log[-3000:]

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmpod.model.comment import decode_field
-from tests.helpers import wait_for
-from tests.integration.test_report_sandbox import finished, report_json, spool_record
+from tests.integration.test_report_sandbox import report_json, spool_record, wait_finished
 from tests.integration.test_submit_sandbox import submit_json, write_run
 
 
@@ -21,14 +19,7 @@ def test_a_slow_rank_is_named_with_its_node_in_the_job_report(sandbox: Any) -> N
                     extra='timing_log_level = 2\ntiming_log_option = "all"\n'
                           "emu_slow_rank = 11\nemu_slow_ms = 150")
     jid = submit_json(sandbox, run)["job_id"]
-    try:
-        wait_for(lambda: finished(sandbox, jid), 300, f"job {jid} in accounting")
-        wait_for(lambda: (decode_field(((sandbox.sacct_job(jid) or {}).get("comment") or {})
-                                       .get("administrator")) or {}).get("v"), 90,
-                 f"job {jid}'s AdminComment")
-    except BaseException:
-        sandbox.cancel(jid)
-        raise
+    wait_finished(sandbox, jid)
     timers = spool_record(sandbox, jid)["summary"]["metrics"]["rank_timers"]
     assert timers["option"] == "all" and len(timers["per_rank"]["forward-compute"]) == 16
     nodes = sandbox.nodes_of(jid)
