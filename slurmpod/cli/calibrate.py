@@ -203,18 +203,13 @@ def _from_accounting(since: str, user: str | None, account: str | None,
         _spool_dir,
         log_hints,
         read_spool_record,
-        slurm_since,
         spool_index,
+        window_selection,
     )
     from slurmpod.perf.calibrate import achieved_from_record  # lazy: start-up
     from slurmpod.report.sacct import select  # lazy: start-up
 
-    sel = [f"--starttime={slurm_since(since)}", "--endtime=now"]
-    sel += [f"--user={user}"] if user else ["--allusers"]
-    if account:
-        sel.append(f"--accounts={account}")
-    if partition:
-        sel.append(f"--partition={partition}")
+    sel = window_selection(since, user, account, partition)
     selected = select(_load(sel), user=user, account=account, partition=partition)
     index = spool_index(_spool_dir(spool))
     inventory = site.inventory

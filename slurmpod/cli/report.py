@@ -65,6 +65,18 @@ def slurm_since(text: str) -> str:
                      "YYYY-MM-DD[THH:MM[:SS]]")
 
 
+def window_selection(since: str, user: str | None, account: str | None,
+                     partition: str | None) -> list[str]:
+    """sacct's selection of the jobs of a window (`--since`), all users' unless one is named."""
+    sel = [f"--starttime={slurm_since(since)}", "--endtime=now"]
+    sel += [f"--user={user}"] if user else ["--allusers"]
+    if account:
+        sel.append(f"--accounts={account}")
+    if partition:
+        sel.append(f"--partition={partition}")
+    return sel
+
+
 def _sacct(argv: list[str]) -> str:
     """sacct's output, with the CLI backend's retry while slurmdbd is briefly unreachable."""
     from slurmpod.backends.cli import CliBackend  # lazy: start-up
@@ -470,13 +482,7 @@ def _fleet(since: str, user: str | None, account: str | None, partition: str | N
            efficiency: bool = False) -> None:
     from slurmpod.report.sacct import select  # lazy: start-up
 
-    start = slurm_since(since)
-    sel = [f"--starttime={start}", "--endtime=now"]
-    sel += [f"--user={user}"] if user else ["--allusers"]
-    if account:
-        sel.append(f"--accounts={account}")
-    if partition:
-        sel.append(f"--partition={partition}")
+    sel = window_selection(since, user, account, partition)
     # The whole command without the cyclic collector: parsing, 100,000 reports and rows, a
     # 70 MB JSON document are all acyclic (see _no_cyclic_gc).
     with _no_cyclic_gc():

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,6 @@ from slurmpod.cli.main import cli, main
 from tests.helpers import DATA_DIR
 
 DATA = DATA_DIR / "report"
-FAKE = Path(__file__).parents[1] / "fake_sacct.py"
 LOG = DATA_DIR / "megatron" / "megatron-2024-restart.log"
 
 # Megatron's arguments dump as it prints it (megatron/training/arguments.py `_print_args`):
@@ -54,26 +51,6 @@ def spool_record(spool: Path, job_id: str, attempt: int, median: float | None,
            "series": {}, "written": 1795004000}
     (spool / "records").mkdir(parents=True, exist_ok=True)
     (spool / "records" / f"{job_id}.{attempt}.json").write_text(json.dumps(rec))
-
-
-@pytest.fixture()
-def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    argv_log = tmp_path / "sacct.argv"
-    script = bin_dir / "sacct"
-    script.write_text(f"""#!/bin/sh
-printf '%s\\n' "$*" >> {argv_log}
-case "$*" in
-  *Comment*) exec {sys.executable} {FAKE} {DATA / 'handmade.records.txt'} us "$@" ;;
-  *ElapsedRaw,State*) exec {sys.executable} {FAKE} {DATA / 'handmade.attempts.txt'} pipe "$@" ;;
-  *) echo "unexpected sacct call" >&2; exit 1 ;;
-esac
-""")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("SLURMPOD_SANDBOX", raising=False)
-    return argv_log
 
 
 @pytest.fixture()

@@ -15,31 +15,9 @@ from click.testing import CliRunner
 from slurmpod.cli.main import cli, main
 from slurmpod.cli.report import slurm_since
 from tests.helpers import DATA_DIR
+from tests.unit.cli.conftest import FAKE
 
 DATA = DATA_DIR / "report"
-# prints a recorded file with the delimiter the query asked for
-FAKE = Path(__file__).parents[1] / "fake_sacct.py"
-
-
-@pytest.fixture()
-def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    argv_log = tmp_path / "sacct.argv"
-    script = bin_dir / "sacct"
-    script.write_text(f"""#!/bin/sh
-printf '%s\\n' "$*" >> {argv_log}
-[ "$SLURM_TIME_FORMAT" = "%s" ] || {{ echo "sacct: want epoch times" >&2; exit 1; }}
-case "$*" in
-  *Comment*) exec {sys.executable} {FAKE} {DATA / 'handmade.records.txt'} us "$@" ;;
-  *ElapsedRaw,State*) exec {sys.executable} {FAKE} {DATA / 'handmade.attempts.txt'} pipe "$@" ;;
-  *) echo "unexpected sacct call" >&2; exit 1 ;;
-esac
-""")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SLURMPOD_SPOOL", str(tmp_path / "spool"))
-    return argv_log
 
 
 def run(*args: str):
