@@ -12,7 +12,8 @@ import pytest
 from slurmpod.accounting.spool import Spool
 from slurmpod.cli.report import read_spool_record, spool_index
 from tests.helpers import DATA_DIR
-from tests.unit.cli.test_report import fake_sacct, run  # noqa: F401 (fixture)
+from tests.unit.cli.conftest import fake_sacct  # noqa: F401 (fixture)
+from tests.unit.cli.test_report import run
 
 RECORDED = DATA_DIR / "report" / "sandbox-22.05" / "records"
 
