@@ -4,10 +4,12 @@ The log is generated into /tmp (or --path) the way real job logs look: an argume
 INFO chatter and warnings from many ranks (srun --label prefixes) between iteration lines,
 checkpoint saves with their timer lines, and one restart (a second launch appending to the file).
 Run: `.venv/bin/python benchmarks/log_parse.py [--size-mb 1024] [--noise-lines 40] [--repeat 3]
-[--mfu]`; `--noise-lines 0` is the worst case (a log made only of iteration lines). Each parse
-runs in a fresh process, so its peak RSS is its own; `--mfu` also runs the whole `slurmpod mfu
-LOG` (parse, metrics, the printed table) in a fresh process. Targets: >= 200 MB/s per CPU second
-on one core; `slurmpod mfu` under 100 MiB peak RSS.
+[--mfu] [--timer-ranks N]`; `--noise-lines 0` is the worst case (a log made only of iteration
+lines); `--timer-ranks N` adds Megatron's per-rank timer block (`--timing-log-level 2
+--timing-log-option all`: three timers, one line per rank each) after every iteration line.
+Each parse runs in a fresh process, so its peak RSS is its own; `--mfu` also runs the whole
+`slurmpod mfu LOG` (parse, metrics, the printed table) in a fresh process. Targets: >= 200 MB/s
+per CPU second on one core; `slurmpod mfu` under 100 MiB peak RSS.
 """
 
 from __future__ import annotations
@@ -73,10 +75,26 @@ def _noise_blocks(n_lines: int, rng: random.Random, variants: int = 32) -> list[
     return blocks
 
 
-def generate(path: Path, size_mb: float, noise_lines: int, seed: int = 0) -> tuple[int, int]:
+def _timer_blocks(ranks: int, rng: random.Random, variants: int = 8) -> list[str]:
+    """Megatron's `times across ranks (ms):` block (megatron/core/timers.py) for `ranks` ranks."""
+    out = []
+    for _ in range(variants):
+        lines = ["times across ranks (ms):"]
+        for name, ms in (("forward-backward", 5361.6), ("forward-compute", 1700.0),
+                         ("backward-compute", 3400.0)):
+            lines.append(f"  {name}:")
+            lines += [f"     rank {r:2d}: {ms * (1 + rng.random() * 0.03):.2f}"
+                      for r in range(ranks)]
+        out.append("".join(line + "\n" for line in lines))
+    return out
+
+
+def generate(path: Path, size_mb: float, noise_lines: int, seed: int = 0,
+             timer_ranks: int = 0) -> tuple[int, int]:
     """Write the synthetic log; returns (bytes, iteration lines)."""
     rng = random.Random(seed)
     blocks = _noise_blocks(noise_lines, rng)
+    timers = _timer_blocks(timer_ranks, rng) if timer_ranks else [""]
     target = int(size_mb * 1024 * 1024)
     written = n_iter = 0
     it = 0
@@ -98,7 +116,7 @@ def generate(path: Path, size_mb: float, noise_lines: int, seed: int = 0) -> tup
             ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
             chunk = blocks[it % len(blocks)] + _ITER.format(
                 ts=ts, i=it, n=10_000_000, cs=it * 128, ms=ms, tf=243.6 * 5361.6 / ms,
-                loss=2.0 / (1 + it / 1000)) + "\n"
+                loss=2.0 / (1 + it / 1000)) + "\n" + timers[it % len(timers)]
             if n_iter == 0:
                 chunk += "".join(_MEMORY.format(r=r) + "\n" for r in range(128))
             if it % 500 == 0:
@@ -133,7 +151,10 @@ def _parse_only(path: Path) -> int:
     print(json.dumps({"cpu_s": cpu_s, "wall_s": wall_s, "rss_before": rss_before,
                       "rss_after": _rss_mib(), "n": len(s.iterations),
                       "segments": len(s.segments), "checkpoints": len(s.checkpoints),
-                      "rejected": s.n_rejected, "packed": s.iterations.nbytes}))
+                      "rejected": s.n_rejected, "packed": s.iterations.nbytes,
+                      "timer_blocks": s.rank_timers.blocks if s.rank_timers else 0,
+                      "timer_ranks": max((len(v) for v in s.rank_timers.per_rank.values()),
+                                         default=0) if s.rank_timers else 0}))
     return 0
 
 
@@ -168,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--repeat", type=int, default=1, help="parse N times, report the fastest")
+    ap.add_argument("--timer-ranks", type=int, default=0,
+                    help="add Megatron's per-rank timer block for N ranks after each iteration")
     ap.add_argument("--mfu", action="store_true",
                     help="also time the whole `slurmpod mfu LOG` (imports, parse, metrics)")
     args = ap.parse_args(argv)
@@ -175,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from slurmpod.accounting.logparse import CHUNK_BYTES
 
-    path = args.path or Path(f"/tmp/slurmpod-bench-{int(args.size_mb)}mb-{args.noise_lines}n.log")
+    path = args.path or Path(f"/tmp/slurmpod-bench-{int(args.size_mb)}mb-{args.noise_lines}n"
+                             f"-{args.timer_ranks}t.log")
     t = time.perf_counter()
-    size, n_iter = generate(path, args.size_mb, args.noise_lines)
+    size, n_iter = generate(path, args.size_mb, args.noise_lines, timer_ranks=args.timer_ranks)
     gen_s = time.perf_counter() - t
     mb = size / 1e6
     print(f"generated {path}: {mb:.1f} MB, {n_iter} iteration lines "
@@ -224,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{(rss_after - rss_before) * 2**20 / max(1, len(summary.iterations)):.0f} B/record)")
     print(f"records   : {best['packed'] / 2**20:.1f} MiB packed, "
           f"{best['packed'] / max(1, best['n']):.1f} B/record")
+    if args.timer_ranks:
+        print(f"timers    : {best['timer_blocks']} blocks of {best['timer_ranks']} ranks averaged "
+              f"(each launch's first left out)")
     if args.mfu:
         out = subprocess.run([sys.executable, __file__, "--mfu-only", str(path)], check=True,
                              capture_output=True, text=True).stdout

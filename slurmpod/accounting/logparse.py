@@ -876,6 +876,10 @@ class LogParser:
         """Read lines of an open timer block from pos; returns where the block stopped."""
         timers = self._timers
         while timers.open and pos < end:
+            run = timers.rank_run(data, pos, end)
+            if run > pos:
+                pos = run
+                continue
             nl = data.find(b"\n", pos, end)
             if nl < 0:
                 nl = end

@@ -41,6 +41,9 @@ _OPTION = {b"(min, max) time": "minmax", b"max time": "max", b"times": "all"}
 # One line of a block, after an optional launcher prefix (`srun --label`'s `15: `, torchrun's
 # `[default3]:`, torch's `[rank3]:`): an `all` rank line, an `all` timer name, or a minmax/max
 # entry (`(name + ' ').ljust(48, '.')`, so a name of 48+ characters has no dots).
+_PREFIX = rb"[ \t]*(?:\d{1,7}: ?)?(?:\[default\d{1,7}\]:)?(?:\[rank\d{1,7}\]:)?[ \t]+"
+_MS = rb"\d{1,12}(?:\.\d{1,9})?"
+_PREFIX_RE = re.compile(_PREFIX)
 _LINE = re.compile(
     rb"[ \t]*(?:\d{1,7}: ?)?(?:\[default\d{1,7}\]:)?(?:\[rank\d{1,7}\]:)?[ \t]+"
     rb"(?:rank +(\d{1,7}): (\d{1,12}(?:\.\d{1,9})?)"
@@ -63,20 +66,34 @@ class _Sums:
         self.rank_n: dict[str, np.ndarray] = {}
         self.mm: dict[str, list[float]] = {}  # timer -> [sum of min, sum of max, n, n with min]
 
-    def add_rank(self, name: str, rank: int, ms: float) -> None:
+    def _arrays(self, name: str, top: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The timer's per-rank sums and counts, grown to hold rank `top`; None for a timer
+        past MAX_TIMERS."""
         s = self.rank_sum.get(name)
         if s is None:
             if len(self.rank_sum) >= MAX_TIMERS:
-                return
+                return None
             s = self.rank_sum[name] = np.zeros(64)
             self.rank_n[name] = np.zeros(64, dtype=np.int32)
-        if rank >= s.shape[0]:
-            size = max(rank + 1, 2 * s.shape[0])
+        if top >= s.shape[0]:
+            size = max(top + 1, 2 * s.shape[0])
             self.rank_sum[name] = s = np.concatenate([s, np.zeros(size - s.shape[0])])
             n = self.rank_n[name]
             self.rank_n[name] = np.concatenate([n, np.zeros(size - n.shape[0], np.int32)])
-        s[rank] += ms
-        self.rank_n[name][rank] += 1
+        return s, self.rank_n[name]
+
+    def add_rank(self, name: str, rank: int, ms: float) -> None:
+        arrays = self._arrays(name, rank)
+        if arrays is not None:
+            arrays[0][rank] += ms
+            arrays[1][rank] += 1
+
+    def add_ranks(self, name: str, ranks: np.ndarray, ms: np.ndarray) -> None:
+        """`add_rank` for a run of lines (ranks below MAX_RANK)."""
+        arrays = self._arrays(name, int(ranks.max()))
+        if arrays is not None:
+            np.add.at(arrays[0], ranks, ms)
+            np.add.at(arrays[1], ranks, 1)
 
     def add_min_max(self, name: str, lo: float | None, hi: float) -> None:
         v = self.mm.get(name)
@@ -115,6 +132,7 @@ class TimerBlocks:
         self._segment = 0
         self._sums: _Sums | None = None  # where this block's entries go (None: not yet known)
         self._name: str | None = None  # `all`: the timer whose rank lines follow
+        self._runs: dict[bytes, re.Pattern[bytes]] = {}  # line prefix -> its rank-run regex
 
     def start(self, option: str, segment: int) -> None:
         self._block_option, self.open = option, True
@@ -135,6 +153,38 @@ class TimerBlocks:
             self._sums = self._warm if first else self._steady
             self._sums.blocks += 1
         return self._sums
+
+    def rank_run(self, data: bytes, pos: int, end: int) -> int:
+        """Read the rank lines of an `all` block's timer from pos in one go (a 1,024-rank block
+        is 3,000 of them per logged iteration); returns where they stop. pos when there are
+        none, or when one names a rank of MAX_RANK or more: the lines are then read one by
+        one, which ends the block there. The run is every following line with the first one's
+        prefix (one rank prints the block, so one launcher label) and Megatron's shape, checked
+        by one regex; its numbers are then cut out with split and read by numpy."""
+        if self._block_option != "all" or self._name is None:
+            return pos
+        q = data.find(b"rank ", pos, min(end, pos + 64))
+        if q < 0:
+            return pos
+        prefix = data[pos:q]
+        run = self._runs.get(prefix)
+        if run is None:
+            if len(self._runs) >= 8 or not _PREFIX_RE.fullmatch(prefix):
+                return pos
+            run = self._runs[prefix] = re.compile(
+                rb"(?:" + re.escape(prefix) + rb"rank +\d{1,7}: " + _MS + rb"[ \t]*\r?\n)+")
+        m = run.match(data, pos, end)
+        if m is None:
+            return pos
+        toks = data[pos:m.end()].split()
+        k = len(prefix.split())
+        ranks = np.array(b" ".join(toks[k + 1::k + 3]).replace(b":", b"").split(), dtype=np.int64)
+        if ranks.max() >= MAX_RANK:
+            return pos
+        if not self._name.startswith("save-checkpoint") and (t := self._target()):
+            t.add_ranks(self._name, ranks,
+                        np.fromstring(b" ".join(toks[k + 2::k + 3]), dtype=np.float64, sep=" "))
+        return m.end() if self.open else pos
 
     def line(self, data: bytes, pos: int, nl: int) -> bool:
         """Read data[pos:nl] as a line of the open block; False when it is not one (the block
