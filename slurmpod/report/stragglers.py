@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slurmpod.accounting.timerblocks import COMPUTE_TIMERS
+
 if TYPE_CHECKING:
     from slurmpod.accounting.logrecords import RankTimers
 
@@ -50,7 +52,7 @@ MIN_STAGE_RANKS = 3
 # Nodes named in the phrase; the rest are counted.
 _PHRASE_NODES = 3
 
-_COMPUTE = ("forward-compute", "backward-compute")
+_COMPUTE = COMPUTE_TIMERS  # the timers a spool record keeps per rank
 _WORDS = {"forward-compute": "forward compute", "backward-compute": "backward compute"}
 
 
