@@ -51,6 +51,13 @@ def flag_for(dest: str) -> str:
     return special or "--" + dest.lstrip("-").replace("_", "-")
 
 
+# Run-spec keys that name what Megatron computes rather than an argument it takes: the
+# `[megatron]` key (the name in Megatron's arguments dump) -> the argument that sets it.
+# `virtual_pipeline_model_parallel_size` has no flag in core_r0.12 .. main; validate_args sets
+# it from --num-virtual-stages-per-pipeline-rank (megatron/training/arguments.py).
+RENDERED_AS = {"virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank"}
+
+
 def unknown_key_warnings(keys: Iterable[str], release: str, file: str) -> list[str]:
     """One line per `[megatron]` key that `release` has no argument for, with the nearest
     name: a typo would otherwise reach the trainer, which rejects it only once the job runs."""
@@ -58,7 +65,7 @@ def unknown_key_warnings(keys: Iterable[str], release: str, file: str) -> list[s
     aliases = _data()["aliases"]
     out = []
     for key in keys:
-        if key in known or key in aliases:
+        if key in known or key in aliases or key in RENDERED_AS:
             continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -54,17 +54,35 @@ def _scalar(value: Any, key: str) -> str:
                       "boolean or a list of those", key=f"megatron.{key}")
 
 
+def _as_arguments(args: Mapping[str, Any], rendered_as: Mapping[str, str]) -> dict[str, Any]:
+    """The table with each dump-only key under the argument that sets it, in place; left out
+    where the table already states it that way (or as layers per virtual stage), or where a
+    `pipeline_model_parallel_layout` decides the virtual stages (Megatron takes those from the
+    layout and refuses a second source)."""
+    vpp_set = any(args.get(k) is not None for k in (
+        "num_virtual_stages_per_pipeline_rank", "num_layers_per_virtual_pipeline_stage",
+        "pipeline_model_parallel_layout"))
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        arg = rendered_as.get(key)
+        if arg is None:
+            out[key] = value
+        elif not vpp_set:
+            out[arg] = value
+    return out
+
+
 def megatron_argv(args: Mapping[str, Any]) -> list[str]:
     """`[megatron]` table -> Megatron command-line arguments, in the table's order.
 
     Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
     lists become nargs='+' values, None is left out, everything else is one value.
     """
-    from slurmpod.megatron.argnames import store_false_flags  # lazy: start-up
+    from slurmpod.megatron.argnames import RENDERED_AS, store_false_flags  # lazy: start-up
 
     store_false = store_false_flags()
     out: list[str] = []
-    for key, value in args.items():
+    for key, value in _as_arguments(args, RENDERED_AS).items():
         if value is None:
             continue
         if isinstance(value, bool):

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--context-parallel-size", type=int, default=1)
     a("--expert-model-parallel-size", type=int, default=1)
     a("--virtual-pipeline-model-parallel-size", type=int, default=None)
+    a("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     a("--sequence-parallel", action="store_true")
     a("--use-distributed-optimizer", action="store_true")
     a("--bf16", action="store_true")
@@ -147,6 +148,8 @@ def finish_args(args: argparse.Namespace, dist: Dist) -> argparse.Namespace:
     if dist.world_size % model_parallel:
         raise SystemExit(f"world size ({dist.world_size}) is not divisible by tensor ({tp}) x "
                          f"pipeline ({pp}) x context ({cp}) parallel size")
+    if args.num_virtual_stages_per_pipeline_rank is not None:  # as Megatron's validate_args
+        args.virtual_pipeline_model_parallel_size = args.num_virtual_stages_per_pipeline_rank
     args.world_size = dist.world_size
     args.rank = dist.rank
     args.data_parallel_size = dist.world_size // model_parallel

@@ -310,6 +310,39 @@ def test_megatron_argv_flags_lists_store_false_and_passthrough() -> None:
                     "0.0003", "--data-path", "1.0", "a b", "--my-new-arg", "x"]
 
 
+@pytest.mark.parametrize(("table", "want"), [
+    # Megatron (core_r0.12 .. main) has no --virtual-pipeline-model-parallel-size: validate_args
+    # sets that dest from --num-virtual-stages-per-pipeline-rank.
+    ({"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 5},
+     ["--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "5"]),
+    # Stated Megatron's way already: nothing added.
+    ({"virtual_pipeline_model_parallel_size": 5, "num_layers_per_virtual_pipeline_stage": 2},
+     ["--num-layers-per-virtual-pipeline-stage", "2"]),
+    # A layout decides the virtual stages; a second source would be refused.
+    ({"virtual_pipeline_model_parallel_size": 2, "pipeline_model_parallel_layout": "Et|t|tL"},
+     ["--pipeline-model-parallel-layout", "Et|t|tL"]),
+])
+def test_the_virtual_pipeline_size_renders_as_an_argument_megatron_takes(
+        table: dict[str, Any], want: list[str]) -> None:
+    from slurmpod.megatron.argnames import names
+
+    argv = launch.megatron_argv(table)
+    assert argv == want
+    for release in ("core_r0.14", "main"):  # the default release and main
+        assert {a[2:].replace("-", "_") for a in argv if a.startswith("--")} <= names(release)
+
+
+def test_the_emulator_reads_the_rendered_virtual_stages_as_megatron_does() -> None:
+    from slurmpod.sandbox.workload import megatron_emu as emu
+
+    argv = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--train-iters", "1", "--pipeline-model-parallel-size", "2",
+            *launch.megatron_argv({"virtual_pipeline_model_parallel_size": 2})]
+    args, unknown = emu.build_parser().parse_known_args(argv)
+    args = emu.finish_args(args, emu.Dist(0, 2, 0, "1", "0"))
+    assert not unknown and args.virtual_pipeline_model_parallel_size == 2
+
+
 def test_user_checkpoint_args_win_and_derived_added() -> None:
     ctx = build_context(run_spec(save="/mine"), sandbox(), facts(2),
                         RenderOptions(run_dir="/r"))
