@@ -103,7 +103,8 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
     out.append(f"  memory     weights+grads+optimizer {_gib(p.weight_and_optimizer_bytes_per_gpu)}"
                f" + activations {_gib(p.activation_bytes_per_gpu)} = "
                f"{_gib(p.total_bytes_per_gpu)} per GPU of {_gib(p.usable_bytes_per_gpu)} usable "
-               f"({_gib(p.hbm_bytes_per_gpu)} HBM, 10% headroom): {verdict}")
+               f"({_gib(p.hbm_bytes_per_gpu)} HBM less a "
+               f"{_gib(p.hbm_bytes_per_gpu - p.usable_bytes_per_gpu)} runtime reserve): {verdict}")
     ideal = p.ideal_seconds_per_iteration
     out.append(f"  peak       {_si(p.peak_pflops_job * 1e15)}FLOP/s for the job "
                f"({p.peak_tflops_per_gpu:g} TFLOP/s per GPU)"

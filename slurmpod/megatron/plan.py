@@ -293,7 +293,8 @@ def _memory_error(c: ModelConfig, n_nodes: int, shape: SiteShape, sa: _SiteArray
                 "" if c.use_distributed_optimizer else " with use_distributed_optimizer = true")
     return with_fix(
         f"memory: {need:.1f} GiB per GPU exceeds the {usable / GIB:.1f} GiB usable of "
-        f"{sa.hbm_gib:g} GiB {sa.gpu_model} ({1 - usable / (sa.hbm_gib * GIB):.0%} headroom)",
+        f"{sa.hbm_gib:g} GiB {sa.gpu_model} (less a {sa.hbm_gib - usable / GIB:.1f} GiB runtime "
+        "reserve)",
         fit_fix, "use more nodes, the distributed optimizer or full recompute")
 
 
