@@ -342,7 +342,7 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
         productive_s=f.productive_s, lost_s=f.lost_s, lost_iters=f.lost_iters, wall_s=wall,
         allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=f.series,
-        rank_timers=for_record(summary.rank_timers))
+        rank_timers=for_record(summary.rank_timers, n_gpus))
 
 
 def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,

@@ -35,6 +35,10 @@ MARKER = b"across ranks (ms):"
 COMPUTE_TIMERS = ("forward-compute", "backward-compute")
 MAX_TIMERS = 64
 MAX_RANK = 1 << 20
+# Per-rank cells (timer x rank) one set of sums may hold, 12 bytes each: every timer of a
+# 16,384-rank job with 64 timers; a log naming rank 2^20 - 1 under many timers (job text)
+# fills it with the first and the later ones are not kept per rank, instead of costing GBs.
+MAX_CELLS = 1 << 20
 
 _HEADER = re.compile(rb"(\(min, max\) time|max time|times) across ranks \(ms\):[ \t]*$")
 _OPTION = {b"(min, max) time": "minmax", b"max time": "max", b"times": "all"}
@@ -65,18 +69,25 @@ class _Sums:
         self.rank_sum: dict[str, np.ndarray] = {}
         self.rank_n: dict[str, np.ndarray] = {}
         self.mm: dict[str, list[float]] = {}  # timer -> [sum of min, sum of max, n, n with min]
+        self.cells = 0  # per-rank cells held (MAX_CELLS)
 
     def _arrays(self, name: str, top: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The timer's per-rank sums and counts, grown to hold rank `top`; None for a timer
         past MAX_TIMERS."""
         s = self.rank_sum.get(name)
         if s is None:
-            if len(self.rank_sum) >= MAX_TIMERS:
+            if len(self.rank_sum) >= MAX_TIMERS or self.cells + 64 > MAX_CELLS:
                 return None
             s = self.rank_sum[name] = np.zeros(64)
             self.rank_n[name] = np.zeros(64, dtype=np.int32)
+            self.cells += 64
         if top >= s.shape[0]:
             size = max(top + 1, 2 * s.shape[0])
+            if self.cells + size - s.shape[0] > MAX_CELLS:
+                size = top + 1  # no doubling near the budget
+                if self.cells + size - s.shape[0] > MAX_CELLS:
+                    return None
+            self.cells += size - s.shape[0]
             self.rank_sum[name] = s = np.concatenate([s, np.zeros(size - s.shape[0])])
             n = self.rank_n[name]
             self.rank_n[name] = np.concatenate([n, np.zeros(size - n.shape[0], np.int32)])
@@ -226,13 +237,13 @@ class TimerBlocks:
         return sums.freeze(self.option) if sums.blocks else None
 
 
-def for_record(t: RankTimers | None) -> RankTimers | None:
-    """What a spool record keeps: every timer's min/max, and per rank only `COMPUTE_TIMERS`,
-    to 0.01 ms as Megatron prints them (a 16,384-rank job: ~0.5 MB, not one entry per timer
-    and rank)."""
+def for_record(t: RankTimers | None, world: int) -> RankTimers | None:
+    """What a spool record keeps: every timer's min/max, and per rank only `COMPUTE_TIMERS`
+    of the ranks below `world` (the job's GPUs as Slurm counts them: the log may name any
+    rank), to 0.01 ms as Megatron prints them (a 16,384-rank job: ~0.5 MB)."""
     if t is None:
         return None
-    per_rank = {k: {r: round(v, 2) for r, v in t.per_rank[k].items()}
+    per_rank = {k: {r: round(v, 2) for r, v in t.per_rank[k].items() if r < world}
                 for k in COMPUTE_TIMERS if k in t.per_rank}
     min_max = {k: (None if lo is None else round(lo, 2), round(hi, 2))
                for k, (lo, hi) in t.min_max.items()}

@@ -12,7 +12,7 @@ import pytest
 
 from slurmpod.accounting.logparse import LogParser, parse_log
 from slurmpod.accounting.logrecords import RankTimers
-from slurmpod.accounting.timerblocks import MAX_TIMERS
+from slurmpod.accounting.timerblocks import MAX_CELLS, MAX_TIMERS, TimerBlocks
 
 
 def iteration(i: int, n: int = 100) -> str:
@@ -193,3 +193,31 @@ def test_save_blocks_fix_no_option() -> None:
     t = parse(log)
     assert t is not None and t.option == "all"
     assert t.per_rank == {"forward-compute": {0: 20.0, 1: 21.0}}
+
+
+def test_a_log_naming_the_highest_rank_under_every_timer_stays_within_its_budget() -> None:
+    """Job text: 64 timers at rank 2^20 - 1 would be 64 x 12 MB of per-rank sums."""
+    block = "times across ranks (ms):\n" + "".join(
+        f"  timer-{k}:\n     rank 1048575: 5.00\n     rank  0: 1.00\n" for k in range(64))
+    p = LogParser()
+    p.feed((iteration(1) + block + iteration(2) + block).encode())
+    s = p.close()
+    t = s.rank_timers
+    assert t is not None and 1 <= len(t.per_rank) < 64
+    assert t.per_rank["timer-0"][1048575] == 5.0
+    sums = p._timers._steady  # the parser's own sums: the budget holds
+    assert sums.cells <= MAX_CELLS
+    assert sum(a.shape[0] for a in sums.rank_sum.values()) == sums.cells
+    assert isinstance(p._timers, TimerBlocks)
+
+
+def test_the_record_keeps_the_compute_timers_of_slurms_ranks_only() -> None:
+    from slurmpod.accounting.timerblocks import for_record
+
+    t = RankTimers("all", 2, {"forward-compute": {0: 1.234, 7: 2.0, 500: 9.0},
+                              "backward-compute": {0: 3.0}, "optimizer": {0: 4.0}},
+                   {"forward-backward": (1.0, 2.0)})
+    kept = for_record(t, 8)
+    assert kept is not None
+    assert kept.per_rank == {"forward-compute": {0: 1.23, 7: 2.0}, "backward-compute": {0: 3.0}}
+    assert kept.min_max == {"forward-backward": (1.0, 2.0)}
