@@ -19,6 +19,7 @@ from pathlib import Path
 from slurmpod.config import load_site, resolve_site_path
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
 from slurmpod.perf.calibrate import (
+    LayoutRank,
     error_stats,
     evaluate,
     layout_rank,
@@ -36,7 +37,7 @@ REPORT = ROOT / "tests" / "data" / "perf" / "validation.md"
 RECIPES = ROOT / "tests" / "data" / "recipes"
 
 
-def _recipe_file_rank(path: Path, points: list) -> tuple[int | None, int, str]:
+def _recipe_file_rank(path: Path, points: list) -> LayoutRank:
     """Rank of a recipe file's layout on its own GPU (from the file name) and node count."""
     gpu = "gb200" if "gb200" in path.stem else "h100"
     hw = next(p.hardware for p in points if p.hardware and p.hardware.gpu_model == gpu)
@@ -45,6 +46,13 @@ def _recipe_file_rank(path: Path, points: list) -> tuple[int | None, int, str]:
     world = run.job.nodes * hw.gpus_per_node
     return layout_rank(c, world, hw, FITTED[hw.generation],
                        RunOptions.from_args(run.megatron.values()), usable_bytes(c, world, hw))
+
+
+def _rank_words(r: LayoutRank) -> str:
+    if not r.rank:
+        return r.why
+    gap = (r.vs_fastest or 1.0) - 1
+    return f"rank {r.rank} of {r.candidates}, predicted {gap:+.1%} vs the fastest"
 
 
 def main() -> None:
@@ -81,12 +89,10 @@ def main() -> None:
     for p in points:
         if p.role == "excluded" or p.is_moe or p.source == "narayanan2021":
             continue
-        rank, n, why = recipe_rank(p)
-        print(f"  {p.id:<40} " + (f"rank {rank} of {n}" if rank else why))
+        print(f"  {p.id:<40} " + _rank_words(recipe_rank(p)))
     print("\nsearch rank of each recipe in tests/data/recipes (its own settings):")
     for path in sorted(RECIPES.glob("*.toml")):
-        rank, n, why = _recipe_file_rank(path, points)
-        print(f"  {path.stem:<40} " + (f"rank {rank} of {n}" if rank else why))
+        print(f"  {path.stem:<40} " + _rank_words(_recipe_file_rank(path, points)))
     if args.write:
         REPORT.write_text("# Performance model: published points, predicted, error\n\n"
                           "Written by `benchmarks/plan_search.py --write`; checked by "

@@ -201,7 +201,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size}
-            data["candidates"] = [cand.to_json() for cand in candidates]
+            data["candidates"] = _candidates_json(candidates)
         emit_json(data)
     else:
         text = render_summary(result, source)
@@ -248,21 +248,43 @@ def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, predicti
     return out
 
 
+def _vs_fastest(candidates: list[Any]) -> list[float]:
+    """Each candidate's predicted step over the fastest's (the list is sorted)."""
+    fastest = candidates[0].prediction.step_time_s if candidates else 1.0
+    return [c.prediction.step_time_s / fastest for c in candidates]
+
+
+def _candidates_json(candidates: list[Any]) -> list[dict[str, Any]]:
+    from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
+
+    return [c.to_json() | {"vs_fastest": round(r, 4),
+                           "within_model_error": r <= 1 + WITHIN_MODEL_ERROR}
+            for c, r in zip(candidates, _vs_fastest(candidates), strict=True)]
+
+
 def _render_candidates(candidates: list[Any], evaluated: int) -> str:
+    from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
     rows = []
-    for i, cand in enumerate(candidates, 1):
+    ratios = _vs_fastest(candidates)
+    for i, (cand, r) in enumerate(zip(candidates, ratios, strict=True), 1):
         lay, p = cand.layout(), cand.prediction
         rows.append([i, lay["tensor_model_parallel_size"], lay["context_parallel_size"],
                      lay["pipeline_model_parallel_size"],
                      lay["virtual_pipeline_model_parallel_size"] or "-",
                      lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
                      cand.config.micro_batch_size, cand.config.recompute_granularity,
-                     _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{p.mfu:.1%}"])
+                     _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
+                     f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"]
     out.extend("  " + line for line in table(
         ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
-         "step s", "MFU"], rows).splitlines())
+         "step s", "vs best", "MFU"], rows).splitlines())
+    close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
+    if close > 1:
+        out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "
+                   "model's error on published runs cannot order them (docs/perf-model.md); a "
+                   "short trial run can")
     return "\n".join(out)
 
 

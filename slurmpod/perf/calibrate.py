@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmpod.errors import SlurmpodError
 from slurmpod.megatron.memory import GIB, peak_memory, runtime_reserve
@@ -395,8 +395,18 @@ def usable_bytes(c: ModelConfig, world: int, hw: Hardware) -> float:
     return (hbm_gib - reserve.total_gib) * GIB
 
 
-def recipe_rank(p: Point) -> tuple[int | None, int, str]:
-    """Where the search ranks the published layout of `p`: (rank or None, candidates, why)."""
+class LayoutRank(NamedTuple):
+    """Where the search ranks a layout: its rank (None: not a fitting candidate), the number of
+    candidates, why it is not one, and its predicted step over the fastest candidate's."""
+
+    rank: int | None
+    candidates: int
+    why: str
+    vs_fastest: float | None = None
+
+
+def recipe_rank(p: Point) -> LayoutRank:
+    """Where the search ranks the published layout of `p` (`LayoutRank`)."""
 
     assert p.config is not None and p.hardware is not None
     return layout_rank(p.config, p.gpus, p.hardware, FITTED[p.generation], p.opts,
@@ -404,24 +414,26 @@ def recipe_rank(p: Point) -> tuple[int | None, int, str]:
 
 
 def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions,
-                usable_bytes: float) -> tuple[int | None, int, str]:
+                usable_bytes: float) -> LayoutRank:
     """Where the search ranks `c`'s own layout (TP, CP, PP, VPP, EP, micro-batch) among every
-    fitting candidate: (rank or None, candidates, why not)."""
+    fitting candidate (`LayoutRank`)."""
     from slurmpod.perf.search import search  # lazy: start-up
 
     cands, _ = search(c, world, hw, usable_bytes, eff, opts, top=None)
     if not cands or not cands[0].fits:
-        return None, 0, "nothing fits"
+        return LayoutRank(None, 0, "nothing fits")
     want = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.micro_batch_size)
+    fastest = cands[0].prediction.step_time_s
     for i, cand in enumerate(cands, 1):
         k = cand.config
         if (k.tp, k.cp, k.pp, k.vpp, k.ep, k.micro_batch_size) == want:
-            return i, len(cands), ""
+            return LayoutRank(i, len(cands), "", cand.prediction.step_time_s / fastest)
     need = peak_memory(c, world).bytes_per_gpu
     if need > usable_bytes:
-        return None, len(cands), (f"the recipe as published needs {need / 1024**3:.1f} GiB "
-                                  f"per GPU, above {usable_bytes / 1024**3:.1f} usable")
-    return None, len(cands), "not a fitting candidate (layout rule)"
+        return LayoutRank(None, len(cands), (
+            f"the recipe as published needs {need / 1024**3:.1f} GiB per GPU, above "
+            f"{usable_bytes / 1024**3:.1f} usable"))
+    return LayoutRank(None, len(cands), "not a fitting candidate (layout rule)")
 
 
 def markdown_table(points: Sequence[Point], results: Sequence[Result]) -> str:

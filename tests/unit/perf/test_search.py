@@ -85,6 +85,12 @@ def test_plan_json_has_prediction_and_search_candidates(tmp_path: Path) -> None:
     assert set(cands[0]["layout"]) == set(data["layout"])
     assert cands[0]["fits"] and cands[0]["prediction"]["step_time_s"] <= \
         cands[1]["prediction"]["step_time_s"]
+    # How far each is from the fastest, and whether the model's error can order them.
+    assert cands[0]["vs_fastest"] == 1.0 and cands[0]["within_model_error"] is True
+    for c in cands[1:]:
+        want = c["prediction"]["step_time_s"] / cands[0]["prediction"]["step_time_s"]
+        assert abs(c["vs_fastest"] - want) < 1e-4
+        assert c["within_model_error"] == (c["vs_fastest"] <= 1.10)
     # The written spec is the fastest candidate, and it plans as predicted.
     r2 = slurmpod("plan", str(out), "--json")
     assert r2.returncode == 0, r2.stderr
@@ -93,6 +99,15 @@ def test_plan_json_has_prediction_and_search_candidates(tmp_path: Path) -> None:
     assert again["micro_batch_size"] == cands[0]["micro_batch_size"]
     assert abs(again["prediction"]["step_time_s"] - cands[0]["prediction"]["step_time_s"]) \
         < 1e-6 * again["prediction"]["step_time_s"]
+
+
+def test_search_text_says_which_candidates_the_model_cannot_order() -> None:
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--top", "4")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.strip().startswith("#  TP"))
+    assert "vs best" in lines[head] and "+0.0%" in lines[head + 2]
+    assert any("within 10% of the fastest" in x and "cannot order them" in x for x in lines)
 
 
 def test_plan_text_prints_the_prediction() -> None:
