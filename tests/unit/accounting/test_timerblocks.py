@@ -221,3 +221,24 @@ def test_the_record_keeps_the_compute_timers_of_slurms_ranks_only() -> None:
     assert kept is not None
     assert kept.per_rank == {"forward-compute": {0: 1.23, 7: 2.0}, "backward-compute": {0: 3.0}}
     assert kept.min_max == {"forward-backward": (1.0, 2.0)}
+
+
+def test_a_logger_prefix_on_the_header_is_read() -> None:
+    """Megatron core logs the block through `logging` (timers.py `logger.info`): a formatter
+    may prefix the header line; the entries of the same message follow unprefixed."""
+    head = "[2025-06-01 10:00:01,123] [INFO] [megatron.core.timers] "
+    log = iteration(1) + head + minmax({"forward-backward": (900.0, 950.0)})
+    log += iteration(2) + head + minmax({"forward-backward": (1000.0, 1100.0)})
+    t = parse(log)
+    assert t is not None and t.min_max == {"forward-backward": (1000.0, 1100.0)}
+
+
+def test_the_one_line_timer_form_of_older_releases_is_not_a_block() -> None:
+    """Megatron-LM before the 2022 Timers rewrite, and Megatron-DeepSpeed, print one rank's
+    times on one line (` time (ms) | forward-compute: 1.23 | ...`): nothing per rank or across
+    ranks to read, and the iteration lines around it are untouched."""
+    log = iteration(1) + " time (ms) | forward-compute: 1700.12 | backward-compute: 3400.50\n"
+    log += iteration(2) + " time (ms) | forward-compute: 1701.00 | backward-compute: 3401.00\n"
+    s = parse_log(io.BytesIO(log.encode()))
+    assert s.rank_timers is None and s.iterations.iteration.tolist() == [1, 2]
+    assert s.n_rejected == 0
