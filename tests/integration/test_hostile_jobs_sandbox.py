@@ -19,7 +19,10 @@ import pytest
 from slurmpod.model.comment import decode_field, validate_admin_comment
 from tests.helpers import wait_for
 
-ITER_MS = 2000.0
+# Each iteration line claims 100 ms and the job sleeps 200 ms before it, so the log's claimed
+# training time (1.6 s) stays below any allocation Slurm can record for the job (its whole
+# seconds: >= 3 s): only the value a test forges is implausible, never the goodput.
+ITER_MS = 100.0
 ITERS = 16
 
 
@@ -32,12 +35,13 @@ def site_peak(sandbox: Any) -> float:
 
 
 def log_script(tail: str = "") -> str:
-    """A job that prints Megatron iteration lines of 2 s each, then runs `tail`."""
+    """A job that prints Megatron iteration lines of ITER_MS each, then runs `tail`."""
     line = (" iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): "
             f"{ITER_MS:.1f} | learning rate: 1.0E-05 | global batch size:     8 | lm loss: "
             "2.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 | number of nan "
             "iterations:   0 |\\n")
-    return (f"for i in $(seq 1 {ITERS}); do printf '{line}' $i {ITERS} $((i*8)); done; "
+    return (f"for i in $(seq 1 {ITERS}); do sleep {2 * ITER_MS / 1000:g}; "
+            f"printf '{line}' $i {ITERS} $((i*8)); done; "
             f"{tail}")
 
 
@@ -58,7 +62,8 @@ def forged(flops_per_iter: float) -> str:
 
 
 def honest_flops(sandbox: Any, mfu: float) -> float:
-    """FLOPs per iteration that make `mfu` on 8 GPUs at 2 s per iteration with the site peak."""
+    """FLOPs per iteration that make `mfu` on 8 GPUs at ITER_MS per iteration with the site
+    peak."""
     return mfu * site_peak(sandbox) * 1e12 * 8 * ITER_MS / 1000.0
 
 
