@@ -24,7 +24,9 @@ What is understood, by Megatron-LM release:
   `successfully loaded checkpoint ... at iteration N`, timestamped or not), the timer line
   `save-checkpoint ....: (min, max)`, `progress.txt` lines (tab-separated, `Job ID:`), and
   the timer blocks of `--timing-log-level 1|2` in each `--timing-log-option` shape, averaged
-  per rank into `LogSummary.rank_timers` (`timerblocks`).
+  per rank into `LogSummary.rank_timers` (`timerblocks`), and the memory reports
+  `[Rank R] (...) memory (MB) | allocated: ...`, per-rank maxima in `LogSummary.memory`
+  (`memreport`).
 - restarts within one log (requeue with `--open-mode=append`, an auto-resume loop): a second
   arguments dump, or an iteration number that does not increase, opens a new `Segment`.
 - `srun --label` rank prefixes (`0: `) and other text before a line's payload.
@@ -77,6 +79,8 @@ from slurmpod.accounting.logrecords import (
     minute_base,
     parse_timestamp,
 )
+from slurmpod.accounting.memreport import MARKER as MEMORY_MARKER
+from slurmpod.accounting.memreport import MemoryReports
 from slurmpod.accounting.timerblocks import MARKER as TIMER_MARKER
 from slurmpod.accounting.timerblocks import TimerBlocks, header_option
 from slurmpod.megatron.args import parse_arguments_dump
@@ -95,7 +99,7 @@ CHUNK_BYTES = 1 << 20
 _MARK_ITER = b"elapsed time per iteration ("
 _MARK_NEMO = b"train_step_timing in s"
 _MARKERS = (_MARK_ITER, _MARK_NEMO, b" arguments ---", b"] datetime: ", b" checkpoint ", b"\t",
-            TIMER_MARKER)
+            TIMER_MARKER, MEMORY_MARKER)
 
 _ITER_HDR = re.compile(rb"iteration\s+(\d{1,12})\s*/\s*(\d{1,12})\s*\|")
 _TS_RE = rb"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?)"
@@ -457,6 +461,7 @@ class LogParser:
         self._base = 0  # stream offset of the next byte fed
         self._want_timer = False
         self._timers = TimerBlocks()  # Megatron's per-rank timer blocks
+        self._memory = MemoryReports()  # Megatron's per-rank memory reports
         self._want_vocab = False  # after a dump without padded_vocab_size, until training starts
         self._n_rejected = 0
         self._n_duplicates = 0
@@ -862,6 +867,8 @@ class LogParser:
         elif TIMER_MARKER in line and (option := header_option(line)):
             self._timers.start(option, self._segs[-1].index)
             return self._timer_lines(data, nl + 1, end)
+        elif MEMORY_MARKER in line:  # before checkpoint lines: "(before save_checkpoint ...)"
+            self._memory.add(line)
         elif b"] datetime: " in line:  # before checkpoint lines: a marker label may say anything
             self._datetime_line(line, base + ls, data, ls)
         elif b" checkpoint " in line:
@@ -1204,7 +1211,7 @@ class LogParser:
             n_bytes=self._base, n_rejected=self._n_rejected,
             n_duplicates=self._n_duplicates, first_time_s=self._first_time,
             last_time_s=self._last_time, complete=self._closed,
-            rank_timers=self._timers.freeze())
+            rank_timers=self._timers.freeze(), memory=self._memory.freeze())
 
 
 def parse_log(source: IO[bytes] | Iterable[bytes | str],

@@ -462,6 +462,38 @@ class RankTimers:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryPeaks:
+    """Megatron's GPU memory reports (`accounting.memreport`), per rank the maxima in MiB:
+    rank -> (max allocated, max reserved, total device memory used or None)."""
+
+    per_rank: Mapping[int, tuple[float, float, float | None]]
+
+    def for_record(self, n_gpus: int | None) -> dict[str, Any] | None:
+        """What a job's record keeps: the figures of the rank that held the most (device memory
+        used where every rank printed it, else PyTorch's reserved), only of ranks Slurm gave
+        the job (`n_gpus`; None: all). `cached_mib` is PyTorch's cache and fragmentation
+        (reserved - allocated), `outside_torch_mib` what the process held beyond PyTorch's
+        allocator (device used - reserved: CUDA context, NCCL buffers), both on that rank."""
+        ranks = {r: v for r, v in self.per_rank.items() if n_gpus is None or r < n_gpus}
+        if not ranks:
+            return None
+        with_used = all(v[2] is not None for v in ranks.values())
+
+        def held(item: tuple[int, tuple[float, float, float | None]]) -> tuple[float, int]:
+            rank, (_, reserved, used) = item
+            return (used if with_used and used is not None else reserved, -rank)
+
+        rank, (alloc, reserved, used) = max(ranks.items(), key=held)
+        if not with_used:
+            used = None
+        return {"ranks": len(ranks), "rank": rank, "max_allocated_mib": alloc,
+                "max_reserved_mib": reserved, "device_used_mib": used,
+                "cached_mib": reserved - alloc,
+                "outside_torch_mib": None if used is None else max(0.0, used - reserved),
+                "peak_allocated_mib": max(v[0] for v in ranks.values())}
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressEntry:
     """A `progress.txt` line (megatron/training/training.py `append_to_progress_log`)."""
 
@@ -489,6 +521,7 @@ class LogSummary:
     last_time_s: float | None
     complete: bool  # close() was called: the whole input is in
     rank_timers: RankTimers | None = None  # Megatron's timer blocks, when the log has them
+    memory: MemoryPeaks | None = None  # Megatron's memory reports, when the log has them
 
     @property
     def args(self) -> Mapping[str, Any] | None:
@@ -515,6 +548,7 @@ class LogSummary:
             "progress": [{k: getattr(p, k) for k in ProgressEntry.__slots__}
                          for p in self.progress],
             "rank_timers": self.rank_timers.to_json() if self.rank_timers else None,
+            "memory": self.memory.for_record(None) if self.memory else None,
         }
 
 

@@ -160,6 +160,9 @@ class JobMetrics:
     series: IterationSeries | None  # None: computed with series=False
     # Megatron's timer blocks, reduced to what the record keeps (timerblocks.for_record)
     rank_timers: RankTimers | None = None
+    # Megatron's memory reports: the figures of the rank that held the most
+    # (logrecords.MemoryPeaks.for_record)
+    memory: dict[str, Any] | None = None
 
     def headline(self) -> dict[str, Any]:
         """A few numbers for a job comment (compact, versioned)."""
@@ -342,7 +345,8 @@ def job_metrics(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: floa
         checkpoint_stalls=stalls, checkpoint_stall_s=float(sum(c.duration_s for c in stalls)),
         productive_s=f.productive_s, lost_s=f.lost_s, lost_iters=f.lost_iters, wall_s=wall,
         allocated_gpu_s=allocated_gpu_s, goodput=goodput, segments=seg_info, series=f.series,
-        rank_timers=for_record(summary.rank_timers, n_gpus))
+        rank_timers=for_record(summary.rank_timers, n_gpus),
+        memory=summary.memory.for_record(n_gpus) if summary.memory else None)
 
 
 def _full(summary: LogSummary, flops_fn: FlopsFn | None, peak_tflops: float, n_gpus: int,

@@ -140,9 +140,14 @@ def read_job(d: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     return act, ranks
 
 
-def trainer_bytes(trainer: Any) -> int:
-    """The emulator's arrays as GPU memory: dataset, targets, weights and gradient, plus one
-    micro-batch chunk's gathered inputs, targets, error and data gradient (float32)."""
+def trainer_arrays(trainer: Any) -> list[int]:
+    """The emulator's arrays as GPU memory, bytes each: dataset, targets, weights and gradient,
+    plus one micro-batch chunk's gathered inputs, targets, error and data gradient (float32)."""
     x, w = trainer.x, trainer.w
-    m = min(trainer.rows, x.shape[0])
-    return int(x.nbytes + trainer.y.nbytes + 2 * w.nbytes + 4 * m * w.shape[0] * w.itemsize)
+    chunk = min(trainer.rows, x.shape[0]) * w.shape[0] * w.itemsize
+    return [int(x.nbytes), int(trainer.y.nbytes), int(w.nbytes), int(w.nbytes)] + [chunk] * 4
+
+
+def trainer_bytes(trainer: Any) -> int:
+    """The emulator's arrays as GPU memory (`trainer_arrays`), in all."""
+    return sum(trainer_arrays(trainer))

@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     # rank's `forward-compute` and `backward-compute`, printed after each iteration line.
     a("--timing-log-level", type=int, default=0, choices=[0, 1, 2])
     a("--timing-log-option", default="minmax", choices=["max", "minmax", "all"])
+    # Megatron's memory report (report_memory): after the first logged iteration, and every
+    # --log-memory-interval; with --log-device-memory-used also the device memory in use.
+    a("--log-memory-interval", type=int, default=None)
+    a("--log-device-memory-used", action="store_true")
     a("--emu-peak-tflops", type=float, default=None, metavar="TFLOPS",
       help="peak of one emulated GPU to pace to (default: the emulated GPUs' peak in "
            "$SLURMPOD_SITE, which `slurmpod sandbox env` sets to the measured site)")
@@ -395,6 +399,36 @@ def iteration_line(it: int, args: argparse.Namespace, consumed: int, elapsed_s: 
     s += " number of skipped iterations:   0 |"
     s += " number of nan iterations:   0 |"
     return s
+
+
+# PyTorch's caching allocator rounds a large block (over 1 MiB) up to 2 MiB
+# (c10/cuda/CUDACachingAllocator.cpp kRoundLarge): what `reserved` adds to `allocated` here.
+_ROUND_LARGE = 2 << 20
+
+
+def memory_line(it: int, rank: int, arrays: list[int], args: argparse.Namespace) -> str:
+    """Megatron's report_memory line (main's two-decimal form) for the emulated GPU: its memory
+    is the emulator's arrays (`arrays`: their sizes in bytes; gpu_activity.trainer_bytes), as
+    PyTorch's allocator would reserve them, and with --log-device-memory-used the process's
+    resident memory beyond them (the emulated runtime: interpreter and libraries)."""
+    mb = 1024.0 * 1024.0
+    allocated = float(sum(arrays))
+    reserved = float(sum(-(-n // _ROUND_LARGE) * _ROUND_LARGE for n in arrays))
+    s = f"[Rank {rank}] (after {it} iterations) memory (MB)"
+    s += f" | allocated: {allocated / mb:.2f} | max allocated: {allocated / mb:.2f}"
+    s += f" | reserved: {reserved / mb:.2f} | max reserved: {reserved / mb:.2f}"
+    if args.log_device_memory_used:
+        s += f" | total device memory used: {(reserved + _rss_bytes()) / mb:.2f}"
+    return s
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def append_progress(save: Path, dist: Dist, text: str) -> None:
@@ -789,6 +823,7 @@ class _Run:
         self.busy_s = 0.0  # this interval's own compute (every rank's, in this stand-in)
         self.own_extra_ms = 0.0  # rank 0 as the slow rank: its extra this interval
         self.coll: Collective | None = None
+        self.memory_reported = False
 
     def loop(self, sig: _Signals, coll: Collective | None, min_s: float) -> int:
         args, trainer = self.args, self.trainer
@@ -839,6 +874,11 @@ class _Run:
               file=self.out, flush=True)
         if args.timing_log_level:
             print(self._timers(elapsed), file=self.out, end="", flush=True)
+        if not self.memory_reported or (args.log_memory_interval
+                                        and it % args.log_memory_interval == 0):
+            print(memory_line(it, self.dist.rank, gpu_activity.trainer_arrays(self.trainer),
+                              args), file=self.out, flush=True)
+            self.memory_reported = True
         self.interval_t0, self.interval_iters, self.losses = time.monotonic(), 0, []
         self.busy_s, self.own_extra_ms = 0.0, 0.0
         if self.coll is not None:

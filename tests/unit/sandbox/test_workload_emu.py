@@ -423,3 +423,25 @@ def test_a_slow_rank_joins_late_and_its_timers_show_it(tmp_path: Path) -> None:
     # Rank 0 waited for it: every iteration took at least the slow rank's extra (but the
     # first, whose line the slow rank sent while rank 0 was still starting up).
     assert min(s.iterations.elapsed_ms.tolist()[1:]) >= 150.0
+
+
+# -- Megatron's memory report ------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [False, True])
+def test_memory_reports_are_megatrons_and_the_log_parser_reads_them(device: bool) -> None:
+    """After the first logged iteration and every --log-memory-interval: the emulated GPU's
+    arrays as allocated, rounded to PyTorch's 2 MiB blocks as reserved, and with
+    --log-device-memory-used the process's resident memory beyond them."""
+    out, _ = run_emu([*TINY, "--train-iters", "6", "--log-memory-interval", "3"]
+                     + (["--log-device-memory-used"] if device else []))
+    lines = [ln for ln in out.splitlines() if " memory (MB) | " in ln]
+    assert [ln.split(")")[0] for ln in lines] == ["[Rank 0] (after 1 iterations",
+                                                 "[Rank 0] (after 3 iterations",
+                                                 "[Rank 0] (after 6 iterations"]
+    mem = parse_log(io.BytesIO(out.encode())).memory
+    assert mem is not None and set(mem.per_rank) == {0}
+    alloc, reserved, used = mem.per_rank[0]
+    assert 0 < alloc <= reserved < alloc + 8 * 2  # at most 2 MiB per array rounded up
+    assert (used is not None) == device
+    if used is not None:
+        assert used > reserved  # the interpreter and numpy are resident too
