@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,11 +26,12 @@ from slurmpod.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
 
+    from slurmpod.megatron.memory import MeasuredReserve
     from slurmpod.model.site import Site
     from slurmpod.perf.calibrate import Achieved
-    from slurmpod.perf.model import Hardware
+    from slurmpod.perf.model import Efficiency, Hardware
+    from slurmpod.perf.reserve import MemoryPoint
     from slurmpod.report.model import LogHints
     from slurmpod.report.sacct import SacctJob
 
@@ -80,29 +81,39 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
         raise UsageError(f"site {site.site.name} is built in; give --output or a site file "
                          "of your own")
     hw = hardware_from_site(site)
+    hbm_gib = site.node_types[site.su_groups[0].node_type].gpu.hbm_gib
     skipped: Counter[str] = Counter()
+    memory = _MemoryPoints(hw.gpu_model, hbm_gib)
     if since is not None:
         jobs = _from_accounting(since, user, account, partition, spool, site, hw.generation,
-                                skipped)
+                                skipped, memory)
     else:
-        jobs = _from_logs(logs, hw, warmup_iters, skipped)
-    if not jobs:
+        jobs = _from_logs(logs, hw, warmup_iters, skipped, memory)
+    if not jobs and not memory.points:
         _nothing_usable(since, skipped)
     base = FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
-    try:
-        eff, ratios = cal.fit_site(jobs, hw, base)
-    except ValueError:
-        skipped["no-prediction"] += len(jobs)
-        _nothing_usable(since, skipped)
-    skipped["no-prediction"] += len(jobs) - len(ratios)
+    eff: Efficiency | None = None
+    ratios: list[tuple[str, float]] = []
+    if jobs:
+        try:
+            eff, ratios = cal.fit_site(jobs, hw, base)
+        except ValueError:
+            if not memory.points:
+                skipped["no-prediction"] += len(jobs)
+                _nothing_usable(since, skipped)
+        skipped["no-prediction"] += len(jobs) - len(ratios)
     skipped = +skipped  # no zero counts
+    reserve = memory.fit()
     stored: Path | None = None
     if not dry_run:
         from slurmpod.fsutil import output_error  # lazy: start-up
 
         stored = output or cal.store_path(site_path)
         try:
-            cal.save(stored, hw.generation, eff, len(ratios))
+            if eff is not None:
+                cal.save(stored, hw.generation, eff, len(ratios))
+            if reserve is not None:
+                cal.save_reserve(stored, reserve)
         except OSError as exc:
             raise output_error(stored, exc) from None
     if skipped:
@@ -115,15 +126,67 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
                    "jobs": [{"job_id": job, "ratio": ratio} for job, ratio in ratios],
                    "skipped": dict(sorted(skipped.items())),
                    "before": {"gemm": base.gemm, "fp8": base.fp8},
-                   "after": {"gemm": eff.gemm, "fp8": eff.fp8},
+                   "after": None if eff is None else {"gemm": eff.gemm, "fp8": eff.fp8},
+                   "memory": memory.to_json(reserve),
                    "stored": None if stored is None else str(stored)})
         return
-    click.echo(f"{site.site.name} ({hw.gpu_model}, {hw.generation}): {len(ratios)} jobs; "
-               f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}")
-    for job, ratio in ratios:
-        click.echo(f"  {job}: predicted / achieved {ratio:.2f}")
+    if eff is not None:
+        click.echo(f"{site.site.name} ({hw.gpu_model}, {hw.generation}): {len(ratios)} jobs; "
+                   f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}")
+        for job, ratio in ratios:
+            click.echo(f"  {job}: predicted / achieved {ratio:.2f}")
+    if reserve is not None:
+        click.echo(memory.summary_line(reserve))
     if stored is not None:
         click.echo(f"stored {stored}")
+
+
+class _MemoryPoints:
+    """The jobs' memory reports as points of the reserve fit (perf.reserve), with skip counts."""
+
+    def __init__(self, gpu_model: str, hbm_gib: float) -> None:
+        self.gpu_model, self.hbm_gib = gpu_model, hbm_gib
+        self.points: list[MemoryPoint] = []
+        self.skipped: Counter[str] = Counter()
+
+    def add(self, job_id: str, memory: Any, gpu_model: str, hbm_gib: float) -> None:
+        from slurmpod.perf.reserve import memory_point  # lazy: start-up
+
+        got = memory_point(job_id, memory, gpu_model, hbm_gib, self.gpu_model)
+        if isinstance(got, str):
+            self.skipped[got] += 1
+        else:
+            self.points.append(got)
+
+    def fit(self) -> MeasuredReserve | None:
+        from slurmpod.perf.reserve import fit_reserve  # lazy: start-up
+
+        return fit_reserve(self.points) if self.points else None
+
+    def published_cache_gib(self) -> float:
+        from slurmpod.megatron import memory as mem  # lazy: start-up
+
+        fixed = (mem.NOT_VISIBLE_FRACTION * self.hbm_gib + mem.CUDA_CONTEXT_GIB
+                 + mem.CUBLAS_STREAMS * mem.CUBLAS_WORKSPACE_MIB[True] / 1024)
+        return mem.FRAGMENTATION_FRACTION * (self.hbm_gib - fixed)
+
+    def summary_line(self, r: MeasuredReserve) -> str:
+        outside = ("" if r.outside_torch_gib is None else
+                   f", outside PyTorch {r.outside_torch_gib:.2f} GiB over {r.jobs_outside} "
+                   "job(s) (published: context and workspaces 1.13 GiB + NCCL by layout)")
+        return (f"memory reserve on {r.gpu_model} ({r.hbm_gib:g} GiB), upper quartile of the "
+                f"jobs: PyTorch cache {r.cached_gib:.2f} GiB over {r.jobs} job(s) (published "
+                f"share {self.published_cache_gib():.2f} GiB){outside}")
+
+    def to_json(self, r: MeasuredReserve | None) -> dict[str, Any]:
+        return {"gpu": self.gpu_model, "hbm_gib": self.hbm_gib,
+                "jobs": [{"job_id": p.job_id, "max_allocated_gib": p.max_allocated_gib,
+                          "cached_gib": p.cached_gib, "outside_torch_gib": p.outside_torch_gib}
+                         for p in self.points],
+                "skipped": dict(sorted((+self.skipped).items())),
+                "cached_gib": None if r is None else r.cached_gib,
+                "outside_torch_gib": None if r is None else r.outside_torch_gib,
+                "published_cache_gib": round(self.published_cache_gib(), 3)}
 
 
 def _by_count(skipped: Counter[str]) -> list[tuple[str, int]]:
@@ -151,7 +214,7 @@ def _nothing_usable(since: str | None, skipped: Counter[str]) -> None:
 
 
 def _from_logs(logs: tuple[Path, ...], hw: Hardware, warmup_iters: int,
-               skipped: Counter[str]) -> list[Achieved]:
+               skipped: Counter[str], memory: _MemoryPoints) -> list[Achieved]:
     """Each log named on the command line: its arguments dump and steady median iteration."""
     from slurmpod.accounting.logparse import parse_log  # lazy: start-up
     from slurmpod.accounting.metrics import job_metrics  # lazy: start-up
@@ -164,6 +227,9 @@ def _from_logs(logs: tuple[Path, ...], hw: Hardware, warmup_iters: int,
     for log in logs:
         with log.open("rb") as f:
             summary = parse_log(f)
+        if summary.memory is not None:  # the site's GPU: a log names no nodes
+            memory.add(log.name, summary.memory.for_record(None), memory.gpu_model,
+                       memory.hbm_gib)
         args = summary.args
         if args is None or not summary.iterations:
             # A few files the user named: each one is worth its own line.
@@ -191,7 +257,7 @@ def _from_logs(logs: tuple[Path, ...], hw: Hardware, warmup_iters: int,
 
 def _from_accounting(since: str, user: str | None, account: str | None,
                      partition: str | None, spool: str | None, site: Site, generation: str,
-                     skipped: Counter[str]) -> list[Achieved]:
+                     skipped: Counter[str], memory: _MemoryPoints) -> list[Achieved]:
     """The finished jobs `slurmpod report --since` would list, each through
     `achieved_from_record`: Slurm's fields, the latest spool record, the log's dump."""
     from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
@@ -225,6 +291,8 @@ def _from_accounting(since: str, user: str | None, account: str | None,
         # Only finished jobs with a record are read (a running job's file would be an earlier
         # attempt's); the log is read last, only when every other check passed.
         rec = read_spool_record(path) if path is not None and r.state.is_terminal else None
+        if types[r.nodes] is not None and isinstance(rec, dict):
+            _memory_of(r.job_id, rec, site, types[r.nodes], memory)
         got = achieved_from_record(r, rec, lambda: _dump(log_hints(rec)),
                                    node_type=types[r.nodes], site=site, generation=generation)
         if isinstance(got, str):
@@ -240,6 +308,19 @@ def _from_accounting(since: str, user: str | None, account: str | None,
         for job in selected:
             one(job)
     return out
+
+
+def _memory_of(job_id: str, rec: Mapping[str, Any], site: Site, node_type: str | None,
+               memory: _MemoryPoints) -> None:
+    """The record's memory report as a point of the reserve fit, on the GPU of the job's nodes
+    (Slurm's node list in the site file), unless the epilog flagged the record implausible."""
+    summary = rec.get("summary")
+    if not isinstance(summary, dict) or summary.get("implausible") or node_type is None:
+        return
+    metrics = summary.get("metrics")
+    gpu = site.node_types[node_type].gpu
+    memory.add(job_id, metrics.get("memory") if isinstance(metrics, dict) else None,
+               gpu.model, gpu.hbm_gib)
 
 
 def _dump(hints: LogHints | None) -> Mapping[str, Any] | None:

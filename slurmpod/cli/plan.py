@@ -104,7 +104,9 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
                f" + activations {_gib(p.activation_bytes_per_gpu)} = "
                f"{_gib(p.total_bytes_per_gpu)} per GPU of {_gib(p.usable_bytes_per_gpu)} usable "
                f"({_gib(p.hbm_bytes_per_gpu)} HBM less a "
-               f"{_gib(p.hbm_bytes_per_gpu - p.usable_bytes_per_gpu)} runtime reserve): {verdict}")
+               f"{_gib(p.hbm_bytes_per_gpu - p.usable_bytes_per_gpu)} runtime reserve"
+               + (f", {p.reserve_measured} of this site" if p.reserve_measured else "")
+               + f"): {verdict}")
     ideal = p.ideal_seconds_per_iteration
     out.append(f"  peak       {_si(p.peak_pflops_job * 1e15)}FLOP/s for the job "
                f"({p.peak_tflops_per_gpu:g} TFLOP/s per GPU)"
@@ -175,10 +177,11 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
     for line in unknown_key_warnings(spec.megatron.explicit(), site.software.megatron, source):
         click.echo(f"slurmpod: warning: {line}", err=True)
-    result = make_plan(spec, site, nodes=nodes)
-    from slurmpod.perf.planning import predict_run, search_run, summary_line  # lazy: start-up
+    # lazy: start-up
+    from slurmpod.perf.planning import predict_run, search_run, site_reserve, summary_line
 
     site_file = Path(site_path)
+    result = make_plan(spec, site, nodes=nodes, measured_reserve=site_reserve(site, site_file))
     prediction = predict_run(spec, site, result.nodes, site_file)
     candidates: list[Any] = []
     evaluated = 0

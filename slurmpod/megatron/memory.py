@@ -502,6 +502,24 @@ FRAGMENTATION_FRACTION = 0.04
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredReserve:
+    """The reserve as a site's own Megatron jobs measured it on one GPU model (`slurmpod
+    calibrate`, perf/reserve.py), GiB per GPU: PyTorch's cache and fragmentation (max reserved
+    - max allocated) and, where the jobs logged `--log-device-memory-used`, what the process
+    held outside PyTorch (device memory used - reserved: CUDA context, NCCL, workspaces)."""
+
+    gpu_model: str
+    hbm_gib: float
+    cached_gib: float
+    outside_torch_gib: float | None
+    jobs: int  # jobs the cache figure comes from
+    jobs_outside: int  # jobs the outside-PyTorch figure comes from
+
+    def applies_to(self, hbm_gib: float) -> bool:
+        return abs(self.hbm_gib - hbm_gib) < 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeReserve:
     """HBM per GPU a training process needs beyond weights, optimizer and activations (GiB)."""
 
@@ -510,6 +528,8 @@ class RuntimeReserve:
     workspaces_gib: float
     nccl_gib: float
     fragmentation_gib: float
+    # "" when every part is a published figure; else which parts this site measured
+    measured: str = ""
 
     @property
     def total_gib(self) -> float:
@@ -556,12 +576,22 @@ def nccl_reserve_bytes(c: ModelConfig, world: int, gpus_per_node: int, *,
 
 
 def runtime_reserve(c: ModelConfig, world: int, hbm_gib: float, *, gpus_per_node: int,
-                    hopper_or_later: bool = True) -> RuntimeReserve:
+                    hopper_or_later: bool = True, measured: MeasuredReserve | None = None
+                    ) -> RuntimeReserve:
     """The HBM per GPU kept free for the runtime, each part from a cited figure (module
-    constants above): usable = HBM - total_gib."""
+    constants above): usable = HBM - total_gib. A site's own measurement of this GPU
+    (`measured`) replaces the parts it covers: its cache figure the fragmentation share, its
+    outside-PyTorch figure the context, workspaces and NCCL buffers (of its jobs' layouts)."""
     not_visible = NOT_VISIBLE_FRACTION * hbm_gib
     work = CUBLAS_STREAMS * CUBLAS_WORKSPACE_MIB[hopper_or_later] * MIB / GIB
     nccl = nccl_reserve_bytes(c, world, gpus_per_node, nvls=hopper_or_later) / GIB
     fixed = not_visible + CUDA_CONTEXT_GIB + work + nccl
     frag = FRAGMENTATION_FRACTION * max(0.0, hbm_gib - fixed)
-    return RuntimeReserve(not_visible, CUDA_CONTEXT_GIB, work, nccl, frag)
+    if measured is None or not measured.applies_to(hbm_gib):
+        return RuntimeReserve(not_visible, CUDA_CONTEXT_GIB, work, nccl, frag)
+    if measured.outside_torch_gib is None:
+        return RuntimeReserve(not_visible, CUDA_CONTEXT_GIB, work, nccl, measured.cached_gib,
+                              f"cache measured on {measured.jobs} job(s)")
+    return RuntimeReserve(not_visible, measured.outside_torch_gib, 0.0, 0.0,
+                          measured.cached_gib,
+                          f"measured on {measured.jobs} job(s)")

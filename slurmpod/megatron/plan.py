@@ -35,6 +35,7 @@ from slurmpod.megatron.validate import (
 from slurmpod.model.slurm_time import limit_minutes
 
 if TYPE_CHECKING:
+    from slurmpod.megatron.memory import MeasuredReserve
     from slurmpod.megatron.placement import Placement
     from slurmpod.model.site import Site
 
@@ -128,6 +129,8 @@ class Plan:
     min_sus: int = 1
     min_blocks: int = 1
     is_moe: bool = False
+    # how the runtime reserve was counted: "" published figures, else what this site measured
+    reserve_measured: str = ""
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -181,6 +184,7 @@ class Plan:
             "hbm_bytes_per_gpu": self.hbm_bytes_per_gpu,
             "hbm_headroom_fraction": 1 - self.usable_bytes_per_gpu / self.hbm_bytes_per_gpu,
             "usable_bytes_per_gpu": self.usable_bytes_per_gpu, "fits": self.fits,
+            "reserve_measured": self.reserve_measured or None,
             "gpu_model": self.gpu_model, "peak_tflops_per_gpu": self.peak_tflops_per_gpu,
             "peak_pflops_job": self.peak_pflops_job,
             "ideal_seconds_per_iteration": self.ideal_seconds_per_iteration,
@@ -191,15 +195,18 @@ class Plan:
 
 
 def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
-              placement: bool = True) -> Plan:
+              placement: bool = True, measured_reserve: MeasuredReserve | None = None) -> Plan:
     """Plan `run` on `site` (`nodes` overrides `[job] nodes`). With `placement=False` the plan
-    has no group placement and none of its warnings; errors and fit are the same."""
+    has no group placement and none of its warnings; errors and fit are the same.
+    `measured_reserve`: the runtime reserve this site's jobs measured on its GPU (`slurmpod
+    calibrate`), replacing the published figures it covers."""
     sa = _site_arrays(site)
     n_nodes = nodes if nodes is not None else run.job.nodes
     c = ModelConfig.from_args(run.megatron)
     world = n_nodes * sa.gpus_per_node
-    usable = (sa.hbm_gib - runtime_reserve(c, world, sa.hbm_gib,
-                                           gpus_per_node=sa.gpus_per_node).total_gib) * GIB
+    reserve = runtime_reserve(c, world, sa.hbm_gib, gpus_per_node=sa.gpus_per_node,
+                              measured=measured_reserve)
+    usable = (sa.hbm_gib - reserve.total_gib) * GIB
     shape = SiteShape(sa.node_type, sa.gpus_per_node, sa.domain_gpus, usable, len(sa.domain))
     dense_mp = c.tp * c.cp * c.pp
     dp = max(1, world // dense_mp)
@@ -244,7 +251,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
         activation_bytes_per_gpu=act.bytes_per_gpu, total_bytes_per_gpu=total,
         hbm_bytes_per_gpu=sa.hbm_gib * GIB, usable_bytes_per_gpu=usable, fits=fits,
         gpu_model=sa.gpu_model, peak_tflops_per_gpu=sa.peak_tflops_bf16, placement=where,
-        is_moe=c.is_moe, min_sus=math.ceil(n_nodes / sa.nodes_per_su),
+        is_moe=c.is_moe, reserve_measured=reserve.measured,
+        min_sus=math.ceil(n_nodes / sa.nodes_per_su),
         min_blocks=math.ceil(n_nodes / sa.block_nodes),
         errors=tuple(errors), warnings=tuple(warnings),
     )

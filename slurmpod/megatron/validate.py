@@ -319,6 +319,17 @@ _DUMP_BOUNDS: dict[str, int] = {
 _DUMP_REQUIRED_POSITIVE = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 
 
+def dump_world(args: Mapping[str, Any], gpus: int) -> int | None:
+    """The GPUs a log's dump ran on (`world_size`, else Slurm's `gpus`); None when it claims
+    more than the job held: the run cannot have used them, so the dump is another run's."""
+    world = args.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        world = gpus
+    if world < 1 or (gpus and world > gpus):
+        return None
+    return world
+
+
 def check_dump_args(args: Mapping[str, Any]) -> str | None:
     """Sanity of a log's `arguments` dump before its numbers are used: sizes and counts must be
     whole numbers >= 1 and below generous bounds (`None`, Megatron's "not set", is allowed for

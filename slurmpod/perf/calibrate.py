@@ -6,7 +6,8 @@ Two sources of measurements:
   `calibration` rows; `evaluate` predicts every row and reports the error;
 - a site's own finished jobs (`slurmpod calibrate`): `fit_site` scales the generation's factors
   so that the median job's prediction matches what it achieved; `save`/`load_site_efficiency`
-  keep the result in the site's directory (`<site>.perf.toml`).
+  keep the result in the site's directory (`<site>.perf.toml`), beside the memory reserve the
+  same jobs measured (`perf.reserve`; `save_reserve`/`load_site_reserve`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmpod.errors import SlurmpodError
-from slurmpod.megatron.memory import GIB, peak_memory, runtime_reserve
+from slurmpod.megatron.memory import GIB, MeasuredReserve, peak_memory, runtime_reserve
 from slurmpod.megatron.runspec import ModelConfig, preset_path
 from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.model import (
@@ -339,14 +340,40 @@ def store_path(site_path: Path) -> Path:
     return site_path.with_name(site_path.stem + ".perf.toml")
 
 
-def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
+def _stored(path: Path) -> dict[str, Any]:
+    """What the calibration file holds now ({} when there is none or it does not read)."""
+    import tomllib  # lazy: start-up
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, body: Mapping[str, Any]) -> None:
     import tomli_w  # lazy: start-up (tomli_w only when used)
 
     from slurmpod.fsutil import write_atomic  # lazy: start-up
 
-    body = {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8, "jobs": n_jobs}
-    write_atomic(path, "# slurmpod calibrate: efficiency factors fitted on this site's jobs\n"
-                 + tomli_w.dumps(body))
+    write_atomic(path, "# slurmpod calibrate: the performance model's efficiency factors and "
+                 "the memory reserve, measured on this site's jobs\n" + tomli_w.dumps(body))
+
+
+def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
+    """Store the efficiency factors, keeping a memory reserve the file already holds."""
+    body = {k: v for k, v in _stored(path).items() if k == "memory"}
+    _write(path, {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8, "jobs": n_jobs}
+           | body)
+
+
+def save_reserve(path: Path, r: MeasuredReserve) -> None:
+    """Store the measured memory reserve as `[memory]`, keeping the file's other keys."""
+    mem: dict[str, Any] = {"gpu": r.gpu_model, "hbm_gib": r.hbm_gib, "cached_gib": r.cached_gib,
+                           "jobs": r.jobs}
+    if r.outside_torch_gib is not None:
+        mem |= {"outside_torch_gib": r.outside_torch_gib, "jobs_outside": r.jobs_outside}
+    _write(path, {k: v for k, v in _stored(path).items() if k != "memory"} | {"memory": mem})
 
 
 def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency | None:
@@ -356,16 +383,39 @@ def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency 
     path = store_path(site_path)
     if not path.is_file():
         return None
-    import tomllib  # lazy: start-up
-
+    data = _stored(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
         if data.get("generation") != generation:
             return None
         return replace(FITTED.get(generation, FITTED["hopper"]), gemm=float(data["gemm"]),
                        fp8=float(data["fp8"]),
                        fitted_on=f"{path.name}: {int(data.get('jobs', 0))} jobs of this site")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _gib(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v < 1 << 20):
+        raise ValueError(v)
+    return float(v)
+
+
+def load_site_reserve(site_path: Path | None, gpu_model: str) -> MeasuredReserve | None:
+    """The memory reserve `slurmpod calibrate` measured on this site's `gpu_model` GPUs."""
+    if site_path is None:
+        return None
+    path = store_path(site_path)
+    if not path.is_file():
+        return None
+    mem = _stored(path).get("memory")
+    if not isinstance(mem, dict) or mem.get("gpu") != gpu_model:
+        return None
+    try:
+        outside = mem.get("outside_torch_gib")
+        return MeasuredReserve(gpu_model, _gib(mem["hbm_gib"]), _gib(mem["cached_gib"]),
+                               None if outside is None else _gib(outside),
+                               int(mem.get("jobs", 0)), int(mem.get("jobs_outside", 0)))
+    except (ValueError, KeyError, TypeError):
         return None
 
 

@@ -1,7 +1,8 @@
 """The performance model as `slurmpod plan` uses it: a run spec + site -> prediction or search.
 
 The efficiency factors are the site's own when `slurmpod calibrate` stored some beside the site
-file, else the published fit of the GPU's generation (slurmpod.perf.model.FITTED).
+file, else the published fit of the GPU's generation (slurmpod.perf.model.FITTED); so is the
+runtime memory reserve (`site_reserve`) when the site's jobs measured it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
-from slurmpod.perf.calibrate import load_site_efficiency
+from slurmpod.perf.calibrate import load_site_efficiency, load_site_reserve
 from slurmpod.perf.model import (
     DEFAULT_EFFICIENCY,
     FITTED,
@@ -24,12 +25,18 @@ from slurmpod.perf.model import (
 from slurmpod.perf.search import Candidate, search
 
 if TYPE_CHECKING:
+    from slurmpod.megatron.memory import MeasuredReserve
     from slurmpod.model.site import Site
 
 
 def site_efficiency(hw: Hardware, site_path: Path | None) -> Efficiency:
     own = load_site_efficiency(site_path, hw.generation)
     return own or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+
+
+def site_reserve(site: Site, site_path: Path | None) -> MeasuredReserve | None:
+    """The runtime memory reserve `slurmpod calibrate` measured on the site's GPU, if any."""
+    return load_site_reserve(site_path, site.node_types[site.su_groups[0].node_type].gpu.model)
 
 
 def predict_run(spec: RunSpec, site: Site, nodes: int, site_path: Path | None = None

@@ -87,6 +87,12 @@ def build_job_report(sj: SacctJob, *, spool_record: Mapping[str, Any] | None = N
             log_hints.args, None if med is None else med / 1000.0, site=site,
             nodelist=job.nodes, gpus=gpus, site_path=site_path),
             stragglers=_stragglers(spool_record, log_hints.args, job.nodes, gpus))
+    if job.state.is_terminal and spool_record is not None and not report.implausible:
+        from slurmpod.report.memory import job_memory  # lazy: start-up
+
+        report = replace(report, memory=job_memory(
+            spool_record, log_hints.args if log_hints is not None else None, site=site,
+            nodelist=job.nodes, gpus=gpus))
     eff = report.efficiency
     if status == "no-training-log" and eff is not None and (eff.usage or eff.gpu):
         # Not a Megatron job (or no log): the seff/jobstats part is the report.

@@ -274,9 +274,16 @@ def headline(r: JobReport, x: JobExtras) -> list[Tile]:
         f"{human(v.achieved_step_s)} s per iteration, {human(v.predicted_step_s)} s predicted "
         f"for {v.layout} on {integer(v.world)} {v.gpu.upper()}",
         "bad" if v.flagged else "good")]
+    m = r.memory
+    mem = [] if m is None else [Tile(
+        "GPU memory", pct(m.held_gib / m.hbm_gib, 0),
+        f"of {human(m.hbm_gib)} GiB held on rank {m.rank}; {human(m.max_allocated_gib)} GiB "
+        "allocated" + ("" if m.estimate_gib is None
+                       else f", slurmpod estimated {human(m.estimate_gib)} GiB"))]
     return [
         Tile("MFU", pct(mfu), mfu_sub if mfu is not None else "no FLOPs figure", tone),
         *vs,
+        *mem,
         Tile("Goodput", pct(gp), "productive / allocated GPU time" if gp is not None
              else "no productive-time figure",
              "" if gp is None else "good" if gp >= 0.8 else "bad"),

@@ -243,6 +243,9 @@ class JobReport:
     # Ranks whose own compute ran well above their pipeline stage's median, from Megatron's
     # per-rank timers in the log (report/stragglers.py); None without them or without any.
     stragglers: Any = None  # StragglerFinding
+    # Megatron's memory report of the rank that held the most, beside slurmpod's estimate
+    # (report/memory.py); None without one.
+    memory: Any = None  # JobMemory
 
     @property
     def queue_s(self) -> float | None:
@@ -304,6 +307,7 @@ class JobReport:
             "notes": [n.to_json() for n in self.notes],
             "predicted": self.predicted.to_json() if self.predicted is not None else None,
             "stragglers": self.stragglers.to_json() if self.stragglers is not None else None,
+            "memory": self.memory.to_json() if self.memory is not None else None,
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency.to_json()

@@ -124,7 +124,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         return None
     from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
     from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
-    from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
+    from slurmpod.megatron.validate import check_dump_args, dump_world  # lazy: start-up
     from slurmpod.perf.model import RunOptions, hardware_from_site, predict  # lazy: start-up
     from slurmpod.perf.planning import site_efficiency  # lazy: start-up
 
@@ -134,11 +134,8 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         sg = site_gpu(nodelist, site, site.inventory)
         if sg is None:
             return None
-        world = args.get("world_size")
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-            world = gpus
-        # The run cannot have used more GPUs than the job held: such a dump is another run's.
-        if world < 1 or (gpus and world > gpus):
+        world = dump_world(args, gpus)
+        if world is None:
             return None
         hw = hardware_from_site(site, sg.node_type)
         pred = predict(ModelConfig.from_args(args), world, hw, site_efficiency(hw, site_path),

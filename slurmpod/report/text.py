@@ -95,6 +95,8 @@ def job_text(r: JobReport) -> str:
                        f"({pct(v.achieved_mfu)} against {pct(v.prediction.mfu)}); iteration "
                        f"{num(v.achieved_step_s, '.4g')} s against {num(v.predicted_step_s, '.4g')}"
                        f" s predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs")
+        if r.memory is not None:
+            out.append(f"  memory       {r.memory.line()}")
     if loss.productive_gpu_s is not None:
         out += ["", "GPU time",
                 f"  allocated {gpuh(loss.allocated_gpu_s / 3600)} GPU-h, productive "

@@ -122,12 +122,15 @@ def load_site_env(template_dirs: tuple[Path, ...]) -> dict[str, str | None]:
     return {}
 
 
-def plan_or_refuse(run: RunSpec, site: Site) -> Plan:
-    """The plan; a ConfigError (exit 3) when the layout is invalid or does not fit.
-    Without the group placement: it only adds warnings, and it is what needs numpy."""
+def plan_or_refuse(run: RunSpec, site: Site, site_path: Path | None = None) -> Plan:
+    """The plan; a ConfigError (exit 3) when the layout is invalid or does not fit (with the
+    memory reserve the site measured, as `plan` counts it). Without the group placement: it
+    only adds warnings, and it is what needs numpy."""
     from slurmpod.megatron.plan import make_plan  # lazy: start-up
+    from slurmpod.perf.planning import site_reserve  # lazy: start-up
 
-    plan = make_plan(run, site, placement=False)
+    plan = make_plan(run, site, placement=False,
+                     measured_reserve=site_reserve(site, site_path))
     if plan.ok:
         return plan
     errors = list(plan.errors)
@@ -176,7 +179,7 @@ def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
     from slurmpod.perf.planning import predict_run  # lazy: start-up
     from slurmpod.render.sbatch import PlanFacts, build_context, render_script  # lazy: start-up
 
-    plan = plan_or_refuse(run, site)
+    plan = plan_or_refuse(run, site, site_path)
     # The prediction `plan` shows (the site's calibration included), recorded in the Comment
     # for the fleet report's achieved-vs-predicted.
     facts = PlanFacts.of(plan, predict_run(run, site, plan.nodes, site_path))

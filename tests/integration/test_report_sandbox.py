@@ -261,8 +261,15 @@ def test_completed_job_report_matches_log_and_accounting(sandbox: Any, jobs: Job
     admin = decode_field(sandbox.sacct_job(jobs.done)["comment"]["administrator"])
     assert admin["mfu"] == pytest.approx(f["mfu"]["median"], rel=1e-3)
     assert len(r["series"]["iter"]) == 25
+    # The emulator's memory report (rank 0 of 16, its arrays as the GPU's memory) against the
+    # emulated GPU's 80 GiB and slurmpod's estimate for the dump's model and layout.
+    mem = r["memory"]
+    assert mem is not None and mem["rank"] == 0 and mem["hbm_gib"] == 80.0, mem
+    assert 0 < mem["max_allocated_gib"] <= mem["max_reserved_gib"] < 1
+    assert mem["estimate_gib"] is not None and mem["estimate_gib"] > 0
     text = slurmpod(sandbox, jobs.done).stdout
     assert f"Job {jobs.done}" in text and "spans 2 SUs" in text and "MFU" in text
+    assert "  memory       rank 0 peak " in text
 
 
 def test_failed_job_report(sandbox: Any, jobs: Jobs) -> None:
@@ -563,5 +570,12 @@ def test_calibrate_fits_on_the_finished_jobs_of_accounting(sandbox: Any, jobs: J
     assert jobs.nolog not in ratios and sum(doc["skipped"].values()) >= 1, doc
     assert doc["stored"] is None and doc["generation"] == "emulated"
     assert cp.stderr.count("\n") <= 1, cp.stderr  # one summary line, never one per job
+    # The emulator printed Megatron's memory report; the real epilog kept it in the record, and
+    # its PyTorch-cache figure (the emulated allocator's 2 MiB rounding) is a reserve point.
+    memory = {j["job_id"]: j for j in doc["memory"]["jobs"]}
+    assert jobs.done in memory, doc["memory"]
+    assert 0 < memory[jobs.done]["max_allocated_gib"] < 1
+    assert 0 <= memory[jobs.done]["cached_gib"] < 0.1, memory
+    assert doc["memory"]["cached_gib"] is not None
     print(f"calibrate: {len(ratios)} jobs, skipped {doc['skipped']}, gemm "
           f"{doc['before']['gemm']} -> {doc['after']['gemm']}")

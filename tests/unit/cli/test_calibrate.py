@@ -114,7 +114,10 @@ def test_accounting_json(fake_sacct: Path, spool: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert set(doc) == {"site", "gpu", "generation", "jobs", "skipped", "before", "after",
-                        "stored"}
+                        "memory", "stored"}
+    # no record holds a memory report: nothing measured, each job counted as such
+    assert doc["memory"]["jobs"] == [] and doc["memory"]["cached_gib"] is None
+    assert doc["memory"]["skipped"] == {"no-memory-report": 2}
     assert doc["site"] == "sandbox" and doc["gpu"] == "emu" and doc["stored"] is None
     assert [j["job_id"] for j in doc["jobs"]] == ["101"]
     assert doc["jobs"][0]["ratio"] == pytest.approx(1.0, abs=0.01)  # one job: fitted onto it
@@ -173,3 +176,78 @@ def test_the_spool_comes_from_the_environment(fake_sacct: Path, spool: Path,
     res = run("--since", "7d", "--site", "sandbox", "--dry-run", "--json")
     assert res.exit_code == 0, res.output
     assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == ["101"]
+
+
+def _memory(alloc: float, reserved: float, used: float | None) -> dict[str, Any]:
+    """A record's `memory` as the epilog keeps it (logrecords.MemoryPeaks.for_record)."""
+    return {"ranks": 8, "rank": 0, "max_allocated_mib": alloc, "max_reserved_mib": reserved,
+            "device_used_mib": used, "cached_mib": reserved - alloc,
+            "outside_torch_mib": None if used is None else used - reserved,
+            "peak_allocated_mib": alloc}
+
+
+def test_memory_reports_measure_the_reserve_plan_then_counts(
+        fake_sacct: Path, tmp_path: Path) -> None:
+    """Jobs' memory reports (Megatron's `memory (MB)` lines, in the epilog's record) give the
+    site's runtime reserve: stored as `[memory]` beside the efficiency factors, and `plan` on
+    the same site counts it. 102's report claims more than the emulated GPU's 80 GiB: not a
+    measurement. The implausible 104 and the running 105 are not read."""
+    from slurmpod.config import builtin_site_path
+
+    site = tmp_path / "lab.toml"
+    site.write_text(builtin_site_path("sandbox").read_text())
+    spool = tmp_path / "spool"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    recs = {"101": _memory(60_000.0, 62_048.0, 63_072.0),  # cache 2 GiB, outside 1 GiB
+            "102": _memory(60_000.0, 90_000.0, None),  # over 80 GiB
+            "104": _memory(1.0, 80_000.0, None), "105": _memory(1.0, 80_000.0, None)}
+    for job, mem in recs.items():
+        rec_path = spool / "records" / f"{job}.0.json"
+        spool_record(spool, job, 0, 2000.0, megatron_log(logs / f"{job}.out", DUMP),
+                     implausible="mfu-over-100" if job == "104" else None)
+        rec = json.loads(rec_path.read_text())
+        rec["summary"]["metrics"]["memory"] = mem
+        rec_path.write_text(json.dumps(rec))
+    res = run("--since", "7d", "--site", str(site), "--spool", str(spool), "--json")
+    assert res.exit_code == 0, res.output
+    mem = json.loads(res.stdout)["memory"]
+    assert [j["job_id"] for j in mem["jobs"]] == ["101"]
+    assert mem["skipped"] == {"bad-memory-report": 1}
+    assert mem["cached_gib"] == pytest.approx(2.0) and mem["outside_torch_gib"] == 1.0
+    stored = (tmp_path / "lab.perf.toml").read_text()
+    assert "[memory]" in stored and 'generation = "emulated"' in stored
+    plan = CliRunner().invoke(cli, ["plan", "--site", str(site), "--preset", "llama3-8b",
+                                    "--nodes", "2", "--json"], catch_exceptions=False)
+    doc = json.loads(plan.stdout)
+    assert doc["reserve_measured"] == "measured on 1 job(s)"
+    # HBM less 1 % not visible, 1 GiB outside PyTorch, 2 GiB of cache
+    assert doc["usable_bytes_per_gpu"] / 2**30 == pytest.approx(80 * 79.18 / 80 - 3.0)
+    text = CliRunner().invoke(cli, ["plan", "--site", str(site), "--preset", "llama3-8b",
+                                    "--nodes", "2"], catch_exceptions=False).stdout
+    assert "runtime reserve, measured on 1 job(s) of this site)" in text
+    # a second calibration keeps what the first measured when its jobs report no memory
+    for job in recs:
+        p = spool / "records" / f"{job}.0.json"
+        rec = json.loads(p.read_text())
+        del rec["summary"]["metrics"]["memory"]
+        p.write_text(json.dumps(rec))
+    assert run("--since", "7d", "--site", str(site), "--spool", str(spool)).exit_code == 0
+    assert "[memory]" in (tmp_path / "lab.perf.toml").read_text()
+
+
+def test_memory_alone_is_enough_to_calibrate(fake_sacct: Path, tmp_path: Path) -> None:
+    """A job whose log has no arguments dump still measured its memory."""
+    spool = tmp_path / "spool"
+    spool_record(spool, "101", 0, None, None)
+    p = spool / "records" / "101.0.json"
+    rec = json.loads(p.read_text())
+    rec["summary"]["metrics"]["memory"] = _memory(10_000.0, 11_024.0, None)
+    p.write_text(json.dumps(rec))
+    res = run("--since", "7d", "--site", "sandbox", "--spool", str(spool), "--dry-run",
+              "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["jobs"] == [] and doc["after"] is None
+    assert doc["memory"]["cached_gib"] == pytest.approx(1.0)
+    assert doc["memory"]["outside_torch_gib"] is None

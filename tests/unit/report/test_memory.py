@@ -1,0 +1,66 @@
+"""A job report's GPU memory (report/memory.py): Megatron's report of the rank that held the
+most, against the HBM of the job's nodes and slurmpod's estimate for the dump's layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurmpod.config import builtin_site_path, load_site
+from slurmpod.megatron.memory import GIB, peak_memory
+from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.report.memory import job_memory
+
+SITE = load_site(builtin_site_path("sandbox"))  # emulated 8-GPU nodes gpu001..., 80 GiB
+DUMP = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 256,
+        "max_position_embeddings": 256, "ffn_hidden_size": 1024, "vocab_size": 50257,
+        "make_vocab_size_divisible_by": 128, "micro_batch_size": 2, "global_batch_size": 64,
+        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1, "world_size": 16, "bf16": True,
+        "group_query_attention": False}
+
+
+def record(**memory: Any) -> dict[str, Any]:
+    base = {"ranks": 2, "rank": 3, "max_allocated_mib": 61440.0, "max_reserved_mib": 64512.0,
+            "device_used_mib": None}
+    return {"summary": {"metrics": {"memory": base | memory}}}
+
+
+def test_measured_against_the_hbm_and_the_estimate() -> None:
+    m = job_memory(record(), DUMP, site=SITE, nodelist="gpu[001-002]", gpus=16)
+    assert m is not None and (m.rank, m.hbm_gib) == (3, 80.0)
+    assert (m.max_allocated_gib, m.max_reserved_gib, m.device_used_gib) == (60.0, 63.0, None)
+    est = peak_memory(ModelConfig.from_args(DUMP), 16).bytes_per_gpu / GIB
+    assert m.estimate_gib == pytest.approx(est)
+    assert m.vs_estimate == pytest.approx(60.0 / est)
+    assert m.line().startswith("rank 3 peak 60.0 GiB allocated, 63.0 GiB reserved by PyTorch, "
+                               "of 80 GiB (79%); slurmpod's estimate")
+    doc = m.to_json()
+    assert doc["held_fraction"] == pytest.approx(63 / 80) and doc["estimate_gib"] == m.estimate_gib
+
+
+def test_device_memory_is_what_the_rank_held() -> None:
+    m = job_memory(record(device_used_mib=66560.0), None, site=SITE, nodelist="gpu001", gpus=8)
+    assert m is not None and m.held_gib == 65.0 and m.estimate_gib is None
+    assert ", 65.0 GiB on the device, of 80 GiB (81%)" in m.line()
+
+
+@pytest.mark.parametrize("rec,nodes", [
+    (record(max_reserved_mib=90000.0), "gpu001"),  # above the GPU's 80 GiB
+    (record(device_used_mib=90000.0), "gpu001"),
+    (record(max_allocated_mib=70000.0), "gpu001"),  # allocated above reserved
+    (record(rank=-1), "gpu001"),
+    (record(rank=True), "gpu001"),
+    (record(max_allocated_mib="1"), "gpu001"),
+    (record(), "dgx0001"),  # nodes the site file does not place
+    ({"summary": {"metrics": {}}}, "gpu001"),
+    (None, "gpu001"),
+])
+def test_what_is_not_shown(rec: Any, nodes: str) -> None:
+    assert job_memory(rec, DUMP, site=SITE, nodelist=nodes, gpus=8) is None
+
+
+def test_a_dump_of_more_gpus_than_slurm_gave_has_no_estimate() -> None:
+    m = job_memory(record(), DUMP, site=SITE, nodelist="gpu001", gpus=8)
+    assert m is not None and m.estimate_gib is None
