@@ -37,20 +37,29 @@ MAX_RANK = 1 << 20
 
 _NUM = rb"(\d{1,9}(?:\.\d{1,17})?)"
 _LINE = re.compile(
-    rb"\[Rank (\d{1,7})\] \([^()\n]{1,80}\) memory \(MB\) \| allocated: " + _NUM
+    rb"\[Rank (\d{1,7})\] \(([^()\n]{1,80})\) memory \(MB\) \| allocated: " + _NUM
     + rb" \| max allocated: " + _NUM + rb" \| reserved: " + _NUM + rb" \| max reserved: "
     + _NUM + rb"(?: \| total device memory used: " + _NUM + rb")?[ \t\r]*$")
+
+
+# A fresh run's first iteration creates the optimizer's states at its very end, after its
+# activations were freed into PyTorch's cache: its report's peak is the optimizer step, and the
+# cached activations read as allocator overhead. Megatron main reports again after the second
+# iteration for that reason; older releases report once, after the first logged iteration, which
+# is iteration 1 only with `--log-interval 1` (Megatron-LM issue 756: 7.1 GiB "reserved" over
+# "max allocated" on an H100, the activations' blocks). Such a report is not read.
+_FIRST_ITERATION = b"after 1 iterations"
 
 
 def parse_line(line: bytes) -> tuple[int, float, float, float | None] | None:
     """One report line -> (rank, max allocated, max reserved, device used or None) in MiB;
     None when the line is not Megatron's shape or its figures cannot be real."""
     m = _LINE.search(line)
-    if m is None:
+    if m is None or m.group(2) == _FIRST_ITERATION:
         return None
     rank = int(m.group(1))
-    alloc, max_alloc, reserved, max_reserved = (float(m.group(i)) for i in range(2, 6))
-    used = float(m.group(6)) if m.group(6) is not None else None
+    alloc, max_alloc, reserved, max_reserved = (float(m.group(i)) for i in range(3, 7))
+    used = float(m.group(7)) if m.group(7) is not None else None
     values = (alloc, max_alloc, reserved, max_reserved) + ((used,) if used is not None else ())
     if (rank >= MAX_RANK or any(not math.isfinite(v) or v > MAX_MIB for v in values)
             or alloc > reserved or max_alloc > max_reserved or alloc > max_alloc

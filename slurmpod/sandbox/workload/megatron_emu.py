@@ -823,7 +823,8 @@ class _Run:
         self.busy_s = 0.0  # this interval's own compute (every rank's, in this stand-in)
         self.own_extra_ms = 0.0  # rank 0 as the slow rank: its extra this interval
         self.coll: Collective | None = None
-        self.memory_reported = False
+        self.report_memory = True
+        self.start_iteration = trainer.iteration  # the iteration this launch resumed from
 
     def loop(self, sig: _Signals, coll: Collective | None, min_s: float) -> int:
         args, trainer = self.args, self.trainer
@@ -874,11 +875,13 @@ class _Run:
               file=self.out, flush=True)
         if args.timing_log_level:
             print(self._timers(elapsed), file=self.out, end="", flush=True)
-        if not self.memory_reported or (args.log_memory_interval
-                                        and it % args.log_memory_interval == 0):
+        if self.report_memory or (args.log_memory_interval
+                                  and it % args.log_memory_interval == 0):
             print(memory_line(it, self.dist.rank, gpu_activity.trainer_arrays(self.trainer),
                               args), file=self.out, flush=True)
-            self.memory_reported = True
+            # As Megatron main: again after the second iteration when the first was logged
+            # (the optimizer's states exist from the end of the first).
+            self.report_memory = it <= self.start_iteration + 1
         self.interval_t0, self.interval_iters, self.losses = time.monotonic(), 0, []
         self.busy_s, self.own_extra_ms = 0.0, 0.0
         if self.coll is not None:

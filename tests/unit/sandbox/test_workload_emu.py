@@ -429,13 +429,15 @@ def test_a_slow_rank_joins_late_and_its_timers_show_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("device", [False, True])
 def test_memory_reports_are_megatrons_and_the_log_parser_reads_them(device: bool) -> None:
-    """After the first logged iteration and every --log-memory-interval: the emulated GPU's
+    """After the first logged iterations and every --log-memory-interval: the emulated GPU's
     arrays as allocated, rounded to PyTorch's 2 MiB blocks as reserved, and with
     --log-device-memory-used the process's resident memory beyond them."""
     out, _ = run_emu([*TINY, "--train-iters", "6", "--log-memory-interval", "3"]
                      + (["--log-device-memory-used"] if device else []))
     lines = [ln for ln in out.splitlines() if " memory (MB) | " in ln]
+    # first and second iteration (Megatron main), then the interval
     assert [ln.split(")")[0] for ln in lines] == ["[Rank 0] (after 1 iterations",
+                                                 "[Rank 0] (after 2 iterations",
                                                  "[Rank 0] (after 3 iterations",
                                                  "[Rank 0] (after 6 iterations"]
     mem = parse_log(io.BytesIO(out.encode())).memory
