@@ -90,7 +90,7 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
     else:
         jobs = _from_logs(logs, hw, warmup_iters, skipped, memory)
     if not jobs and not memory.points:
-        _nothing_usable(since, skipped)
+        _nothing_usable(since, skipped, memory.skipped)
     base = FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
     eff: Efficiency | None = None
     ratios: list[tuple[str, float]] = []
@@ -100,7 +100,7 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
         except ValueError:
             if not memory.points:
                 skipped["no-prediction"] += len(jobs)
-                _nothing_usable(since, skipped)
+                _nothing_usable(since, skipped, memory.skipped)
         skipped["no-prediction"] += len(jobs) - len(ratios)
     skipped = +skipped  # no zero counts
     reserve = memory.fit()
@@ -197,10 +197,14 @@ def _counts(skipped: Counter[str]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in _by_count(skipped))
 
 
-def _nothing_usable(since: str | None, skipped: Counter[str]) -> None:
+def _nothing_usable(since: str | None, skipped: Counter[str],
+                    memory_skipped: Counter[str]) -> None:
+    """A usage error naming why no job gave a step time or a memory report to fit on."""
     from slurmpod.perf.calibrate import SKIP_REASONS  # lazy: start-up
+    from slurmpod.perf.reserve import MEMORY_SKIP_REASONS  # lazy: start-up
 
     skipped = +skipped
+    memory_skipped = +memory_skipped
     if since is None:
         raise UsageError("no log with an arguments dump, world_size and iteration lines",
                          hint="calibrate reads the stdout of finished Megatron jobs")
@@ -209,6 +213,10 @@ def _nothing_usable(since: str | None, skipped: Counter[str]) -> None:
                          hint="widen --since, or check `sacct --allusers --starttime ...`")
     why = "; ".join(f"{n} {SKIP_REASONS.get(reason, reason)} ({reason})"
                     for reason, n in _by_count(skipped))
+    if memory_skipped:
+        why += "; memory reports: " + "; ".join(
+            f"{n} {MEMORY_SKIP_REASONS.get(reason, reason)} ({reason})"
+            for reason, n in _by_count(memory_skipped))
     raise UsageError(f"no finished job since {since} to calibrate on",
                      hint=f"skipped: {why}")
 

@@ -156,3 +156,38 @@ def test_jobstats_admin_comment_is_left_alone(sandbox: Any) -> None:
     assert stored_admin(sandbox, job_id) == theirs.lower()
     hook_log = (sandbox.sb.spool_dir / "hook.log").read_text()
     assert f"job {job_id}: AdminComment holds jobstats's summary" in hook_log
+
+
+def test_forged_memory_reports_measure_nothing(sandbox: Any) -> None:
+    """A job prints Megatron memory reports no GPU of its nodes can have: rank 0 claims 95 TB
+    (not read by the parser), rank 1 90,000 MiB of the emulated GPU's 80 GiB (kept in the
+    record, the rank that held the most, but neither the job report nor the site's measured
+    reserve takes it)."""
+    d = sandbox.tmp_dir / "hostile-memory"
+    d.mkdir(exist_ok=True)
+    report = ("[Rank %d] (after 10 iterations) memory (MB) | allocated: 10.0 | max allocated: "
+              "20.0 | reserved: 30.0 | max reserved: %s\\n")
+    tail = (f"printf '{report}' 0 99999999999.0; printf '{report}' 1 90000.0; "
+            f"printf '{report}' 2 40.0")
+    job_id = sandbox.sbatch("-N1", "--exclusive", "--gpus-per-node=8", f"--output={d}/%j.out",
+                            "--wrap", log_script(tail))
+    sandbox.wait_job(job_id, timeout_s=120)
+    rec = wait_for(lambda: record(sandbox, job_id), 60, "the epilog's record")
+    mem = rec["summary"]["metrics"]["memory"]
+    assert mem["ranks"] == 2 and mem["rank"] == 1 and mem["max_reserved_mib"] == 90000.0, mem
+    env = sandbox.env
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "report", job_id, "--json",
+                         "--spool", str(sandbox.sb.spool_dir)], env=env, capture_output=True,
+                        text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["memory"] is None
+    cp = subprocess.run([sys.executable, "-m", "slurmpod", "calibrate", "--since", "1h",
+                         "--site", str(sandbox.sb.site_path), "--spool",
+                         str(sandbox.sb.spool_dir), "--dry-run", "--json"], env=env,
+                        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    if cp.returncode == 0:  # other jobs of the sandbox gave points: not this one
+        memory = json.loads(cp.stdout)["memory"]
+        assert job_id not in {j["job_id"] for j in memory["jobs"]}
+        assert memory["skipped"].get("bad-memory-report", 0) >= 1, memory
+    else:  # nothing to fit on: the one-line error counts the forged report
+        assert cp.returncode == 2 and "(bad-memory-report)" in cp.stderr, cp.stderr

@@ -251,3 +251,19 @@ def test_memory_alone_is_enough_to_calibrate(fake_sacct: Path, tmp_path: Path) -
     assert doc["jobs"] == [] and doc["after"] is None
     assert doc["memory"]["cached_gib"] == pytest.approx(1.0)
     assert doc["memory"]["outside_torch_gib"] is None
+
+
+def test_nothing_usable_counts_forged_memory_reports(fake_sacct: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    spool = tmp_path / "spool"
+    spool_record(spool, "101", 0, None, None)
+    p = spool / "records" / "101.0.json"
+    rec = json.loads(p.read_text())
+    rec["summary"]["metrics"]["memory"] = _memory(10_000.0, 90_000.0, None)  # over 80 GiB
+    p.write_text(json.dumps(rec))
+    rc, out, err = main_rc(capsys, "--since", "7d", "--site", "sandbox", "--spool", str(spool),
+                           "--dry-run")
+    assert rc == 2 and out == ""
+    assert err.splitlines()[-1].endswith(
+        "; memory reports: 1 memory figures no GPU of the job's nodes can have "
+        "(bad-memory-report)")
