@@ -464,9 +464,10 @@ class RankTimers:
 @dataclass(frozen=True, slots=True)
 class MemoryPeaks:
     """Megatron's GPU memory reports (`accounting.memreport`), per rank the maxima in MiB:
-    rank -> (max allocated, max reserved, total device memory used or None)."""
+    rank -> (max allocated, max reserved, total device memory used or None, PyTorch's
+    allocator retries or None: Megatron-Bridge prints them)."""
 
-    per_rank: Mapping[int, tuple[float, float, float | None]]
+    per_rank: Mapping[int, tuple[float, float, float | None, int | None]]
 
     def for_record(self, n_gpus: int | None) -> dict[str, Any] | None:
         """What a job's record keeps: the figures of the rank that held the most (device memory
@@ -479,18 +480,21 @@ class MemoryPeaks:
             return None
         with_used = all(v[2] is not None for v in ranks.values())
 
-        def held(item: tuple[int, tuple[float, float, float | None]]) -> tuple[float, int]:
-            rank, (_, reserved, used) = item
+        def held(item: tuple[int, tuple[float, float, float | None, int | None]]
+                 ) -> tuple[float, int]:
+            rank, (_, reserved, used, _) = item
             return (used if with_used and used is not None else reserved, -rank)
 
-        rank, (alloc, reserved, used) = max(ranks.items(), key=held)
+        rank, (alloc, reserved, used, _) = max(ranks.items(), key=held)
         if not with_used:
             used = None
+        retries = [v[3] for v in ranks.values() if v[3] is not None]
         return {"ranks": len(ranks), "rank": rank, "max_allocated_mib": alloc,
                 "max_reserved_mib": reserved, "device_used_mib": used,
                 "cached_mib": reserved - alloc,
                 "outside_torch_mib": None if used is None else max(0.0, used - reserved),
-                "peak_allocated_mib": max(v[0] for v in ranks.values())}
+                "peak_allocated_mib": max(v[0] for v in ranks.values()),
+                "alloc_retries": max(retries) if retries else None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,9 @@ class JobMemory:
     max_reserved_gib: float
     device_used_gib: float | None
     estimate_gib: float | None  # slurmpod's estimate of the rank that needs the most
+    # cudaMalloc calls that failed and made PyTorch free its cache and retry (Megatron-Bridge
+    # prints them): above 0, the run was at its memory limit and paid for it in time
+    alloc_retries: int | None = None
 
     @property
     def held_gib(self) -> float:
@@ -50,7 +53,7 @@ class JobMemory:
                 "max_reserved_gib": self.max_reserved_gib,
                 "device_used_gib": self.device_used_gib, "held_fraction": self.held_gib
                 / self.hbm_gib, "estimate_gib": self.estimate_gib,
-                "vs_estimate": self.vs_estimate}
+                "vs_estimate": self.vs_estimate, "alloc_retries": self.alloc_retries}
 
     def line(self) -> str:
         outside = ("" if self.device_used_gib is None else
@@ -58,9 +61,12 @@ class JobMemory:
         est = ("" if self.estimate_gib is None else
                f"; slurmpod's estimate {self.estimate_gib:.1f} GiB (allocated / estimate "
                f"{self.vs_estimate:.2f})")
+        retries = ("" if not self.alloc_retries else
+                   f"; {self.alloc_retries} allocator retries (cudaMalloc failed, PyTorch "
+                   "freed its cache and retried: at the memory limit)")
         return (f"rank {self.rank} peak {self.max_allocated_gib:.1f} GiB allocated, "
                 f"{self.max_reserved_gib:.1f} GiB reserved by PyTorch{outside}, of "
-                f"{self.hbm_gib:g} GiB ({self.held_gib / self.hbm_gib:.0%}){est}")
+                f"{self.hbm_gib:g} GiB ({self.held_gib / self.hbm_gib:.0%}){est}{retries}")
 
 
 def _gib(doc: Mapping[str, Any], key: str) -> float | None:
@@ -86,12 +92,14 @@ def job_memory(record: Mapping[str, Any] | None, args: Mapping[str, Any] | None,
     hbm = site.node_types[sg.node_type].gpu.hbm_gib
     alloc, reserved = _gib(mem, "max_allocated_mib"), _gib(mem, "max_reserved_mib")
     used = _gib(mem, "device_used_mib") if mem.get("device_used_mib") is not None else None
-    rank = mem.get("rank")
+    rank, retries = mem.get("rank"), mem.get("alloc_retries")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        retries = None
     if (alloc is None or reserved is None or alloc > reserved or reserved > hbm
             or (used is not None and used > hbm) or isinstance(rank, bool)
             or not isinstance(rank, int) or rank < 0):
         return None
-    return JobMemory(rank, hbm, alloc, reserved, used, _estimate_gib(args, gpus))
+    return JobMemory(rank, hbm, alloc, reserved, used, _estimate_gib(args, gpus), retries)
 
 
 def _estimate_gib(args: Mapping[str, Any] | None, gpus: int) -> float | None:

@@ -97,6 +97,17 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
         out.append(Note("warn", "stragglers",
                         f"stragglers, by Megatron's per-rank timers: {r.stragglers.phrase()}",
                         FIX))
+    if r.memory is not None and r.memory.alloc_retries:
+        from slurmpod.report.model import Note  # lazy: start-up
+
+        out.append(Note(
+            "warn", "memory-limit",
+            f"PyTorch's allocator retried {r.memory.alloc_retries} cudaMalloc call(s) after "
+            f"freeing its cache on rank {r.memory.rank}: the run is at its memory limit, and "
+            "each retry synchronises the GPU",
+            "free memory: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, selective "
+            "recompute (--recompute-granularity selective), or more TP/PP (`slurmpod plan "
+            "--search` ranks the layouts that fit)"))
     out += efficiency_notes(r)
     return out
 

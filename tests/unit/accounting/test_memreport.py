@@ -9,7 +9,7 @@ import io
 import pytest
 
 from slurmpod.accounting.logparse import parse_log
-from slurmpod.accounting.memreport import MAX_RANKS, MemoryReports, parse_line
+from slurmpod.accounting.memreport import MAX_RANKS, MemoryReports, Report, parse_line
 
 # core_r0.8 .. r0.13: Python's float repr ('{}'.format); main: two decimals, and the device
 # memory used with --log-device-memory-used.
@@ -25,10 +25,10 @@ ITER = (b" [2026-01-05 10:00:00.123456] iteration       10/     100 | consumed s
 
 
 def test_every_release_shape() -> None:
-    assert parse_line(OLD) == (0, 61118.32763671875, 64436.0, None)
-    assert parse_line(MAIN) == (12, 61118.33, 64436.0, 67012.5)
+    assert parse_line(OLD) == Report(0, 61118.32763671875, 64436.0, None, None)
+    assert parse_line(MAIN) == Report(12, 61118.33, 64436.0, 67012.5, None)
     # srun --label, a torchrun prefix, a save's own report
-    assert parse_line(b"3: " + OLD) == (0, 61118.32763671875, 64436.0, None)
+    assert parse_line(b"3: " + OLD) == Report(0, 61118.32763671875, 64436.0, None, None)
     assert parse_line(b"[default0]:" + OLD) is not None
     save = OLD.replace(b"after 10 iterations", b"before save_checkpoint for iteration 100")
     assert parse_line(save) is not None
@@ -65,12 +65,13 @@ def test_per_rank_maxima_over_the_log() -> None:
     s = parse_log(io.BytesIO(log + b"\n"))
     assert len(s.iterations) == 1  # the iteration line between reports is still read
     assert s.memory is not None
-    assert dict(s.memory.per_rank) == {0: (62000.0, 66000.0, None),
-                                       12: (61118.33, 64436.0, 67012.5)}
+    assert dict(s.memory.per_rank) == {0: (62000.0, 66000.0, None, None),
+                                       12: (61118.33, 64436.0, 67012.5, None)}
     rec = s.memory.for_record(None)
     # not every rank printed device memory: the binding rank is the one PyTorch reserved most on
     assert rec is not None and rec["rank"] == 0 and rec["device_used_mib"] is None
     assert rec["cached_mib"] == 4000.0 and rec["outside_torch_mib"] is None
+    assert rec["alloc_retries"] is None  # Megatron-LM does not print them
     assert s.to_json()["memory"] == rec
     # rank 12 is beyond a 8-GPU allocation: the record keeps Slurm's ranks only
     assert s.memory.for_record(8)["ranks"] == 1  # type: ignore[index]
@@ -99,3 +100,41 @@ def test_ranks_are_capped() -> None:
 
 def test_a_log_without_reports_has_none() -> None:
     assert parse_log(io.BytesIO(ITER + b"\n")).memory is None
+
+
+# Megatron-Bridge since 2025-10 (training/utils/train_utils.py report_memory, MEMORY_KEYS): GB
+# of 1e9 bytes, 5 significant digits, and the allocator's retries ("retires" as Bridge spells).
+BRIDGE = (b"[Rank 3] (after 20 iterations) memory (GB) | mem-allocated-gigabytes: 22.443 | "
+          b"mem-active-gigabytes: 22.443 | mem-inactive-gigabytes: 1.2346e-05 | "
+          b"mem-reserved-gigabytes: 67.566 | mem-max-allocated-gigabytes: 64.087 | "
+          b"mem-max-active-gigabytes: 64.087 | mem-max-inactive-gigabytes: 3.1 | "
+          b"mem-max-reserved-gigabytes: 67.566 | mem-alloc-retires: 2 | "
+          b"mem-allocated-count: 51234")
+GB = 1e9 / 2**20
+
+
+def test_megatron_bridge_form() -> None:
+    got = parse_line(BRIDGE)
+    assert got is not None and (got.rank, got.device_used, got.alloc_retries) == (3, None, 2)
+    assert got.max_allocated == pytest.approx(64.087 * GB)
+    assert got.max_reserved == pytest.approx(67.566 * GB)
+    assert parse_line(b"0: " + BRIDGE) is not None
+    assert parse_line(BRIDGE.replace(b"after 20", b"after 1")) is None
+    s = parse_log(io.BytesIO(BRIDGE + b"\n" + ITER + b"\n"))
+    assert s.memory is not None and len(s.iterations) == 1
+    rec = s.memory.for_record(8)
+    assert rec is not None and rec["alloc_retries"] == 2 and rec["rank"] == 3
+
+
+@pytest.mark.parametrize("line", [
+    BRIDGE.replace(b" | mem-max-reserved-gigabytes: 67.566", b""),  # a figure missing
+    BRIDGE.replace(b"mem-max-reserved-gigabytes: 67.566", b"mem-max-reserved-gigabytes: 60.0"),
+    BRIDGE.replace(b"mem-alloc-retires: 2", b"mem-alloc-retires: 2.5"),
+    BRIDGE.replace(b"mem-alloc-retires: 2", b"mem-alloc-retires: 99999999999999"),
+    BRIDGE.replace(b"67.566", b"1e9"),
+    BRIDGE.replace(b"67.566", b"99999999.0"),  # 93 PB
+    BRIDGE.replace(b"memory (GB)", b"memory (TB)"),
+    BRIDGE + b" | evil: 1" * 8,  # more pairs than Bridge prints
+])
+def test_what_is_not_a_bridge_report(line: bytes) -> None:
+    assert parse_line(line) is None

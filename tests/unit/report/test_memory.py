@@ -64,3 +64,48 @@ def test_what_is_not_shown(rec: Any, nodes: str) -> None:
 def test_a_dump_of_more_gpus_than_slurm_gave_has_no_estimate() -> None:
     m = job_memory(record(), DUMP, site=SITE, nodelist="gpu001", gpus=8)
     assert m is not None and m.estimate_gib is None
+
+
+def test_allocator_retries_say_the_run_was_at_its_limit() -> None:
+    m = job_memory(record(alloc_retries=3), None, site=SITE, nodelist="gpu001", gpus=8)
+    assert m is not None and m.alloc_retries == 3 and m.to_json()["alloc_retries"] == 3
+    assert m.line().endswith("; 3 allocator retries (cudaMalloc failed, PyTorch freed its "
+                             "cache and retried: at the memory limit)")
+    for bad in (-1, True, "3", 2.5):
+        m = job_memory(record(alloc_retries=bad), None, site=SITE, nodelist="gpu001", gpus=8)
+        assert m is not None and m.alloc_retries is None
+
+
+
+def test_a_job_report_shows_it_and_retries_give_the_memory_limit_note() -> None:
+    """Through build_job_report on the H100 site's node (80 GiB), with Megatron-Bridge's
+    retries: text line, JSON, HTML tile and the `memory-limit` note."""
+    from dataclasses import replace
+
+    from slurmpod.config import resolve_site_path
+    from slurmpod.report.build import build_job_report
+    from slurmpod.report.html import job_html
+    from slurmpod.report.sacct import parse_sacct_jobs
+    from slurmpod.report.text import job_text
+    from tests.helpers import DATA_DIR
+
+    h100 = load_site(resolve_site_path("dgx-h100-superpod"))
+    text = (DATA_DIR / "report" / "sacct-handmade-22.05.json").read_text()
+    base = next(sj for sj in parse_sacct_jobs(text) if sj.record.job_id == "101")
+    sj = replace(base, record=replace(base.record, nodes="dgx0001", n_nodes=1, n_gpus=8))
+    rec = record(alloc_retries=4)
+    rec["v"] = 1
+    rec["summary"] |= {"iters": 20, "last_iter": 20}
+    rec["summary"]["metrics"]["iter_time_ms"] = {"median": 1000.0, "p10": 1000.0,
+                                                 "p90": 1000.0}
+    r = build_job_report(sj, spool_record=rec, site=h100)
+    assert r.memory is not None and r.memory.alloc_retries == 4 and r.memory.hbm_gib == 80
+    note = next(n for n in r.notes if n.code == "memory-limit")
+    assert "retried 4 cudaMalloc call(s)" in note.text and "expandable_segments" in note.fix
+    assert r.to_json()["memory"]["alloc_retries"] == 4
+    assert "  memory       rank 3 peak 60.0 GiB allocated" in job_text(r)
+    assert "GPU memory" in job_html(r, generated="now")
+    quiet = build_job_report(sj, spool_record=rec | {"summary": rec["summary"] | {
+        "metrics": rec["summary"]["metrics"] | {"memory": record()["summary"]["metrics"][
+            "memory"]}}}, site=h100)
+    assert quiet.memory is not None and not any(n.code == "memory-limit" for n in quiet.notes)

@@ -442,7 +442,8 @@ def test_memory_reports_are_megatrons_and_the_log_parser_reads_them(device: bool
                                                  "[Rank 0] (after 6 iterations"]
     mem = parse_log(io.BytesIO(out.encode())).memory
     assert mem is not None and set(mem.per_rank) == {0}
-    alloc, reserved, used = mem.per_rank[0]
+    alloc, reserved, used, retries = mem.per_rank[0]
+    assert retries is None  # Megatron-LM prints none
     assert 0 < alloc <= reserved < alloc + 8 * 2  # at most 2 MiB per array rounded up
     assert (used is not None) == device
     if used is not None:
