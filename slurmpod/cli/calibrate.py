@@ -1,6 +1,7 @@
 """`slurmpod calibrate`: fit the performance model's efficiency factors to this site's own
-finished jobs and store them beside the site file (`<site>.perf.toml`), where `slurmpod plan`
-picks them up (docs/perf-model.md).
+finished jobs, measure the runtime memory reserve from their Megatron memory reports
+(perf/reserve.py), and store both beside the site file (`<site>.perf.toml`), where `slurmpod
+plan` picks them up (docs/perf-model.md).
 
     slurmpod calibrate LOG... [--site SITE] [--output FILE] [--dry-run] [--json]
     slurmpod calibrate --since 30d [--user U] [--account A] [--partition P] [--spool DIR] ...
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 @click.option("--site", "site_name", default=None,
               help="Site TOML or built-in site name (default: dgx-h100-superpod).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to store the factors (default: SITE.perf.toml beside the site file).")
+              help="Where to store the factors and the memory reserve (default: "
+                   "SITE.perf.toml beside the site file).")
 @click.option("--warmup-iters", type=click.IntRange(0), default=10, show_default=True,
               help="LOGS: iterations left out as warm-up (the epilog's records use its own).")
 @click.option("--dry-run", is_flag=True, help="Print the fit; store nothing.")
@@ -60,8 +62,9 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
               account: str | None, partition: str | None, spool: str | None,
               site_name: str | None, output: Path | None, warmup_iters: int, dry_run: bool,
               as_json: bool) -> None:
-    """Fit the performance model to this site's finished Megatron jobs: their logs (LOGS), or
-    the jobs of Slurm's accounting since a time (--since) with the epilog's records."""
+    """Fit the performance model to this site's finished Megatron jobs, and measure the memory
+    reserve from their memory reports: their logs (LOGS), or the jobs of Slurm's accounting
+    since a time (--since) with the epilog's records."""
     if bool(logs) == (since is not None):
         raise UsageError("give LOG files or --since WINDOW, not both (e.g. `slurmpod "
                          "calibrate job.out` or `slurmpod calibrate --since 30d`)")
