@@ -376,20 +376,23 @@ def save_reserve(path: Path, r: MeasuredReserve) -> None:
     _write(path, {k: v for k, v in _stored(path).items() if k != "memory"} | {"memory": mem})
 
 
+def _site_store(site_path: Path | None) -> tuple[str, dict[str, Any]]:
+    """The calibration file beside the site: its name and what it holds ({} when none)."""
+    if site_path is None:
+        return "", {}
+    path = store_path(site_path)
+    return path.name, _stored(path) if path.is_file() else {}
+
+
 def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency | None:
     """The site's calibrated factors, when `slurmpod calibrate` stored some for `generation`."""
-    if site_path is None:
-        return None
-    path = store_path(site_path)
-    if not path.is_file():
-        return None
-    data = _stored(path)
+    name, data = _site_store(site_path)
     try:
         if data.get("generation") != generation:
             return None
         return replace(FITTED.get(generation, FITTED["hopper"]), gemm=float(data["gemm"]),
                        fp8=float(data["fp8"]),
-                       fitted_on=f"{path.name}: {int(data.get('jobs', 0))} jobs of this site")
+                       fitted_on=f"{name}: {int(data.get('jobs', 0))} jobs of this site")
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -402,12 +405,7 @@ def _gib(v: Any) -> float:
 
 def load_site_reserve(site_path: Path | None, gpu_model: str) -> MeasuredReserve | None:
     """The memory reserve `slurmpod calibrate` measured on this site's `gpu_model` GPUs."""
-    if site_path is None:
-        return None
-    path = store_path(site_path)
-    if not path.is_file():
-        return None
-    mem = _stored(path).get("memory")
+    mem = _site_store(site_path)[1].get("memory")
     if not isinstance(mem, dict) or mem.get("gpu") != gpu_model:
         return None
     try:

@@ -11,14 +11,10 @@ from slurmpod.config import builtin_site_path, load_site
 from slurmpod.megatron.memory import GIB, peak_memory
 from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.report.memory import job_memory
+from tests.unit.cli.test_calibrate import DUMP as CALIBRATE_DUMP
 
 SITE = load_site(builtin_site_path("sandbox"))  # emulated 8-GPU nodes gpu001..., 80 GiB
-DUMP = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 256,
-        "max_position_embeddings": 256, "ffn_hidden_size": 1024, "vocab_size": 50257,
-        "make_vocab_size_divisible_by": 128, "micro_batch_size": 2, "global_batch_size": 64,
-        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-        "context_parallel_size": 1, "world_size": 16, "bf16": True,
-        "group_query_attention": False}
+DUMP = {**CALIBRATE_DUMP, "world_size": 16}
 
 
 def record(**memory: Any) -> dict[str, Any]:
