@@ -121,3 +121,21 @@ def test_implausible_mfu_is_flagged(capsys: pytest.CaptureFixture[str], tmp_path
     doc = json.loads(_run(capsys, str(log), "--peak-tflops", "10", "--json")[1])
     assert doc["implausible"] == ["mfu-over-100"]
     assert json.loads(_run(capsys, str(log), "--json")[1])["implausible"] == []
+
+
+def test_memory_reports_in_text_and_json(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    """Megatron-Bridge's report (GB of 1e9 bytes, allocator retries) on rank 3."""
+    log = tmp_path / "job.log"
+    report = (b"[Rank 3] (after 20 iterations) memory (GB) | mem-allocated-gigabytes: 20.0 | "
+              b"mem-reserved-gigabytes: 60.0 | mem-max-allocated-gigabytes: 53.687 | "
+              b"mem-max-reserved-gigabytes: 64.425 | mem-alloc-retires: 2\n")
+    log.write_bytes(_dump(GOOD) + LINE + report)
+    rc, out, _ = _run(capsys, str(log))
+    assert rc == 0
+    assert ("GPU memory               rank 3: peak 50.0 GiB allocated, 60.0 GiB reserved by "
+            "PyTorch; 2 allocator retries (1 rank(s) reported)") in out
+    rc, out, _ = _run(capsys, str(log), "--json")
+    mem = json.loads(out)["memory"]
+    assert mem["rank"] == 3 and mem["alloc_retries"] == 2
+    assert mem["max_allocated_mib"] == pytest.approx(53.687e9 / 2**20)
