@@ -54,8 +54,9 @@ ELEMENTWISE_BYTES_FFN = 16.0
 # MoE token permutation and un-permutation with the router probabilities (gather, scatter-add,
 # forward + backward), bytes per routed token x hidden.
 MOE_PERMUTE_BYTES = 32.0
-# FP8: cast of each GEMM input (forward) and gradient (backward), 3 bytes each (read bf16,
-# write fp8) plus amax; per element of the GEMM inputs.
+# FP8 (Transformer Engine): every FP8 GEMM quantizes its input in the forward and its output's
+# gradient in the backward; per element, an amax pass (read bf16, 2 bytes; current scaling) and
+# a fused cast-transpose (read 2, write the FP8 copy and its transpose for wgrad, 1 + 1).
 FP8_CAST_BYTES = 6.0
 # Achieved share of NVLink / NIC bandwidth by NCCL collectives (nccl-tests bus bandwidth is
 # ~360 of 450 GB/s on H100 NVLink and ~45 of 50 GB/s per 400G NIC).
@@ -109,8 +110,8 @@ class Efficiency:
 # refits them and checks these values.
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
-    "hopper": Efficiency(0.6152, 0.6152, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.8001, 0.4355, "bridge2511-gb200-llama3-8b-fp8, "
+    "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
+    "blackwell": Efficiency(0.8001, 0.4705, "bridge2511-gb200-llama3-8b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox measures its own peak"),
 }
@@ -427,7 +428,11 @@ def _attention_compute(u: _Micro) -> tuple[float, float]:
     t_core = 7.0 * tok * k.attn_core / tp / (u.peak16 * ATTENTION_FACTOR)
     hid = tok * h / (tp if u.sp else 1)
     mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
-    cast_common = FP8_CAST_BYTES * (2 * tok * h + tok * k.q_width / tp) if u.fp8 else 0.0
+    # QKV and output projection: inputs (tok x h, tok x q_width / tp) and output gradients
+    # (tok x (q + k + v) / tp, tok x h). Under SP an h-sized tensor is quantized on its shard,
+    # before the all-gather (TE gathers FP8), so `hid` elements.
+    cast_common = (FP8_CAST_BYTES * (2 * hid + tok * (2 * k.q_width + k.kv_width) / tp)
+                   if u.fp8 else 0.0)
     gaps = KERNEL_GAP_S * (1 + rec / 3) * (DENSE_LAYER_KERNELS + CP_STEP_KERNELS * (c.cp - 1))
     return t_attn + t_core + (mem_common + cast_common) * mem_passes / u.hbm + gaps, t_core
 
@@ -461,8 +466,18 @@ def _dense_mlp(u: _Micro) -> tuple[float, float]:
     t_gemm = (6.0 + 2.0 * u.rec_mlp) * tok * u.k.mlp_dense / tp / (
         u.peak_mm * _eff(min(c.hidden_size, ffn / tp)))
     mem = ELEMENTWISE_BYTES_FFN * tok * ffn / tp
-    cast = FP8_CAST_BYTES * tok * ffn / tp if u.fp8 else 0.0
+    cast = _mlp_cast_bytes(u, tok, ffn / tp, tp if u.sp else 1)
     return t_gemm, mem + cast
+
+
+def _mlp_cast_bytes(u: _Micro, tokens: float, ffn: float, h_shards: int = 1) -> float:
+    """FP8 casts of an MLP's two GEMMs for `tokens` rows of FFN width `ffn` (per GPU): fc1's
+    input (h) and output gradient (2 ffn gated, else ffn), fc2's input (ffn) and output
+    gradient (h); the h-sized ones quantized on `h_shards` sequence shards (SP: TP)."""
+    if not u.fp8:
+        return 0.0
+    fc1_out = (2.0 if u.c.swiglu else 1.0) * ffn
+    return FP8_CAST_BYTES * tokens * (2 * u.c.hidden_size / h_shards + fc1_out + ffn)
 
 
 def _routed_tokens(u: _Micro) -> float:
@@ -490,7 +505,10 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
     mem = (ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp
            + ELEMENTWISE_BYTES_FFN * tok * c.moe_shared_expert_intermediate_size / tp
            + MOE_PERMUTE_BYTES * routed * h)
-    cast = FP8_CAST_BYTES * routed * c.moe_ffn_hidden_size / etp if u.fp8 else 0.0
+    cast = _mlp_cast_bytes(u, routed, c.moe_ffn_hidden_size / etp)
+    if c.moe_shared_expert_intermediate_size:
+        cast += _mlp_cast_bytes(u, tok, c.moe_shared_expert_intermediate_size / tp,
+                                tp if u.sp else 1)
     return t_gemm, mem + cast
 
 

@@ -43,7 +43,7 @@ MAX_VPP = 24
 
 
 # Candidates predicted within this share of the fastest are inside the model's own error: its
-# median |error| on published runs is 9.4 % on dense rows (docs/perf-model.md, Validation), so
+# median |error| on published runs is 7.7 % on dense rows (docs/perf-model.md, Validation), so
 # the prediction cannot order them; a short trial run can.
 WITHIN_MODEL_ERROR = 0.10
 
