@@ -57,16 +57,22 @@ class JobMemory:
 
     def line(self) -> str:
         outside = ("" if self.device_used_gib is None else
-                   f", {self.device_used_gib:.1f} GiB on the device")
+                   f", {gib_text(self.device_used_gib)} GiB on the device")
         est = ("" if self.estimate_gib is None else
-               f"; slurmpod's estimate {self.estimate_gib:.1f} GiB (allocated / estimate "
-               f"{self.vs_estimate:.2f})")
+               f"; slurmpod's estimate {gib_text(self.estimate_gib)} GiB (allocated / "
+               f"estimate {self.vs_estimate:.2f})")
         retries = ("" if not self.alloc_retries else
                    f"; {self.alloc_retries} allocator retries (cudaMalloc failed, PyTorch "
                    "freed its cache and retried: at the memory limit)")
-        return (f"rank {self.rank} peak {self.max_allocated_gib:.1f} GiB allocated, "
-                f"{self.max_reserved_gib:.1f} GiB reserved by PyTorch{outside}, of "
+        return (f"rank {self.rank} peak {gib_text(self.max_allocated_gib)} GiB allocated, "
+                f"{gib_text(self.max_reserved_gib)} GiB reserved by PyTorch{outside}, of "
                 f"{self.hbm_gib:g} GiB ({self.held_gib / self.hbm_gib:.0%}){est}{retries}")
+
+
+def gib_text(x: float) -> str:
+    """GiB to one decimal, or 3 significant digits below 10 (a sandbox's emulated GPU holds
+    MiB, which one decimal would show as 0.0)."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
 def _gib(doc: Mapping[str, Any], key: str) -> float | None:
@@ -119,4 +125,4 @@ def _estimate_gib(args: Mapping[str, Any] | None, gpus: int) -> float | None:
         return None
 
 
-__all__ = ["JobMemory", "job_memory"]
+__all__ = ["JobMemory", "gib_text", "job_memory"]

@@ -105,3 +105,11 @@ def test_a_job_report_shows_it_and_retries_give_the_memory_limit_note() -> None:
         "metrics": rec["summary"]["metrics"] | {"memory": record()["summary"]["metrics"][
             "memory"]}}}, site=h100)
     assert quiet.memory is not None and not any(n.code == "memory-limit" for n in quiet.notes)
+
+
+def test_small_figures_keep_their_digits() -> None:
+    """A sandbox's emulated GPU holds MiB: 3 significant digits, not 0.0 GiB."""
+    m = job_memory(record(max_allocated_mib=44.0, max_reserved_mib=52.0), None, site=SITE,
+                   nodelist="gpu001", gpus=8)
+    assert m is not None
+    assert m.line().startswith("rank 3 peak 0.043 GiB allocated, 0.0508 GiB reserved by PyTorch")
