@@ -139,24 +139,24 @@ def test_requeue_mid_run_resumes_from_last_checkpoint(sandbox: Any) -> None:
     wait_for(lambda: sandbox.squeue_state(jid) in ("", "COMPLETED"), 60, "the job to end")
 
 
-def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None:
-    """The real --signal=B:USR2@lead path: a 4-minute job's shell is warned 60 s before its
-    limit, the trainer saves, the script requeues the job, the next run continues from the
-    save, and the segment costs no restart (--max-restarts 0)."""
-    d = sandbox.tmp_dir / "timelimit"
+# The script's fallback when the hard limit came first (templates/sbatch, on_slurm_signal).
+NO_WARNING = "time limit reached before the warning"
+
+
+def _time_limited_run(sandbox: Any, name: str) -> tuple[Path, str, str, dict[str, Any]]:
+    """A 4-minute job that trains past its limit, requeued by its script and released: (run
+    dir, the log before and after the restart line, submit's JSON)."""
+    d = sandbox.tmp_dir / name
     d.mkdir(exist_ok=True)
     # exit_duration_in_mins set high so the signal, not Megatron's own timer, ends the run.
-    run = write_run(d / "run.toml", "timelimit", 1, train_iters=1_000_000, hidden=512, seq=256,
+    run = write_run(d / "run.toml", name, 1, train_iters=1_000_000, hidden=512, seq=256,
                     extra="save_interval = 1000000\nexit_duration_in_mins = 100",
                     job_extra='time_limit = "00:04:00"')
     text = (d / "run.toml").read_text().replace('time_limit = "00:10:00"\n', "")
     (d / "run.toml").write_text(text)
     res = submit_json(sandbox, run, "--wait", "--max-restarts", "0")
-    jid, run_dir = res["job_id"], d / "timelimit"
+    jid, run_dir = res["job_id"], d / name
     try:
-        # A 60 s lead (a quarter of the limit): slurmctld acts on time limits from a periodic
-        # check, and on a busy controller a 30 s lead left the trainer no time to save.
-        assert "#SBATCH --signal=B:USR2@60" in Path(res["script"]).read_text()
         wait_for(lambda: sandbox.squeue_state(jid) == "PENDING", 330, "the requeue")
         sandbox.release_requeued(jid)
         its = re.compile(r"iteration\s+(\d+)/")
@@ -167,15 +167,36 @@ def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None
 
         wait_for(resumed, 120, "the resumed run")
         first, second = log_of(run_dir).split("restart 1 on", 1)
-        assert "asking the trainer to save" in first and "requeueing (timelimit" in first, \
-            "".join(ln for ln in first.splitlines(keepends=True) if " iteration " not in ln)
-        ends = [json.loads(line) for line in (run_dir / ".slurmpod" / "attempts.jsonl")
-                .read_text().splitlines() if '"event":"end"' in line]
-        assert ends[0]["end"] == "timelimit" and ends[0]["failures"] == 0, ends
-        saved = re.findall(r"successfully saved checkpoint from iteration\s+(\d+)", first)
-        assert saved and int(its.findall(second)[0]) == int(saved[-1]) + 1
+        return run_dir, first, second, res
     finally:
         sandbox.cancel(jid)
+
+
+def test_time_limit_signal_saves_then_requeues_and_resumes(sandbox: Any) -> None:
+    """The real --signal=B:USR2@lead path: a 4-minute job's shell is warned 60 s before its
+    limit, the trainer saves, the script requeues the job, the next run continues from the
+    save, and the segment costs no restart (--max-restarts 0).
+
+    slurmctld sends the warning from its 30 s periodic time-limit check (Slurm 22.05-24.11
+    job_mgr.c send_job_warn_signal); on a loaded 2-core CI machine it has, rarely, not reached
+    the shell before the limit, and the script then requeued the job through its fallback
+    (NO_WARNING; the run resumed, which this checks). Only then is the run repeated once: the
+    warning path must work on one of two tries."""
+    run_dir, first, second, res = _time_limited_run(sandbox, "timelimit")
+    if NO_WARNING in first and "asking the trainer to save" not in first:
+        assert "requeued" in first[first.index(NO_WARNING):]
+        run_dir, first, second, res = _time_limited_run(sandbox, "timelimit-again")
+    # A 60 s lead (a quarter of the limit): slurmctld acts on time limits from a periodic
+    # check, and on a busy controller a 30 s lead left the trainer no time to save.
+    assert "#SBATCH --signal=B:USR2@60" in Path(res["script"]).read_text()
+    its = re.compile(r"iteration\s+(\d+)/")
+    assert "asking the trainer to save" in first and "requeueing (timelimit" in first, \
+        "".join(ln for ln in first.splitlines(keepends=True) if " iteration " not in ln)
+    ends = [json.loads(line) for line in (run_dir / ".slurmpod" / "attempts.jsonl")
+            .read_text().splitlines() if '"event":"end"' in line]
+    assert ends[0]["end"] == "timelimit" and ends[0]["failures"] == 0, ends
+    saved = re.findall(r"successfully saved checkpoint from iteration\s+(\d+)", first)
+    assert saved and int(its.findall(second)[0]) == int(saved[-1]) + 1
 
 
 def test_hot_spare_allocated_but_not_used(sandbox: Any) -> None:

@@ -51,6 +51,9 @@ def test_submit_over_ssh_uploads_and_queues(sandbox: Any, sshd: SshdServer,  # n
     marker = json.loads((d / "over-ssh" / ".slurmpod" / "submission.json").read_text())
     assert marker["job_ids"] == [res["job_id"]]
     wait_for(lambda: "training complete" in log_of(d / "over-ssh"), 120, "the job over SSH")
+    # The log says so before Slurm has ended the job (its script still records the end): wait
+    # for Slurm, or the new submission finds the run still active and returns its job id.
+    sandbox.wait_job(res["job_id"], timeout_s=120)
     # The marker is read back over SSH; the finished job does not block a new run.
     again = _submit(sandbox, sshd, run, _home(tmp_path, sshd), "--json")
     assert again.returncode == 0, again.stderr
