@@ -366,15 +366,13 @@ def _text(log: Path, summary: Any, m: JobMetrics, source: str | None, peak_src: 
                      f"{m.productive_s:.1f} s of {_fmt(m.wall_s, '.1f')} s in the log, "
                      f"× {m.n_gpus} GPUs)")
     if m.memory is not None:  # Megatron's memory report (accounting/memreport.py)
-        from slurmpod.report.memory import gib_text  # lazy: start-up
+        from slurmpod.model.memory import RecordedMemory  # lazy: start-up
+        from slurmpod.report.memory import peaks_text, retries_text  # lazy: start-up
 
-        mem = m.memory
-        used = mem["device_used_mib"]
-        lines.append(f"GPU memory               rank {mem['rank']}: peak "
-                     f"{gib_text(mem['max_allocated_mib'] / 1024)} GiB allocated, "
-                     f"{gib_text(mem['max_reserved_mib'] / 1024)} GiB reserved by PyTorch"
-                     + ("" if used is None else f", {gib_text(used / 1024)} GiB on the device")
-                     + (f"; {mem['alloc_retries']} allocator retries"
-                        if mem.get("alloc_retries") else "")
-                     + f" ({mem['ranks']} rank(s) reported)")
+        got = RecordedMemory.from_record(m.memory, None)
+        if got is not None:
+            lines.append("GPU memory               "
+                         + peaks_text(got.rank, got.max_allocated_gib, got.max_reserved_gib,
+                                      got.device_used_gib)
+                         + retries_text(got.alloc_retries) + f" ({got.ranks} rank(s) reported)")
     return "\n".join(lines)

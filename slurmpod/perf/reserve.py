@@ -15,7 +15,6 @@ measurement. Pure: the CLI (cli/calibrate.py) does the I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from slurmpod.megatron.memory import MeasuredReserve
+from slurmpod.model.memory import RecordedMemory
 
-MIB_PER_GIB = 1024.0
 # The statistic over jobs: the upper quartile.
 QUANTILE = 0.75
 
@@ -48,16 +47,6 @@ class MemoryPoint:
     outside_torch_gib: float | None
 
 
-def _mib(doc: Mapping[str, Any], key: str) -> float | str | None:
-    """A MiB figure of the record, None when absent, "bad" when not a real figure."""
-    v = doc.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        return "bad"
-    return float(v)
-
-
 def memory_point(job_id: str, memory: Any, gpu_model: str, hbm_gib: float,
                  want_gpu: str) -> MemoryPoint | str:
     """A job's record `memory` (MemoryPeaks.for_record) on GPUs of `hbm_gib` as a point, or
@@ -66,17 +55,13 @@ def memory_point(job_id: str, memory: Any, gpu_model: str, hbm_gib: float,
         return "no-memory-report"
     if gpu_model != want_gpu:
         return "other-gpu"
-    alloc, reserved = _mib(memory, "max_allocated_mib"), _mib(memory, "max_reserved_mib")
-    used = _mib(memory, "device_used_mib")
-    if not isinstance(alloc, float) or not isinstance(reserved, float) or used == "bad":
+    got = RecordedMemory.from_record(memory, hbm_gib)
+    if got is None:
         return "bad-memory-report"
-    hbm_mib = hbm_gib * MIB_PER_GIB
-    if alloc > reserved or reserved > hbm_mib or (isinstance(used, float) and used > hbm_mib):
-        return "bad-memory-report"
-    outside = None if not isinstance(used, float) else max(0.0, used - reserved)
-    return MemoryPoint(job_id, gpu_model, hbm_gib, alloc / MIB_PER_GIB,
-                       (reserved - alloc) / MIB_PER_GIB,
-                       None if outside is None else outside / MIB_PER_GIB)
+    outside = (None if got.device_used_gib is None
+               else max(0.0, got.device_used_gib - got.max_reserved_gib))
+    return MemoryPoint(job_id, gpu_model, hbm_gib, got.max_allocated_gib,
+                       got.max_reserved_gib - got.max_allocated_gib, outside)
 
 
 def _upper_quartile(values: Sequence[float]) -> float:

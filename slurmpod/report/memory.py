@@ -11,18 +11,15 @@ report claiming more than the GPU holds is not shown. Pure.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.errors import SlurmpodError
+from slurmpod.model.memory import RecordedMemory
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
-
-MIB_PER_GIB = 1024.0
-
 
 @dataclass(frozen=True, slots=True)
 class JobMemory:
@@ -56,30 +53,34 @@ class JobMemory:
                 "vs_estimate": self.vs_estimate, "alloc_retries": self.alloc_retries}
 
     def line(self) -> str:
-        outside = ("" if self.device_used_gib is None else
-                   f", {gib_text(self.device_used_gib)} GiB on the device")
         est = ("" if self.estimate_gib is None else
                f"; slurmpod's estimate {gib_text(self.estimate_gib)} GiB (allocated / "
                f"estimate {self.vs_estimate:.2f})")
-        retries = ("" if not self.alloc_retries else
-                   f"; {self.alloc_retries} allocator retries (cudaMalloc failed, PyTorch "
-                   "freed its cache and retried: at the memory limit)")
-        return (f"rank {self.rank} peak {gib_text(self.max_allocated_gib)} GiB allocated, "
-                f"{gib_text(self.max_reserved_gib)} GiB reserved by PyTorch{outside}, of "
-                f"{self.hbm_gib:g} GiB ({self.held_gib / self.hbm_gib:.0%}){est}{retries}")
+        return (peaks_text(self.rank, self.max_allocated_gib, self.max_reserved_gib,
+                           self.device_used_gib)
+                + f", of {self.hbm_gib:g} GiB ({self.held_gib / self.hbm_gib:.0%}){est}"
+                + retries_text(self.alloc_retries))
+
+
+def peaks_text(rank: int, allocated_gib: float, reserved_gib: float,
+               device_used_gib: float | None) -> str:
+    """A memory report's peaks, as the job report and `slurmpod mfu` print them."""
+    outside = ("" if device_used_gib is None else
+               f", {gib_text(device_used_gib)} GiB on the device")
+    return (f"rank {rank} peak {gib_text(allocated_gib)} GiB allocated, "
+            f"{gib_text(reserved_gib)} GiB reserved by PyTorch{outside}")
+
+
+def retries_text(alloc_retries: int | None) -> str:
+    return ("" if not alloc_retries else
+            f"; {alloc_retries} allocator retries (cudaMalloc failed, PyTorch freed its cache "
+            "and retried: at the memory limit)")
 
 
 def gib_text(x: float) -> str:
     """GiB to one decimal, or 3 significant digits below 10 (a sandbox's emulated GPU holds
     MiB, which one decimal would show as 0.0)."""
     return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
-
-
-def _gib(doc: Mapping[str, Any], key: str) -> float | None:
-    v = doc.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        return None
-    return float(v) / MIB_PER_GIB
 
 
 def job_memory(record: Mapping[str, Any] | None, args: Mapping[str, Any] | None, *,
@@ -96,16 +97,11 @@ def job_memory(record: Mapping[str, Any] | None, args: Mapping[str, Any] | None,
     if sg is None:
         return None
     hbm = site.node_types[sg.node_type].gpu.hbm_gib
-    alloc, reserved = _gib(mem, "max_allocated_mib"), _gib(mem, "max_reserved_mib")
-    used = _gib(mem, "device_used_mib") if mem.get("device_used_mib") is not None else None
-    rank, retries = mem.get("rank"), mem.get("alloc_retries")
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        retries = None
-    if (alloc is None or reserved is None or alloc > reserved or reserved > hbm
-            or (used is not None and used > hbm) or isinstance(rank, bool)
-            or not isinstance(rank, int) or rank < 0):
+    got = RecordedMemory.from_record(mem, hbm)
+    if got is None:
         return None
-    return JobMemory(rank, hbm, alloc, reserved, used, _estimate_gib(args, gpus), retries)
+    return JobMemory(got.rank, hbm, got.max_allocated_gib, got.max_reserved_gib,
+                     got.device_used_gib, _estimate_gib(args, gpus), got.alloc_retries)
 
 
 def _estimate_gib(args: Mapping[str, Any] | None, gpus: int) -> float | None:
@@ -125,4 +121,4 @@ def _estimate_gib(args: Mapping[str, Any] | None, gpus: int) -> float | None:
         return None
 
 
-__all__ = ["JobMemory", "gib_text", "job_memory"]
+__all__ = ["JobMemory", "gib_text", "job_memory", "peaks_text", "retries_text"]

@@ -10,6 +10,7 @@ import pytest
 
 from slurmpod.accounting.logparse import parse_log
 from slurmpod.accounting.memreport import MAX_RANKS, MemoryReports, Report, parse_line
+from slurmpod.model.memory import RecordedMemory
 
 # core_r0.8 .. r0.13: Python's float repr ('{}'.format); main: two decimals, and the device
 # memory used with --log-device-memory-used.
@@ -138,3 +139,19 @@ def test_megatron_bridge_form() -> None:
 ])
 def test_what_is_not_a_bridge_report(line: bytes) -> None:
     assert parse_line(line) is None
+
+
+def test_a_record_read_back_round_trips() -> None:
+    """What the epilog keeps (`for_record`) is what every reader gets back, in GiB."""
+    s = parse_log(io.BytesIO(MAIN + b"\n"))
+    assert s.memory is not None
+    rec = s.memory.for_record(None)
+    assert rec is not None
+    got = RecordedMemory.from_record(rec, 80.0)
+    assert got is not None and (got.rank, got.ranks, got.alloc_retries) == (12, 1, None)
+    assert got.max_allocated_gib == pytest.approx(61118.33 / 1024)
+    assert got.max_reserved_gib == pytest.approx(64436.0 / 1024)
+    assert got.device_used_gib == pytest.approx(67012.5 / 1024)
+    assert RecordedMemory.from_record(rec, 64.0) is None  # more than a 64 GiB GPU holds
+    assert RecordedMemory.from_record(rec, None) == got
+

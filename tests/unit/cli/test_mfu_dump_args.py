@@ -133,8 +133,9 @@ def test_memory_reports_in_text_and_json(capsys: pytest.CaptureFixture[str],
     log.write_bytes(_dump(GOOD) + LINE + report)
     rc, out, _ = _run(capsys, str(log))
     assert rc == 0
-    assert ("GPU memory               rank 3: peak 50.0 GiB allocated, 60.0 GiB reserved by "
-            "PyTorch; 2 allocator retries (1 rank(s) reported)") in out
+    assert ("GPU memory               rank 3 peak 50.0 GiB allocated, 60.0 GiB reserved by "
+            "PyTorch; 2 allocator retries (cudaMalloc failed, PyTorch freed its cache and "
+            "retried: at the memory limit) (1 rank(s) reported)") in out
     rc, out, _ = _run(capsys, str(log), "--json")
     mem = json.loads(out)["memory"]
     assert mem["rank"] == 3 and mem["alloc_retries"] == 2

@@ -21,7 +21,8 @@ from slurmpod.perf.reserve import fit_reserve, memory_point
 
 
 def mem(alloc: float, reserved: float, used: float | None = None) -> dict[str, object]:
-    return {"max_allocated_mib": alloc, "max_reserved_mib": reserved, "device_used_mib": used}
+    return {"rank": 0, "max_allocated_mib": alloc, "max_reserved_mib": reserved,
+            "device_used_mib": used}
 
 
 def test_a_point_from_a_record() -> None:
@@ -42,6 +43,8 @@ def test_a_point_from_a_record() -> None:
     ({"max_allocated_mib": True, "max_reserved_mib": 1.0}, "bad-memory-report"),
     ({"max_reserved_mib": 1.0}, "bad-memory-report"),
     (mem(1.0, 2.0, "3"), "bad-memory-report"),  # type: ignore[arg-type]
+    (mem(1.0, 2.0) | {"rank": -1}, "bad-memory-report"),
+    (mem(1.0, 2.0) | {"rank": True}, "bad-memory-report"),
 ])
 def test_what_is_no_point(memory: object, why: str) -> None:
     assert memory_point("7", memory, "h100", 80.0, "h100") == why
