@@ -57,6 +57,10 @@ def flag_for(dest: str) -> str:
 # it from --num-virtual-stages-per-pipeline-rank (megatron/training/arguments.py).
 RENDERED_AS = {"virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank"}
 
+# `[megatron]` keys only slurmpod's performance model reads (perf/model.py RunOptions): Megatron
+# has no argument for them, so they are never rendered onto its command line.
+MODEL_ONLY = frozenset({"moe_imbalance"})
+
 
 def unknown_key_warnings(keys: Iterable[str], release: str, file: str) -> list[str]:
     """One line per `[megatron]` key that `release` has no argument for, with the nearest
@@ -65,7 +69,7 @@ def unknown_key_warnings(keys: Iterable[str], release: str, file: str) -> list[s
     aliases = _data()["aliases"]
     out = []
     for key in keys:
-        if key in known or key in aliases or key in RENDERED_AS:
+        if key in known or key in aliases or key in RENDERED_AS or key in MODEL_ONLY:
             continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -78,12 +78,16 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
     Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
     lists become nargs='+' values, None is left out, everything else is one value.
     """
-    from slurmpod.megatron.argnames import RENDERED_AS, store_false_flags  # lazy: start-up
+    from slurmpod.megatron.argnames import (  # lazy: start-up
+        MODEL_ONLY,
+        RENDERED_AS,
+        store_false_flags,
+    )
 
     store_false = store_false_flags()
     out: list[str] = []
     for key, value in _as_arguments(args, RENDERED_AS).items():
-        if value is None:
+        if value is None or key in MODEL_ONLY:
             continue
         if isinstance(value, bool):
             if key in store_false:

@@ -332,6 +332,15 @@ def test_the_virtual_pipeline_size_renders_as_an_argument_megatron_takes(
         assert {a[2:].replace("-", "_") for a in argv if a.startswith("--")} <= names(release)
 
 
+def test_keys_only_the_performance_model_reads_are_not_rendered() -> None:
+    """`moe_imbalance` tunes slurmpod's prediction (docs/perf-model.md); Megatron has no such
+    argument and would refuse the job at start-up."""
+    from slurmpod.megatron import argnames
+
+    assert launch.megatron_argv({"moe_imbalance": 1.2, "num_layers": 2}) == ["--num-layers", "2"]
+    assert argnames.unknown_key_warnings(["moe_imbalance"], "main", "run.toml") == []
+
+
 def test_the_emulator_reads_the_rendered_virtual_stages_as_megatron_does() -> None:
     from slurmpod.sandbox.workload import megatron_emu as emu
 
