@@ -108,7 +108,9 @@ def load_published(path: Path | str) -> list[Point]:
         if "seq_length" in raw:
             args["seq_length"] = raw["seq_length"]
         for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap",
-                    "moe_token_dispatcher_type", "pipeline_model_parallel_layout"):
+                    "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
+                    "cuda_graph_impl", "fp8_dot_product_attention",
+                    "use_transformer_engine_op_fuser"):
             if key in raw:
                 args[key] = raw[key]
         if raw["precision"] == "fp8":

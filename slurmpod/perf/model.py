@@ -88,6 +88,10 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0
 # It is why a recipe prefers fewer, larger kernels: a larger micro-batch, fewer virtual stages,
 # no needless CP.
 KERNEL_GAP_S = 4e-6
+# With the whole iteration captured as one CUDA graph (Megatron main `--cuda-graph-impl
+# full_iteration`, 2026) the host launches nothing per kernel; what stays is the boundary on the
+# GPU (the last wave's tail, the next kernel's ramp), taken as a quarter of the gap.
+GRAPHED_KERNEL_GAP_S = 1e-6
 DENSE_LAYER_KERNELS = 70
 MOE_LAYER_KERNELS = 60
 CP_STEP_KERNELS = 8
@@ -174,6 +178,15 @@ class RunOptions:
     # sit in at most this many expert groups (DeepSeek-V3: 4 of 8).
     moe_group_topk: int | None = None
     moe_num_groups: int | None = None
+    # `--cuda-graph-impl full_iteration`: the iteration replays as one CUDA graph
+    graphed_iteration: bool = False
+    # `fp8_dot_product_attention` (TransformerConfig): the core attention runs in FP8
+    fp8_attention: bool = False
+    # `use_transformer_engine_op_fuser` (TransformerConfig): the experts' fc1, activation and fc2
+    # run as one fused grouped MLP (Transformer Engine's op fuser; its CuTe DSL kernel with
+    # NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), so the FFN-sized activation and its FP8 casts never
+    # reach HBM
+    fused_expert_mlp: bool = False
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
@@ -191,11 +204,19 @@ class RunOptions:
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_group_topk=_opt_int(args.get("moe_router_group_topk")),
             moe_num_groups=_opt_int(args.get("moe_router_num_groups")),
+            graphed_iteration=str(args.get("cuda_graph_impl", "")).lower() == "full_iteration",
+            fp8_attention=_flag(args.get("fp8_dot_product_attention")),
+            fused_expert_mlp=_flag(args.get("use_transformer_engine_op_fuser")),
         )
 
 
 def _opt_int(v: Any) -> int | None:
     return None if v in (None, "None", "") else int(v)
+
+
+def _flag(v: Any) -> bool:
+    """A Megatron boolean as the arguments dump or a run spec gives it."""
+    return v is True or str(v).lower() == "true"
 
 
 BREAKDOWN_KEYS = ("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
@@ -425,7 +446,8 @@ def _attention_compute(u: _Micro) -> tuple[float, float]:
     gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
     mem_passes = 1.0 + rec / 3
     t_attn = gemm_passes * tok * k.attn_linear / tp / (u.peak_mm * _eff(min(h, k.q_width / tp)))
-    t_core = 7.0 * tok * k.attn_core / tp / (u.peak16 * ATTENTION_FACTOR)
+    t_core = 7.0 * tok * k.attn_core / tp / (
+        (u.peak_mm if u.fp8 and u.opts.fp8_attention else u.peak16) * ATTENTION_FACTOR)
     hid = tok * h / (tp if u.sp else 1)
     mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
     # QKV and output projection: inputs (tok x h, tok x q_width / tp) and output gradients
@@ -433,8 +455,13 @@ def _attention_compute(u: _Micro) -> tuple[float, float]:
     # before the all-gather (TE gathers FP8), so `hid` elements.
     cast_common = (FP8_CAST_BYTES * (2 * hid + tok * (2 * k.q_width + k.kv_width) / tp)
                    if u.fp8 else 0.0)
-    gaps = KERNEL_GAP_S * (1 + rec / 3) * (DENSE_LAYER_KERNELS + CP_STEP_KERNELS * (c.cp - 1))
+    gaps = _kernel_gap(u) * (1 + rec / 3) * (DENSE_LAYER_KERNELS
+                                             + CP_STEP_KERNELS * (c.cp - 1))
     return t_attn + t_core + (mem_common + cast_common) * mem_passes / u.hbm + gaps, t_core
+
+
+def _kernel_gap(u: _Micro) -> float:
+    return GRAPHED_KERNEL_GAP_S if u.opts.graphed_iteration else KERNEL_GAP_S
 
 
 def _tp_time(u: _Micro) -> float:
@@ -502,10 +529,13 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
             u.peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
     t_gemm += 6.0 * tok * k.router / tp / u.peak16
     routed = _routed_tokens(u)
-    mem = (ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp
+    # The fused grouped MLP keeps the experts' activation on chip: neither its element-wise
+    # pass nor the FP8 casts of fc1's output gradient and fc2's input touch HBM.
+    fused = u.opts.fused_expert_mlp
+    mem = ((0.0 if fused else ELEMENTWISE_BYTES_FFN * routed * c.moe_ffn_hidden_size / etp)
            + ELEMENTWISE_BYTES_FFN * tok * c.moe_shared_expert_intermediate_size / tp
            + MOE_PERMUTE_BYTES * routed * h)
-    cast = _mlp_cast_bytes(u, routed, c.moe_ffn_hidden_size / etp)
+    cast = _mlp_cast_bytes(u, routed, 0.0 if fused else c.moe_ffn_hidden_size / etp)
     if c.moe_shared_expert_intermediate_size:
         cast += _mlp_cast_bytes(u, tok, c.moe_shared_expert_intermediate_size / tp,
                                 tp if u.sp else 1)
@@ -562,7 +592,7 @@ def _layer(u: _Micro) -> _Layer:
     hbm = u.hbm
     dense_compute = common + t_dense_mlp + b_dense * mem_passes / hbm
     moe_compute = (common + t_moe_mlp + b_moe * mem_passes / hbm
-                   + KERNEL_GAP_S * (1 + rec / 3) * MOE_LAYER_KERNELS)
+                   + _kernel_gap(u) * (1 + rec / 3) * MOE_LAYER_KERNELS)
     moe_share = u.k.n_moe / u.c.num_layers
     layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
     layer_comm = t_tp + t_cp + moe_share * t_ep

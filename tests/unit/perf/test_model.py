@@ -152,6 +152,53 @@ def test_kernel_gaps_favour_fewer_larger_kernels() -> None:
         gaps / 2, rel=0.05)
 
 
+def test_options_read_the_switches_of_newer_recipes() -> None:
+    """Megatron main's names, as a run spec's [megatron] or an arguments dump gives them."""
+    o = RunOptions.from_args({"cuda_graph_impl": "full_iteration",
+                              "fp8_dot_product_attention": True,
+                              "use_transformer_engine_op_fuser": "True"})
+    assert o.graphed_iteration and o.fp8_attention and o.fused_expert_mlp
+    o = RunOptions.from_args({"cuda_graph_impl": "transformer_engine",
+                              "fp8_dot_product_attention": "False",
+                              "use_transformer_engine_op_fuser": None})
+    assert not (o.graphed_iteration or o.fp8_attention or o.fused_expert_mlp)
+
+
+def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
+    from slurmpod.perf import model
+
+    c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256)
+    plain, graphed = predict(c, 8, H100), predict(
+        c, 8, H100, FITTED["hopper"], RunOptions(graphed_iteration=True))
+    assert plain is not None and graphed is not None
+    gaps = (model.KERNEL_GAP_S - model.GRAPHED_KERNEL_GAP_S) * model.DENSE_LAYER_KERNELS \
+        * 32 * 32  # layers x microbatches
+    assert plain.breakdown_s["compute"] - graphed.breakdown_s["compute"] == pytest.approx(
+        gaps, rel=1e-6)
+
+
+def test_fp8_attention_runs_the_core_at_the_fp8_rate_only_under_fp8() -> None:
+    c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256, seq_length=16384)
+    assert step(c, 8, fp8_attention=True) == step(c, 8)  # BF16 run: the switch does nothing
+    assert step(c, 8, fp8=True, fp8_attention=True) < step(c, 8, fp8=True)
+    # Only the core attention moves: the saving is bounded by the core's BF16 time.
+    from slurmpod.perf import model
+
+    k = model._costs(c)
+    core_bf16 = 7.0 * 16384 * k.attn_core / (H100.peak_bf16 * 1e12 * FITTED["hopper"].gemm
+                                            * model.ATTENTION_FACTOR)
+    saved = step(c, 8, fp8=True) - step(c, 8, fp8=True, fp8_attention=True)
+    assert saved == pytest.approx(core_bf16 * (1 - 989 / 1979) * 32 * 32, rel=1e-6)
+
+
+def test_the_fused_expert_mlp_keeps_the_activation_off_hbm() -> None:
+    c = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=512)
+    for fp8 in (False, True):
+        assert step(c, 8, fp8=fp8, fused_expert_mlp=True) < step(c, 8, fp8=fp8)
+    dense = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256)
+    assert step(dense, 8, fused_expert_mlp=True) == step(dense, 8)  # no experts: no change
+
+
 def test_interleaving_widens_the_window_the_dp_overlap_hides_behind() -> None:
     """GPT-3 175B at TP4 PP8 on 128 GPUs: with one chunk the reduce-scatter hides behind one
     microbatch's backward; with VPP6 behind the cool-down's other chunks too."""
