@@ -182,3 +182,21 @@ def test_the_loss_gets_a_layer_slot_where_the_last_stage_would_be_slowest() -> N
            if (x.config.tp, x.config.pp, x.config.vpp, x.config.cp) == (4, 8, 5, 1)]
     assert pp8 and all(x.config.pipeline_layout and x.config.pipeline_layout.endswith("tL")
                        for x in pp8)
+
+
+def test_a_run_specs_switches_reach_the_prediction(tmp_path: Path) -> None:
+    """Megatron main's `cuda_graph_impl` and the fused expert MLP, set in a run spec's
+    [megatron], make `plan`'s prediction faster (docs/perf-model.md, the options it reads)."""
+    preset = preset_path("qwen3-30b-a3b").read_text(encoding="utf-8")
+    plain, switched = tmp_path / "plain.toml", tmp_path / "switched.toml"
+    plain.write_text(preset, encoding="utf-8")
+    switched.write_text(preset.replace("[megatron]\n", "[megatron]\ncuda_graph_impl = "
+                                       "\"full_iteration\"\nuse_transformer_engine_op_fuser = "
+                                       "true\n", 1), encoding="utf-8")
+    got = {}
+    for spec in (plain, switched):
+        r = slurmpod("plan", str(spec), "--json")
+        assert r.returncode == 0, r.stderr
+        got[spec.stem] = json.loads(r.stdout)["prediction"]
+    assert got["switched"]["step_time_s"] < got["plain"]["step_time_s"]
+    assert got["switched"]["breakdown_s"]["compute"] < got["plain"]["breakdown_s"]["compute"]
