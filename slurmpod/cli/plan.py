@@ -178,7 +178,13 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     for line in unknown_key_warnings(spec.megatron.explicit(), site.software.megatron, source):
         click.echo(f"slurmpod: warning: {line}", err=True)
     # lazy: start-up
-    from slurmpod.perf.planning import predict_run, search_run, site_reserve, summary_line
+    from slurmpod.perf.planning import (
+        predict_run,
+        run_switches,
+        search_run,
+        site_reserve,
+        summary_line,
+    )
 
     site_file = Path(site_path)
     result = make_plan(spec, site, nodes=nodes, measured_reserve=site_reserve(site, site_file))
@@ -200,7 +206,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     if as_json:
 
         data: dict[str, Any] = {"source": source, **result.to_json(),
-                                "prediction": prediction.to_json() if prediction else None,
+                                "prediction": ({**prediction.to_json(),
+                                                "switches": run_switches(spec)}
+                                               if prediction else None),
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size}
@@ -210,7 +218,10 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         text = render_summary(result, source)
         if prediction is not None:
             head, _, tail = text.rpartition("\nplan: ")
-            text = f"{head}\n  predicted  {summary_line(prediction)}\nplan: {tail}"
+            switches = ", ".join(run_switches(spec)) or (
+                "none (Megatron's defaults: no overlap, the alltoall dispatcher, no CUDA graphs)")
+            text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {switches}"
+                    f"\nplan: {tail}")
         if rec is not None:
             head, _, tail = text.rpartition("\nplan: ")
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"

@@ -210,6 +210,26 @@ class RunOptions:
         )
 
 
+    def switches(self) -> list[str]:
+        """The Megatron settings in effect that change the prediction, by Megatron's names
+        (empty: Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs)."""
+        on = [name for name, set_ in (
+            ("fp8", self.fp8), ("tp_comm_overlap", self.tp_comm_overlap),
+            ("overlap_grad_reduce", self.overlap_grad_reduce),
+            ("overlap_param_gather", self.overlap_param_gather),
+            ("grad_reduce_in_bf16", self.grad_reduce_bytes == 2),
+            ("overlap_moe_expert_parallel_comm", self.ep_overlap),
+            ("moe_token_dispatcher_type=flex", self.moe_flex),
+            ("cuda_graph_impl=full_iteration", self.graphed_iteration),
+            ("fp8_dot_product_attention", self.fp8_attention),
+            ("use_transformer_engine_op_fuser", self.fused_expert_mlp)) if set_]
+        if self.moe_group_topk and self.moe_num_groups:
+            on.append(f"moe_router_group_topk={self.moe_group_topk} of {self.moe_num_groups}")
+        if self.moe_imbalance != MOE_IMBALANCE:
+            on.append(f"moe_imbalance={self.moe_imbalance:g}")
+        return on
+
+
 def _opt_int(v: Any) -> int | None:
     return None if v in (None, "None", "") else int(v)
 

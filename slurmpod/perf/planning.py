@@ -48,6 +48,11 @@ def predict_run(spec: RunSpec, site: Site, nodes: int, site_path: Path | None = 
                    RunOptions.from_args(spec.megatron.values()))
 
 
+def run_switches(spec: RunSpec) -> list[str]:
+    """The Megatron settings of `spec` the prediction counts (`RunOptions.switches`)."""
+    return RunOptions.from_args(spec.megatron.values()).switches()
+
+
 def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                site_path: Path | None = None, top: int | None = 10
                ) -> tuple[list[Candidate], int]:

@@ -164,6 +164,17 @@ def test_options_read_the_switches_of_newer_recipes() -> None:
     assert not (o.graphed_iteration or o.fp8_attention or o.fused_expert_mlp)
 
 
+def test_switches_name_what_the_prediction_counts_in_megatrons_words() -> None:
+    assert RunOptions().switches() == []
+    o = RunOptions.from_args({"fp8": "hybrid", "overlap_grad_reduce": True,
+                              "grad_reduce_in_bf16": True, "moe_token_dispatcher_type": "flex",
+                              "moe_router_num_groups": 8, "moe_router_group_topk": 4,
+                              "moe_imbalance": 1.25})
+    assert o.switches() == ["fp8", "overlap_grad_reduce", "grad_reduce_in_bf16",
+                            "moe_token_dispatcher_type=flex", "moe_router_group_topk=4 of 8",
+                            "moe_imbalance=1.25"]
+
+
 def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
     from slurmpod.perf import model
 
