@@ -21,8 +21,6 @@ def epoch_to_log_clock(epoch_s: float, utc_offset_s: float) -> float:
     return epoch_s + utc_offset_s
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class IterationRecord:
     """One iteration line. Unknown numbers are None (ints) or NaN (floats)."""
@@ -554,7 +552,6 @@ class LogSummary:
             "rank_timers": self.rank_timers.to_json() if self.rank_timers else None,
             "memory": self.memory.for_record(None) if self.memory else None,
         }
-
 
 
 _TS_SHAPE = re.compile(rb"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?")

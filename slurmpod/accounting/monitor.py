@@ -132,7 +132,6 @@ def parse_chunk(data: bytes, state: MonitorState) -> None:
          float(it.tflops_reported[i])) for i in range(first, n))
 
 
-
 # k: how many median step times without an iteration make a hang (docs/resilience-in-job.md,
 # "Choosing k"). Megatron's healthy iterations vary by well under 2x in steady state (data
 # loader stalls, Python GC, a straggler); evaluation passes and checkpoint saves are longer but

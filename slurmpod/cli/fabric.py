@@ -222,7 +222,6 @@ def _read_fabrics(paths: tuple[Path, ...]) -> Fabric:
 
 def _read_fabric(path: Path) -> Fabric:
 
-
     if str(path) == "-":
         try:
             return parse(sys.stdin.read(), "<stdin>")

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from slurmpod.topology.fabric_plan import FabricPlan, NodeLink, Switch
 
 
-
 # The stable list of finding kinds (docs/fabric-check.md, "Findings", lists the same): scripts
 # may switch on `kind`; a kind is never renamed or reused for something else, only added. Every
 # module that reports fabric findings (check, switch_links, and the RoCE/counters/NVLink checks)

@@ -517,7 +517,6 @@ def draft_site_toml(d: Discovered, name: str, source: str = "ibnetdiscover") -> 
     the header."""
     import tomli_w  # lazy: start-up (tomli_w only when used)
 
-
     model, gpu_name, peak, hbm = _GPU_BY_GBPS.get(d.link_gbps, ("gpu", "unknown GPU", 989, 80))
     n_rails = max(1, len(d.rails))
     gpus = 8

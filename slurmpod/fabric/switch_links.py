@@ -44,6 +44,7 @@ class _Ctx(Protocol):
 
     def role(self, name: str) -> str: ...
 
+
 Pos = tuple[str, int]
 _RANK = {"leaf": 0, "spine": 1, "core": 2}
 

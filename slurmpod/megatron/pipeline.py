@@ -51,6 +51,7 @@ class ModelConfig(Protocol):
     @property
     def pipeline_layout(self) -> str | None: ...
 
+
 LAYOUT_KEY = "pipeline_model_parallel_layout"
 # A layout longer than this (after unrolling repeats) is refused before it is built.
 MAX_LAYOUT_CHARS = 100_000

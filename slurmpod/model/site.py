@@ -54,7 +54,6 @@ class Gpu(Strict, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
 
-
         spec = lookup(self.model)
         for key in ("peak_tflops_bf16", "hbm_gib"):
             if getattr(self, key):

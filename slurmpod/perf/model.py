@@ -209,7 +209,6 @@ class RunOptions:
             fused_expert_mlp=_flag(args.get("use_transformer_engine_op_fuser")),
         )
 
-
     def switches(self) -> list[str]:
         """The Megatron settings in effect that change the prediction, by Megatron's names
         (empty: Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs)."""
@@ -356,7 +355,6 @@ def _flex_time(tokens: float, h: int, topk: float, domains: int, opts: RunOption
     fabric = tokens * remote * h * 2 / nic
     inside = tokens * topk * h * 2 / nvl
     return max(fabric, inside) / FLEX_EFFICIENCY
-
 
 
 def _stage_work(c: ModelConfig, t_logits: float) -> list[tuple[float, float]]:

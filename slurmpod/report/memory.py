@@ -21,6 +21,7 @@ from slurmpod.model.memory import RecordedMemory
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
 
+
 @dataclass(frozen=True, slots=True)
 class JobMemory:
     rank: int

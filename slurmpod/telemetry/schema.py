@@ -270,9 +270,6 @@ def clean_gpu_entry(doc: Any, *, model: str | None = None) -> dict[str, Any] | N
     return out if set(out) - {"node", "index", "uuid", "span_s"} else None
 
 
-
-
-
 def clean_series(doc: Any, *, model: str | None = None) -> dict[str, Any] | None:
     """`record["gpu"]["series"]` checked: shapes (≤ 2 × MAX_SERIES_POINTS times, ≤
     MAX_SERIES_KEYS keys, one row per key of one value per time) and every value's range; a

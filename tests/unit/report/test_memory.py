@@ -72,7 +72,6 @@ def test_allocator_retries_say_the_run_was_at_its_limit() -> None:
         assert m is not None and m.alloc_retries is None
 
 
-
 def test_a_job_report_shows_it_and_retries_give_the_memory_limit_note() -> None:
     """Through build_job_report on the H100 site's node (80 GiB), with Megatron-Bridge's
     retries: text line, JSON, HTML tile and the `memory-limit` note."""

@@ -312,7 +312,6 @@ def test_job_prometheus_with_a_hostile_name_passes_promtool(hostile_sacct: Path)
     promtool_check(body)
 
 
-
 @pytest.mark.parametrize("name", ["a\rb", "x\r999,evil,mallory", "c\r\nd", "e\nf", "z\r"])
 def test_fleet_csv_quotes_any_line_break_in_a_name(name: str) -> None:
     # Python's csv writer quotes only the characters of its lineterminator: with "\n" alone a

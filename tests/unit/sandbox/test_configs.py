@@ -168,7 +168,6 @@ def test_unreadable_slurm_version() -> None:
         parse_slurm_version("command not found")
 
 
-
 def _fake_programs(root: Path, names: list[str], release: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for name in names:
