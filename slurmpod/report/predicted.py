@@ -63,6 +63,9 @@ class VsPredicted:
     achieved_step_s: float
     prediction: Prediction
     layout: str = ""  # "TP2 PP4 DP8 MBS1 GBS512", shown only
+    # The Megatron settings of the dump the prediction counted (`RunOptions.switches`), shown
+    # only; empty where the prediction was recorded at submission
+    switches: tuple[str, ...] = ()
 
     @property
     def predicted_step_s(self) -> float:
@@ -91,7 +94,7 @@ class VsPredicted:
                 "achieved_mfu": self.achieved_mfu, "predicted_mfu": p.mfu,
                 "predicted_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
                 "breakdown_s": dict(p.breakdown_s), "flagged": self.flagged,
-                "threshold": LOW_VS_PREDICTED,
+                "threshold": LOW_VS_PREDICTED, "switches": list(self.switches),
                 "efficiency": {"generation": p.generation, "fitted_on": p.efficiency_source}}
 
 
@@ -138,8 +141,9 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         if world is None:
             return None
         hw = hardware_from_site(site, sg.node_type)
+        opts = RunOptions.from_args(args)
         pred = predict(ModelConfig.from_args(args), world, hw, site_efficiency(hw, site_path),
-                       RunOptions.from_args(args))
+                       opts)
         layout = _layout_text(args, world)
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
@@ -148,7 +152,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     if pred is None or not (math.isfinite(pred.step_time_s) and pred.step_time_s > 0):
         return None
     return VsPredicted(gpu=hw.gpu_model, world=world, achieved_step_s=achieved_step_s,
-                       prediction=pred, layout=layout)
+                       prediction=pred, layout=layout, switches=tuple(opts.switches()))
 
 
 def _s(x: float) -> str:

@@ -94,7 +94,8 @@ def job_text(r: JobReport) -> str:
             out.append(f"  vs predicted {pct(v.ratio, 0)} of predicted MFU "
                        f"({pct(v.achieved_mfu)} against {pct(v.prediction.mfu)}); iteration "
                        f"{num(v.achieved_step_s, '.4g')} s against {num(v.predicted_step_s, '.4g')}"
-                       f" s predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs")
+                       f" s predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs"
+                       + (f", counting {', '.join(v.switches)}" if v.switches else ""))
         if r.memory is not None:
             out.append(f"  memory       {r.memory.line()}")
     if loss.productive_gpu_s is not None:

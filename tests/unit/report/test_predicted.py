@@ -115,6 +115,26 @@ def test_job_faster_than_predicted_is_not_flagged(h100: Site, base_job: object) 
     assert "TP1 PP1 DP64 MBS2 GBS128" in job_text(r)
 
 
+def test_the_switches_the_prediction_counted_are_shown(h100: Site, base_job: object) -> None:
+    """The dump's overlap and FP8 settings reach the prediction; the report names them, so a
+    job far from its prediction can be checked against what the model assumed."""
+    args, achieved = _log("megatron-2026-microseconds.log")
+    on = args | {"overlap_grad_reduce": True, "fp8": "hybrid"}
+    r = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=_record(achieved),
+                         log_hints=LogHints("x.out", args=on), site=h100)
+    assert r.predicted is not None
+    assert "fp8" in r.predicted.switches and "overlap_grad_reduce" in r.predicted.switches
+    assert r.to_json()["predicted"]["switches"] == list(r.predicted.switches)
+    assert ", counting fp8, " in job_text(r)
+    plain = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=_record(achieved),
+                             log_hints=LogHints("x.out", args=args | {
+                                 "overlap_grad_reduce": False, "fp8": None,
+                                 "overlap_param_gather": False, "tp_comm_overlap": False,
+                                 "grad_reduce_in_bf16": False}), site=h100)
+    assert plain.predicted is not None and plain.predicted.switches == ()
+    assert ", counting " not in job_text(plain)
+
+
 def test_the_cli_reads_the_dump_from_the_log_head() -> None:
     head = (DATA / "megatron" / "megatron-2026-microseconds.log").read_bytes()
     args = megatron_args(head)
