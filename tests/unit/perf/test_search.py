@@ -115,8 +115,8 @@ def test_plan_text_prints_the_prediction() -> None:
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("predicted"))
     assert "s/iteration" in line and "MFU" in line
-    # The preset sets none of the switches the model reads: the line says what that means.
-    assert "  switches   none (Megatron's defaults: no overlap" in r.stdout
+    # The switches the preset sets, by Megatron's names.
+    assert "  switches   overlap_grad_reduce, overlap_param_gather\n" in r.stdout
 
 
 def test_pruned_top_n_is_the_head_of_the_full_ranking() -> None:
@@ -200,8 +200,8 @@ def test_a_run_specs_switches_reach_the_prediction(tmp_path: Path) -> None:
         r = slurmpod("plan", str(spec), "--json")
         assert r.returncode == 0, r.stderr
         got[spec.stem] = json.loads(r.stdout)["prediction"]
-    assert got["plain"]["switches"] == []
-    assert got["switched"]["switches"] == ["cuda_graph_impl=full_iteration",
-                                           "use_transformer_engine_op_fuser"]
+    assert got["plain"]["switches"] == ["overlap_grad_reduce", "overlap_param_gather"]
+    assert got["switched"]["switches"] == got["plain"]["switches"] + [
+        "cuda_graph_impl=full_iteration", "use_transformer_engine_op_fuser"]
     assert got["switched"]["step_time_s"] < got["plain"]["step_time_s"]
     assert got["switched"]["breakdown_s"]["compute"] < got["plain"]["breakdown_s"]["compute"]
