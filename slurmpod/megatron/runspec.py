@@ -399,8 +399,8 @@ class ModelConfig:
         pattern = (moe_layer_pattern(get("moe_layer_freq", 1), layers)
                    if num_experts is not None else (0,) * layers)
         vp = _virtual_pipeline(a, layers, pp)
-        fsdp = _flag(get("use_megatron_fsdp", False))
-        bf16_grads = (_flag(get("grad_reduce_in_bf16", False))
+        fsdp = megatron_flag(get("use_megatron_fsdp", False))
+        bf16_grads = (megatron_flag(get("grad_reduce_in_bf16", False))
                       or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
         return cls(
             num_layers=layers, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
@@ -431,22 +431,23 @@ class ModelConfig:
             recompute_num_layers=a.get("recompute_num_layers"),
             global_batch_size=a.get("global_batch_size"),
             micro_batch_size=int(get("micro_batch_size", 1)), group_query_attention=gqa,
-            first_stage_layers=_opt_int(a.get("decoder_first_pipeline_num_layers")),
-            last_stage_layers=_opt_int(a.get("decoder_last_pipeline_num_layers")),
+            first_stage_layers=optional_int(a.get("decoder_first_pipeline_num_layers")),
+            last_stage_layers=optional_int(a.get("decoder_last_pipeline_num_layers")),
             account_for_embedding=vp.account_for_embedding,
             account_for_loss=vp.account_for_loss, pipeline_layout=vp.layout,
             vpp_given=vp.vpp_given, fp8=_fp8(a),
-            fp8_param_gather=_flag(get("fp8_param_gather", False)),
+            fp8_param_gather=megatron_flag(get("fp8_param_gather", False)),
             grad_bytes=2 if bf16_grads else 4,
             hidden_dropout=float(get("hidden_dropout", 0.1)),
             recompute_modules=_recompute_modules(a),
-            add_bias_linear=_flag(get("add_bias_linear", True)),
-            moe_shared_expert_gate=_flag(get("moe_shared_expert_gate", False)),
+            add_bias_linear=megatron_flag(get("add_bias_linear", True)),
+            moe_shared_expert_gate=megatron_flag(get("moe_shared_expert_gate", False)),
             megatron_fsdp=fsdp,
             fsdp_sharding=str(get("data_parallel_sharding_strategy",
                                   "optim_grads_params" if fsdp else "no_shard")),
-            optimizer_offload_fraction=(float(get("optimizer_offload_fraction", 1.0))
-                                        if _flag(get("optimizer_cpu_offload", False)) else 0.0),
+            optimizer_offload_fraction=(
+                float(get("optimizer_offload_fraction", 1.0))
+                if megatron_flag(get("optimizer_cpu_offload", False)) else 0.0),
             cpu_offloading_num_layers=int(get("cpu_offloading_num_layers", 0)),
         )
 
@@ -508,8 +509,8 @@ def _virtual_pipeline(a: Mapping[str, Any], layers: int, pp: int) -> _VirtualPip
     the size itself, stages per rank, layers per virtual stage, or a layout (which decides)."""
     vpp = a.get("virtual_pipeline_model_parallel_size")
     per_stage = a.get("num_layers_per_virtual_pipeline_stage")
-    acct_e = _flag(_get(a, "account_for_embedding_in_pipeline_split", False))
-    acct_l = _flag(_get(a, "account_for_loss_in_pipeline_split", False))
+    acct_e = megatron_flag(_get(a, "account_for_embedding_in_pipeline_split", False))
+    acct_l = megatron_flag(_get(a, "account_for_loss_in_pipeline_split", False))
     layout = a.get("pipeline_model_parallel_layout")
     layout = None if layout in (None, "None", "") else str(layout)
     if vpp is None and a.get("num_virtual_stages_per_pipeline_rank") is not None:
@@ -546,15 +547,16 @@ def _recompute_modules(a: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(modules) if modules else ("core_attn",)
 
 
-def _flag(v: Any) -> bool:
+def megatron_flag(v: Any) -> bool:
     """A boolean argument as a run spec (bool) or a log's dump ("True"/"False") gives it."""
     if isinstance(v, str):
         return v.strip().lower() == "true"
     return bool(v)
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v in (None, "None") else int(v)
+def optional_int(v: Any) -> int | None:
+    """An optional integer argument as a run spec or a log's dump gives it ("None": unset)."""
+    return None if v in (None, "None", "") else int(v)
 
 
 _SPLITS: dict[tuple[Any, ...], Any] = {}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
 from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
-from slurmpod.megatron.runspec import ModelConfig
+from slurmpod.megatron.runspec import ModelConfig, megatron_flag, optional_int
 from slurmpod.model.gpus import lookup
 
 if TYPE_CHECKING:
@@ -191,22 +191,23 @@ class RunOptions:
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
         fp8 = args.get("fp8")
-        bf16_grads = bool(args.get("grad_reduce_in_bf16")) or (
-            args.get("accumulate_allreduce_grads_in_fp32") is False)
+        # As ModelConfig.from_args reads them (a run spec's bools, a dump's "True"/"False").
+        bf16_grads = megatron_flag(args.get("grad_reduce_in_bf16")) or (
+            args.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
         return cls(
             fp8=bool(fp8) and str(fp8).lower() not in ("false", "none", "0"),
-            tp_comm_overlap=bool(args.get("tp_comm_overlap")),
-            overlap_grad_reduce=bool(args.get("overlap_grad_reduce")),
-            overlap_param_gather=bool(args.get("overlap_param_gather")),
-            ep_overlap=bool(args.get("overlap_moe_expert_parallel_comm")),
+            tp_comm_overlap=megatron_flag(args.get("tp_comm_overlap")),
+            overlap_grad_reduce=megatron_flag(args.get("overlap_grad_reduce")),
+            overlap_param_gather=megatron_flag(args.get("overlap_param_gather")),
+            ep_overlap=megatron_flag(args.get("overlap_moe_expert_parallel_comm")),
             grad_reduce_bytes=2 if bf16_grads else 4,
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
-            moe_group_topk=_opt_int(args.get("moe_router_group_topk")),
-            moe_num_groups=_opt_int(args.get("moe_router_num_groups")),
+            moe_group_topk=optional_int(args.get("moe_router_group_topk")),
+            moe_num_groups=optional_int(args.get("moe_router_num_groups")),
             graphed_iteration=str(args.get("cuda_graph_impl", "")).lower() == "full_iteration",
-            fp8_attention=_flag(args.get("fp8_dot_product_attention")),
-            fused_expert_mlp=_flag(args.get("use_transformer_engine_op_fuser")),
+            fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
+            fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )
 
     def switches(self) -> list[str]:
@@ -227,15 +228,6 @@ class RunOptions:
         if self.moe_imbalance != MOE_IMBALANCE:
             on.append(f"moe_imbalance={self.moe_imbalance:g}")
         return on
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v in (None, "None", "") else int(v)
-
-
-def _flag(v: Any) -> bool:
-    """A Megatron boolean as the arguments dump or a run spec gives it."""
-    return v is True or str(v).lower() == "true"
 
 
 BREAKDOWN_KEYS = ("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
