@@ -45,12 +45,12 @@ def predict_run(spec: RunSpec, site: Site, nodes: int, site_path: Path | None = 
     hw = hardware_from_site(site)
     c = ModelConfig.from_args(spec.megatron)
     return predict(c, nodes * hw.gpus_per_node, hw, site_efficiency(hw, site_path),
-                   RunOptions.from_args(spec.megatron.values()))
+                   run_options(spec))
 
 
-def run_switches(spec: RunSpec) -> list[str]:
-    """The Megatron settings of `spec` the prediction counts (`RunOptions.switches`)."""
-    return RunOptions.from_args(spec.megatron.values()).switches()
+def run_options(spec: RunSpec) -> RunOptions:
+    """The Megatron settings of `spec` the model reads (`RunOptions.switches` names them)."""
+    return RunOptions.from_args(spec.megatron.values())
 
 
 def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
@@ -63,7 +63,7 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
     if args.get("padded_vocab_size") is None and args.get("vocab_size") is not None:
         vocab = (int(args["vocab_size"]), int(args.get("make_vocab_size_divisible_by") or 128))
     return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
-                  RunOptions.from_args(args), top, vocab)
+                  run_options(spec), top, vocab)
 
 
 def summary_line(p: Prediction) -> str:
