@@ -109,8 +109,9 @@ def _dump_ok(args: Mapping[str, Any]) -> bool:
 def is_fp8(args: Mapping[str, Any] | None) -> bool:
     """Megatron's `--fp8-format e4m3|hybrid` leaves `fp8` set in the arguments dump (None
     otherwise): the GEMMs ran in FP8, so MFU is also shown against the FP8 peak."""
-    v = (args or {}).get("fp8")
-    return bool(v) and str(v).lower() not in ("none", "false", "0")
+    from slurmpod.megatron.runspec import fp8_format  # lazy: the hooks' start-up
+
+    return fp8_format(args or {}) is not None
 
 
 def per_iteration(elapsed_ms: np.ndarray, gbs: np.ndarray, p: JobParams) -> dict[str, np.ndarray]:

@@ -400,8 +400,6 @@ class ModelConfig:
                    if num_experts is not None else (0,) * layers)
         vp = _virtual_pipeline(a, layers, pp)
         fsdp = megatron_flag(get("use_megatron_fsdp", False))
-        bf16_grads = (megatron_flag(get("grad_reduce_in_bf16", False))
-                      or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
         return cls(
             num_layers=layers, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
             kv_channels=int(get("kv_channels", h // heads)), ffn_hidden_size=ffn,
@@ -435,9 +433,9 @@ class ModelConfig:
             last_stage_layers=optional_int(a.get("decoder_last_pipeline_num_layers")),
             account_for_embedding=vp.account_for_embedding,
             account_for_loss=vp.account_for_loss, pipeline_layout=vp.layout,
-            vpp_given=vp.vpp_given, fp8=_fp8(a),
+            vpp_given=vp.vpp_given, fp8=fp8_format(a),
             fp8_param_gather=megatron_flag(get("fp8_param_gather", False)),
-            grad_bytes=2 if bf16_grads else 4,
+            grad_bytes=grad_reduce_bytes(a),
             hidden_dropout=float(get("hidden_dropout", 0.1)),
             recompute_modules=_recompute_modules(a),
             add_bias_linear=megatron_flag(get("add_bias_linear", True)),
@@ -528,9 +526,22 @@ def _virtual_pipeline(a: Mapping[str, Any], layers: int, pp: int) -> _VirtualPip
     return _VirtualPipeline(None if vpp is None else int(vpp), vpp_given, layout, acct_e, acct_l)
 
 
-def _fp8(a: Mapping[str, Any]) -> str | None:
+def fp8_format(a: Mapping[str, Any]) -> str | None:
+    """Megatron's `--fp8-format` (dest `fp8`: "hybrid", "e4m3"), None when FP8 is off, as a run
+    spec (a string or false) or a log's dump ("None") gives it."""
     fp8 = a.get("fp8")
-    return None if fp8 in (None, "None", False, "") else str(fp8)
+    if fp8 is None or fp8 is False or str(fp8).strip().lower() in ("", "none", "false", "0"):
+        return None
+    return str(fp8)
+
+
+def grad_reduce_bytes(a: Mapping[str, Any]) -> int:
+    """Bytes per element of the main gradients the data-parallel reduce moves: 2 with
+    `--grad-reduce-in-bf16` (or the older `accumulate_allreduce_grads_in_fp32 = False`),
+    else Megatron's fp32 main gradients."""
+    bf16 = (megatron_flag(a.get("grad_reduce_in_bf16", False))
+            or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
+    return 2 if bf16 else 4
 
 
 def _recompute_granularity(a: Mapping[str, Any]) -> str | None:

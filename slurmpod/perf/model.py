@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
 from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
-from slurmpod.megatron.runspec import ModelConfig, megatron_flag, optional_int
+from slurmpod.megatron.runspec import (
+    ModelConfig,
+    fp8_format,
+    grad_reduce_bytes,
+    megatron_flag,
+    optional_int,
+)
 from slurmpod.model.gpus import lookup
 
 if TYPE_CHECKING:
@@ -190,17 +196,14 @@ class RunOptions:
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
-        fp8 = args.get("fp8")
-        # As ModelConfig.from_args reads them (a run spec's bools, a dump's "True"/"False").
-        bf16_grads = megatron_flag(args.get("grad_reduce_in_bf16")) or (
-            args.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
+        # Read as ModelConfig.from_args reads them (a run spec's values, a dump's strings).
         return cls(
-            fp8=bool(fp8) and str(fp8).lower() not in ("false", "none", "0"),
+            fp8=fp8_format(args) is not None,
             tp_comm_overlap=megatron_flag(args.get("tp_comm_overlap")),
             overlap_grad_reduce=megatron_flag(args.get("overlap_grad_reduce")),
             overlap_param_gather=megatron_flag(args.get("overlap_param_gather")),
             ep_overlap=megatron_flag(args.get("overlap_moe_expert_parallel_comm")),
-            grad_reduce_bytes=2 if bf16_grads else 4,
+            grad_reduce_bytes=grad_reduce_bytes(args),
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),

@@ -105,7 +105,10 @@ def layout_of(args: Mapping[str, Any] | None, gpus: int = 0) -> tuple[
     model = tuple((label, f"{int(v):,}" if isinstance(v, int) and not isinstance(v, bool)
                    else _text(v)) for key, label in MODEL_ARGS
                   if (v := args.get(key)) is not None)
-    prec = ("FP8 (" + _text(args.get("fp8")) + ")" if args.get("fp8")
+    from slurmpod.megatron.runspec import fp8_format  # lazy: start-up
+
+    fp8 = fp8_format(args)
+    prec = ("FP8 (" + _text(fp8) + ")" if fp8
             else "BF16" if args.get("bf16") else "FP16" if args.get("fp16") else None)
     return tuple(lay), model, prec
 

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from slurmpod.errors import ConfigError
 from slurmpod.megatron.runspec import (
     ModelConfig,
+    fp8_format,
+    grad_reduce_bytes,
     moe_layer_pattern,
     padded_vocab_size,
     run_from_dict,
@@ -82,3 +84,30 @@ _keys = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
 def test_to_toml_round_trip(megatron, job):
     text = to_toml({"job": job, "megatron": megatron})
     assert tomllib.loads(text) == {"job": job, "megatron": megatron}
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("hybrid", "hybrid"), ("e4m3", "e4m3"),  # a run spec, or a dump with FP8 on
+    ("None", None), (None, None),  # a dump with FP8 off; the key absent
+    (False, None), ("False", None), ("", None),  # a run spec's `fp8 = false`, its string form
+])
+def test_fp8_format_reads_spec_and_dump_alike(value, want):
+    args = {} if value is None else {"fp8": value}
+    assert fp8_format(args) == want
+    # The model config, the performance model and the reports read it through the same function.
+    from slurmpod.accounting.figures import is_fp8
+    from slurmpod.perf.model import RunOptions
+    assert RunOptions.from_args(args).fp8 is is_fp8(args) is (want is not None)
+    assert ModelConfig.from_args({**MIN, **args}).fp8 == want
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    ({}, 4), ({"grad_reduce_in_bf16": True}, 2), ({"grad_reduce_in_bf16": "True"}, 2),
+    ({"grad_reduce_in_bf16": "False"}, 4), ({"accumulate_allreduce_grads_in_fp32": "False"}, 2),
+    ({"accumulate_allreduce_grads_in_fp32": True}, 4),
+])
+def test_grad_reduce_bytes_one_reading_for_memory_and_speed(args, want):
+    from slurmpod.perf.model import RunOptions
+    assert grad_reduce_bytes(args) == want
+    assert ModelConfig.from_args({**MIN, **args}).grad_bytes == want
+    assert RunOptions.from_args(args).grad_reduce_bytes == want
