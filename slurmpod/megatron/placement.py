@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise, product
 from typing import Any
 
 RANK_ORDER = "tp-cp-ep-dp-pp"
@@ -50,56 +49,63 @@ def node_map_from_arrays(domain: Sequence[int], rack: Sequence[int], su: Sequenc
     return NodeMap(tuple(d), tuple(r), tuple(s), nodes_per_su, nodes_per_domain)
 
 
-def _groups_along(shape: tuple[int, ...], axis: int) -> list[list[int]]:
+def _along(shape: tuple[int, ...], axis: int) -> tuple[list[int], int, int]:
     """The groups of `range(prod(shape))` laid out row-major in `shape` whose members differ
-    only in `axis` (ascending), groups in row-major order of the other axes; the same as numpy's
-    `arange(n).reshape(shape)` with `axis` moved last, reshaped to (-1, shape[axis])."""
+    only in `axis`: (each group's first rank, the stride between members, the group size).
+    Group b is `range(b, b + size * stride, stride)`; bases come in row-major order of the other
+    axes (numpy's `arange(n).reshape(shape)` with `axis` moved last, reshaped to (-1, size))."""
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    step, size = strides[axis], shape[axis]
-    others = [range(0, n * st, st) for i, (n, st) in enumerate(zip(shape, strides, strict=True))
-              if i != axis]
-    return [list(range(base, base + size * step, step))
-            for base in (sum(c) for c in product(*others))]
+    bases = [0]
+    for i, (n, st) in enumerate(zip(shape, strides, strict=True)):
+        if i != axis:
+            bases = [b + k * st for b in bases for k in range(n)]
+    return bases, strides[axis], shape[axis]
+
+
+def _kind_axes(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, edp: int
+               ) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Each kind -> (rank grid, its axis): dense ranks laid out (pp, dp, cp, tp), expert ranks
+    (pp, edp, ep, etp), fastest last."""
+    dense, expert = (pp, dp, cp, tp), (pp, edp, ep, etp)
+    return {"tp": (dense, 3), "cp": (dense, 2), "dp": (dense, 1), "pp": (dense, 0),
+            "ep": (expert, 2), "etp": (expert, 3), "edp": (expert, 1)}
 
 
 def _group_table(world: int, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int,
                  edp: int) -> dict[str, list[list[int]]]:
-    """Each kind -> groups of global ranks (dense ranks laid out (pp, dp, cp, tp), expert ranks
-    (pp, edp, ep, etp), fastest last)."""
-    dense, expert = (pp, dp, cp, tp), (pp, edp, ep, etp)
-    return {
-        "tp": _groups_along(dense, 3), "cp": _groups_along(dense, 2),
-        "dp": _groups_along(dense, 1), "pp": _groups_along(dense, 0),
-        "ep": _groups_along(expert, 2), "etp": _groups_along(expert, 3),
-        "edp": _groups_along(expert, 1),
-    }
+    """Each kind -> its groups of global ranks, spelled out (what `place` counts without
+    listing them)."""
+    table = {}
+    for kind, (shape, axis) in _kind_axes(tp, cp, dp, pp, ep, etp, edp).items():
+        bases, step, size = _along(shape, axis)
+        table[kind] = [list(range(b, b + size * step, step)) for b in bases]
+    return table
 
 
-def _distinct(values: Sequence[int]) -> int:
-    """Distinct values of a non-decreasing sequence (group members are ascending ranks, and
-    node, domain, rack and SU indices grow with the rank)."""
-    return 1 + sum(1 for a, b in pairwise(values) if a != b)
+def _nodes_spanned(first: int, step: int, size: int, gpus_per_node: int) -> int:
+    """Nodes holding the ranks first + i * step (i < size): each its own node once the stride
+    is a node or more; else the nodes between the first and last member, none skipped."""
+    if step >= gpus_per_node:
+        return size
+    return (first + (size - 1) * step) // gpus_per_node - first // gpus_per_node + 1
 
 
-def _rail_aligned(groups: list[list[int]], gpus_per_node: int, n_nodes: list[int]) -> bool:
-    """True when every node of a group holds members on the same local ranks (so on the same
-    rails): node-crossing traffic then stays rail-to-rail, through the rail leaf (and spine),
-    never across rails. Group members are sorted, so each node's members are contiguous."""
-    crossing = [(g, n) for g, n in zip(groups, n_nodes, strict=True) if n > 1]
+def _rail_aligned(firsts: Sequence[int], step: int, size: int, gpus_per_node: int) -> bool:
+    """True when every node of every group (ranks first + i * step) holds members on the same
+    local ranks, so on the same rails: node-crossing traffic then stays rail-to-rail, through
+    the rail leaf (and spine), never across rails. A group's members on its j-th node are those
+    on its first node moved by j * k * step ranks (k members per node), so the rule holds when
+    the first node's share sits on one node and that move is whole nodes."""
+    spans = [(f, _nodes_spanned(f, step, size, gpus_per_node)) for f in firsts]
+    crossing = [(f, n) for f, n in spans if n > 1]
     if not crossing:
         return True
     per = crossing[0][1]
-    if any(n != per for _, n in crossing) or len(crossing[0][0]) % per:
-        return False
-    k = len(crossing[0][0]) // per
-    for g, _ in crossing:
-        chunks = [g[i * k:(i + 1) * k] for i in range(per)]
-        if any(len({r // gpus_per_node for r in c}) != 1 for c in chunks):
-            return False  # uneven members per node
-        local = [r % gpus_per_node for r in chunks[0]]
-        if any([r % gpus_per_node for r in c] != local for c in chunks[1:]):
-            return False
-    return True
+    if any(n != per for _, n in crossing) or size % per:
+        return False  # uneven members per node
+    k = size // per
+    return (k * step) % gpus_per_node == 0 and all(
+        (f + (k - 1) * step) // gpus_per_node == f // gpus_per_node for f, _ in crossing)
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,37 @@ def rank_location(rank: int, gpus_per_node: int, nm: NodeMap) -> dict[str, int]:
             "domain": nm.domain[node], "rack": nm.rack[node], "su": nm.su[node]}
 
 
+def _kind_placement(shape: tuple[int, ...], axis: int, gpus_per_node: int,
+                    node_map: NodeMap) -> GroupPlacement:
+    """How the groups along `axis` of the rank grid `shape` land, without listing their ranks:
+    O(groups), not O(ranks), so a 1,024-node MoE plan places its seven kinds in milliseconds.
+
+    Group b holds ranks b + i * stride, on node rank // gpus_per_node. Moving b by whole nodes
+    moves every member by the same number of nodes and keeps its local rank, so a group's node
+    count and rail alignment depend only on b % gpus_per_node, one residue per shape.
+    Node, domain and SU indices grow with the rank, so a group crosses a boundary exactly when
+    its first and last members lie on different sides of it."""
+    bases, step, size = _along(shape, axis)
+    if size == 1:
+        return GroupPlacement(size=1, count=len(bases), max_nodes=1, cross_node=0,
+                              cross_domain=0, cross_su=0, rail_aligned=True)
+    residues = sorted({b % gpus_per_node for b in bases})
+    span = (size - 1) * step
+    dom, su = node_map.domain, node_map.su
+    cross_node = cross_domain = cross_su = 0
+    for b in bases:
+        first, last = b // gpus_per_node, (b + span) // gpus_per_node
+        if first != last:
+            cross_node += 1
+            cross_domain += dom[first] != dom[last]
+            cross_su += su[first] != su[last]
+    return GroupPlacement(
+        size=size, count=len(bases),
+        max_nodes=max(_nodes_spanned(r, step, size, gpus_per_node) for r in residues),
+        cross_node=cross_node, cross_domain=cross_domain, cross_su=cross_su,
+        rail_aligned=_rail_aligned(residues, step, size, gpus_per_node))
+
+
 def place(*, tp: int, cp: int, pp: int, ep: int, etp: int, nodes: int, gpus_per_node: int,
           node_map: NodeMap, block_nodes: int, moe: bool = True) -> Placement:
     """Group placement for a layout that divides the world (the caller validates that).
@@ -152,26 +189,10 @@ def place(*, tp: int, cp: int, pp: int, ep: int, etp: int, nodes: int, gpus_per_
     world = nodes * gpus_per_node
     dp = world // (tp * cp * pp)
     edp = world // (etp * ep * pp)
-    kinds = _group_table(world, tp, cp, dp, pp, ep, etp, edp)
-    if not moe:
-        kinds = {k: v for k, v in kinds.items() if k in ("tp", "cp", "dp", "pp")}
-    out: dict[str, GroupPlacement] = {}
-    dom, su = node_map.domain, node_map.su
-    for kind, groups in kinds.items():
-        nodes_of = [[r // gpus_per_node for r in g] for g in groups]
-        n_nodes = [_distinct(ns) for ns in nodes_of]
-        if max(n_nodes) == 1:
-            n_dom = n_su = n_nodes
-        else:
-            n_dom = (n_nodes if node_map.nodes_per_domain == 1
-                     else [_distinct([dom[n] for n in ns]) for ns in nodes_of])
-            n_su = [_distinct([su[n] for n in ns]) for ns in nodes_of]
-        out[kind] = GroupPlacement(
-            size=len(groups[0]), count=len(groups), max_nodes=max(n_nodes),
-            cross_node=sum(1 for n in n_nodes if n > 1),
-            cross_domain=sum(1 for n in n_dom if n > 1),
-            cross_su=sum(1 for n in n_su if n > 1),
-            rail_aligned=_rail_aligned(groups, gpus_per_node, n_nodes))
+    kinds = _kind_axes(tp, cp, dp, pp, ep, etp, edp)
+    out = {kind: _kind_placement(shape, axis, gpus_per_node, node_map)
+           for kind, (shape, axis) in kinds.items()
+           if moe or kind in ("tp", "cp", "dp", "pp")}
     return Placement(
         order=RANK_ORDER, gpus_per_node=gpus_per_node, nodes=nodes,
         sus_spanned=len(set(node_map.su)), racks_spanned=len(set(node_map.rack)),

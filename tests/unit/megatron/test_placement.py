@@ -51,29 +51,33 @@ def _node_map(site, nodes):
     return node_map_from_arrays(arr("domain"), arr("rack"), arr("su"), nodes, 32, 4, 1)
 
 
-def brute_crossings(site, nodes, groups, gpn=8):
-    inv = site.inventory.nodes
+def brute_crossings(site, nodes, groups, gpn=8, node_map=None):
+    inv = site.inventory.nodes if site else None
+    dom = (lambda n: inv[n].domain) if inv else (lambda n: node_map.domain[n])
+    su = (lambda n: inv[n].su) if inv else (lambda n: node_map.su[n])
     res = {}
     for kind, rows in groups.items():
-        cn = cd = cs = 0
+        cn = cd = cs = most = 0
         aligned = True
         for row in rows:
             ns = {r // gpn for r in row}
+            most = max(most, len(ns))
             cn += len(ns) > 1
-            cd += len({inv[n].domain for n in ns}) > 1
-            cs += len({inv[n].su for n in ns}) > 1
+            cd += len({dom(n) for n in ns}) > 1
+            cs += len({su(n) for n in ns}) > 1
             if len(ns) > 1:
                 per_node = defaultdict(set)
                 for r in row:
                     per_node[r // gpn].add(r % gpn)
                 aligned &= len({frozenset(v) for v in per_node.values()}) == 1
-        res[kind] = (cn, cd, cs, aligned)
+        res[kind] = (len(rows), most, cn, cd, cs, aligned)
     return res
 
 
 @pytest.mark.parametrize(("tp", "cp", "pp", "ep", "etp", "nodes"), [
     (4, 2, 4, 1, 4, 16), (8, 1, 8, 1, 8, 64), (2, 1, 8, 64, 1, 128), (1, 1, 4, 8, 1, 8),
-    (2, 1, 1, 1, 2, 2), (8, 1, 2, 4, 1, 40),
+    (2, 1, 1, 1, 2, 2), (8, 1, 2, 4, 1, 40), (1, 1, 1, 16, 1, 2), (2, 1, 1, 3, 1, 3),
+    (3, 1, 1, 1, 3, 3), (1, 1, 3, 2, 1, 6), (4, 4, 2, 32, 1, 64),
 ])
 def test_crossings_match_bruteforce(dgx, tp, cp, pp, ep, etp, nodes):
     world = nodes * 8
@@ -83,7 +87,8 @@ def test_crossings_match_bruteforce(dgx, tp, cp, pp, ep, etp, nodes):
                           world // (etp * ep * pp))
     want = brute_crossings(dgx, nodes, groups)
     for kind, g in p.groups.items():
-        assert (g.cross_node, g.cross_domain, g.cross_su, g.rail_aligned) == want[kind], kind
+        assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
+                g.rail_aligned) == want[kind], kind
     assert p.min_sus == -(-nodes // 32)
     assert p.sus_spanned == p.min_sus  # contiguous from an SU boundary
 
@@ -139,3 +144,49 @@ def test_rank_location(dgx):
     # rank 8*33 + 5: job node 33 (second SU, its rack 8 of 4-node racks), local rank / rail 5
     assert rank_location(8 * 33 + 5, 8, nm) == {"rank": 269, "node": 33, "local_rank": 5,
                                                 "domain": 33, "rack": 8, "su": 1}
+
+
+@pytest.mark.parametrize(("tp", "cp", "pp", "ep", "etp"), [
+    (1, 1, 2, 32, 1), (2, 1, 8, 8, 1), (4, 2, 2, 16, 1), (1, 2, 3, 4, 2), (2, 1, 1, 72, 1),
+])
+def test_crossings_on_rack_scale_domains(tp, cp, pp, ep, etp):
+    # GB200 NVL72: 4 GPUs per node, 18 nodes per NVLink domain, 2 domains per SU here; 144
+    # nodes make the group counts large and the domain boundaries fall inside groups.
+    nodes, gpn = 144, 4
+    d = [n // 18 for n in range(nodes)]
+    nm = node_map_from_arrays(d, d, [n // 36 for n in range(nodes)], nodes, 36, 18, 18)
+    world = nodes * gpn
+    if world % (tp * cp * pp) or world % (etp * ep * pp):
+        pytest.skip("layout does not divide")
+    p = place(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, nodes=nodes, gpus_per_node=gpn,
+              node_map=nm, block_nodes=18)
+    groups = brute_groups(world, tp, cp, world // (tp * cp * pp), pp, ep, etp,
+                          world // (etp * ep * pp))
+    want = brute_crossings(None, nodes, groups, gpn=gpn, node_map=nm)
+    for kind, g in p.groups.items():
+        assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
+                g.rail_aligned) == want[kind], kind
+
+
+@pytest.mark.parametrize(("gpn", "nodes"), [(8, 6), (4, 12), (8, 8)])
+def test_every_layout_of_a_small_world_matches_bruteforce(gpn, nodes):
+    # Every (TP, CP, PP, EP, ETP) that divides the world, including TP sizes that do not divide
+    # the node (TP 3, 6): the counting shortcuts must agree with listing each group's ranks.
+    world = gpn * nodes
+    divs = [d for d in range(1, world + 1) if world % d == 0]
+    nm = node_map_from_arrays([n // 2 for n in range(nodes)], [n // 2 for n in range(nodes)],
+                              [n // 3 for n in range(nodes)], nodes, 3, 2, 2)
+    checked = 0
+    for tp, cp, pp, ep, etp in product(divs, divs, divs, divs, divs):
+        if world % (tp * cp * pp) or world % (etp * ep * pp):
+            continue
+        p = place(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, nodes=nodes, gpus_per_node=gpn,
+                  node_map=nm, block_nodes=3)
+        groups = brute_groups(world, tp, cp, world // (tp * cp * pp), pp, ep, etp,
+                              world // (etp * ep * pp))
+        want = brute_crossings(None, nodes, groups, gpn=gpn, node_map=nm)
+        for kind, g in p.groups.items():
+            assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
+                    g.rail_aligned) == want[kind], (tp, cp, pp, ep, etp, kind)
+        checked += 1
+    assert checked > 100
