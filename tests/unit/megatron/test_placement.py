@@ -146,6 +146,19 @@ def test_rank_location(dgx):
                                                 "domain": 33, "rack": 8, "su": 1}
 
 
+def assert_matches_bruteforce(tp, cp, pp, ep, etp, nodes, gpn, nm, block_nodes):
+    """`place` on a synthetic node map agrees with listing every group's ranks."""
+    world = nodes * gpn
+    p = place(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, nodes=nodes, gpus_per_node=gpn,
+              node_map=nm, block_nodes=block_nodes)
+    groups = brute_groups(world, tp, cp, world // (tp * cp * pp), pp, ep, etp,
+                          world // (etp * ep * pp))
+    want = brute_crossings(None, nodes, groups, gpn=gpn, node_map=nm)
+    for kind, g in p.groups.items():
+        assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
+                g.rail_aligned) == want[kind], (tp, cp, pp, ep, etp, kind)
+
+
 @pytest.mark.parametrize(("tp", "cp", "pp", "ep", "etp"), [
     (1, 1, 2, 32, 1), (2, 1, 8, 8, 1), (4, 2, 2, 16, 1), (1, 2, 3, 4, 2), (2, 1, 1, 72, 1),
 ])
@@ -158,14 +171,7 @@ def test_crossings_on_rack_scale_domains(tp, cp, pp, ep, etp):
     world = nodes * gpn
     if world % (tp * cp * pp) or world % (etp * ep * pp):
         pytest.skip("layout does not divide")
-    p = place(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, nodes=nodes, gpus_per_node=gpn,
-              node_map=nm, block_nodes=18)
-    groups = brute_groups(world, tp, cp, world // (tp * cp * pp), pp, ep, etp,
-                          world // (etp * ep * pp))
-    want = brute_crossings(None, nodes, groups, gpn=gpn, node_map=nm)
-    for kind, g in p.groups.items():
-        assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
-                g.rail_aligned) == want[kind], kind
+    assert_matches_bruteforce(tp, cp, pp, ep, etp, nodes, gpn, nm, 18)
 
 
 @pytest.mark.parametrize(("gpn", "nodes"), [(8, 6), (4, 12), (8, 8)])
@@ -180,13 +186,6 @@ def test_every_layout_of_a_small_world_matches_bruteforce(gpn, nodes):
     for tp, cp, pp, ep, etp in product(divs, divs, divs, divs, divs):
         if world % (tp * cp * pp) or world % (etp * ep * pp):
             continue
-        p = place(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, nodes=nodes, gpus_per_node=gpn,
-                  node_map=nm, block_nodes=3)
-        groups = brute_groups(world, tp, cp, world // (tp * cp * pp), pp, ep, etp,
-                              world // (etp * ep * pp))
-        want = brute_crossings(None, nodes, groups, gpn=gpn, node_map=nm)
-        for kind, g in p.groups.items():
-            assert (g.count, g.max_nodes, g.cross_node, g.cross_domain, g.cross_su,
-                    g.rail_aligned) == want[kind], (tp, cp, pp, ep, etp, kind)
+        assert_matches_bruteforce(tp, cp, pp, ep, etp, nodes, gpn, nm, 3)
         checked += 1
     assert checked > 100
