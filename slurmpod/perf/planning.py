@@ -66,11 +66,17 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                   run_options(spec), top, vocab)
 
 
+def _tflops_text(v: float) -> str:
+    """Whole TFLOP/s for a GPU, three significant figures for the sandbox's emulated one
+    (a CPU's fraction of a TFLOP/s)."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def summary_line(p: Prediction) -> str:
     b = p.breakdown_s
     comm = ", ".join(f"{k} {b[k]:.3g}" for k in ("tp", "cp", "ep", "dp", "pp_p2p") if b[k] > 0)
     return (f"{p.step_time_s:.3g} s/iteration, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-            f"{p.model_tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.0%} (compute "
+            f"{_tflops_text(p.model_tflops_per_gpu)} TFLOP/s/GPU, MFU {p.mfu:.0%} (compute "
             f"{b['compute']:.3g} s, bubble {b['pp_bubble']:.3g} s, exposed communication "
             f"{b['exposed_communication']:.3g} s" + (f": {comm}" if comm else "")
             + f", optimizer {b['optimizer']:.2g} s)")

@@ -205,3 +205,15 @@ def test_a_run_specs_switches_reach_the_prediction(tmp_path: Path) -> None:
         "cuda_graph_impl=full_iteration", "use_transformer_engine_op_fuser"]
     assert got["switched"]["step_time_s"] < got["plain"]["step_time_s"]
     assert got["switched"]["breakdown_s"]["compute"] < got["plain"]["breakdown_s"]["compute"]
+
+
+def test_summary_line_keeps_the_emulated_gpus_fraction_of_a_tflops() -> None:
+    from slurmpod.perf.model import BREAKDOWN_KEYS, Prediction
+    from slurmpod.perf.planning import summary_line
+
+    zero = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    gpu = Prediction(1.5, 7397.0, 1234.4, 0.5, {**zero, "compute": 1.2})
+    emu = Prediction(0.141, 3643.0, 0.0797, 0.36, {**zero, "compute": 0.0972})
+    assert "1,234 TFLOP/s/GPU, MFU 50%" in summary_line(gpu)
+    # The sandbox's CPU "GPU" runs at a fraction of a TFLOP/s: never printed as 0.
+    assert "0.0797 TFLOP/s/GPU, MFU 36%" in summary_line(emu)
