@@ -123,7 +123,7 @@ FITTED: dict[str, Efficiency] = {
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
     "blackwell": Efficiency(0.8001, 0.4705, "bridge2511-gb200-llama3-8b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
-    "emulated": Efficiency(1.0, 1.0, "the sandbox measures its own peak"),
+    "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
 DEFAULT_EFFICIENCY = FITTED["hopper"]
 

@@ -34,7 +34,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from slurmpod.report.model import LOSS_CAUSES, JobReport, Note, stability_of
-from slurmpod.report.predicted import LOW_VS_PREDICTED, cause_note, recorded_vs_predicted
+from slurmpod.report.predicted import (
+    HIGH_VS_PREDICTED,
+    LOW_VS_PREDICTED,
+    cause_note,
+    recorded_vs_predicted,
+)
 from slurmpod.report.rules import (
     GPU_IDLE_PCT,
     LOW_CPU_EFFICIENCY,
@@ -333,7 +338,7 @@ class FleetReport:
             "typical_mfu_by_size": self.typical_mfu,
             "vs_predicted": {
                 "jobs": self.jobs_with_prediction, "median": self.vs_predicted_median,
-                "threshold": LOW_VS_PREDICTED,
+                "threshold": LOW_VS_PREDICTED, "calibrate_above": HIGH_VS_PREDICTED,
                 "below": [{"job_id": r.job_id, "user": r.user, "name": r.name,
                            "vs_predicted": r.vs_predicted, "mfu": r.mfu,
                            **({"text": r.predicted_note.text, "fix": r.predicted_note.fix}

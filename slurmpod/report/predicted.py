@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 # ~10 %, max ~25 % on dense rows (docs/perf-model.md): a job at 1/1.25 = 80 % may still be the
 # model's error; below 70 % the gap is the job's (its placement, fabric, settings, nodes).
 LOW_VS_PREDICTED = 0.70
+# A job faster than 1 / 0.70 = 143 % of its prediction is as far beyond the model's error the
+# other way: the fitted factors under-rate these GPUs (a newer software stack, a GPU the
+# built-in fit never saw), and the site's own calibration fits them.
+HIGH_VS_PREDICTED = 1 / LOW_VS_PREDICTED
 # A part of the predicted step (exposed communication, pipeline bubble) at least this share of
 # it is named as the likely cause: it is the part the model says is most sensitive to the
 # fabric and the schedule, and the one a setting can shrink.
@@ -86,6 +90,11 @@ class VsPredicted:
     def flagged(self) -> bool:
         return self.ratio < LOW_VS_PREDICTED
 
+    @property
+    def above(self) -> bool:
+        """Far faster than predicted: the model's factors, not the job, are off."""
+        return self.ratio > HIGH_VS_PREDICTED
+
     def to_json(self) -> dict[str, Any]:
         p = self.prediction
         return {"gpu": self.gpu, "world_size": self.world, "layout": self.layout,
@@ -94,7 +103,7 @@ class VsPredicted:
                 "achieved_mfu": self.achieved_mfu, "predicted_mfu": p.mfu,
                 "predicted_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
                 "breakdown_s": dict(p.breakdown_s), "flagged": self.flagged,
-                "threshold": LOW_VS_PREDICTED, "switches": list(self.switches),
+                "threshold": LOW_VS_PREDICTED, "above": self.above, "switches": list(self.switches),
                 "efficiency": {"generation": p.generation, "fitted_on": p.efficiency_source}}
 
 
@@ -217,6 +226,28 @@ def cause_note(v: VsPredicted, stability: Stability | None,
                 "check clocks and throttling (`nvidia-smi -q -d PERFORMANCE`), GPU "
                 "utilisation (data loader or host stalls), and that the run's settings match "
                 "its arguments dump")
+
+
+def above_note(v: VsPredicted) -> Note:
+    """The note of a job far faster than its prediction: calibrate the site's factors. On the
+    sandbox's emulated GPU no fit can close the gap (its factors are already its measured peak):
+    the stand-in does only the model's GEMMs, so the note says that instead."""
+    from slurmpod.report.model import Note  # lazy: start-up
+
+    head = (f"the job ran at {100 * v.ratio:.0f} % of its predicted speed "
+            f"({_s(v.achieved_step_s)} per iteration against {_s(v.predicted_step_s)} "
+            f"predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs)")
+    if v.prediction.generation == "emulated":
+        return Note("info", "above-predicted",
+                    f"{head}: the sandbox's emulated GPU runs only the model's GEMMs, with no "
+                    "element-wise work, pipeline bubble or communication to wait for, so it "
+                    "beats what the model predicts of a GPU")
+    fitted = v.prediction.efficiency_source
+    return Note("info", "above-predicted",
+                f"{head}: beyond the model's error, so its factors under-rate these GPUs"
+                + (f" (fitted on {fitted})" if fitted else ""),
+                "fit the site's own factors from its finished jobs: `slurmpod calibrate "
+                "--since 7d` (docs/perf-model.md)")
 
 
 # A recorded prediction's limits: a step over a day, an MFU over 100 % or a part longer than the

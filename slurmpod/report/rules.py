@@ -97,6 +97,10 @@ def notes_for(r: JobReport, *, log_hints: LogHints | None = None,
         out.append(Note("warn", "stragglers",
                         f"stragglers, by Megatron's per-rank timers: {r.stragglers.phrase()}",
                         FIX))
+    if v is not None and v.above:
+        from slurmpod.report.predicted import above_note  # lazy: start-up
+
+        out.append(above_note(v))
     if r.memory is not None and r.memory.alloc_retries:
         from slurmpod.report.model import Note  # lazy: start-up
 

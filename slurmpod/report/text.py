@@ -8,7 +8,7 @@ from typing import Any
 
 from slurmpod.report.fleet import FleetReport, Group, JobRow
 from slurmpod.report.model import LOSS_CAUSES, Dist, Efficiency, JobReport
-from slurmpod.report.predicted import LOW_VS_PREDICTED
+from slurmpod.report.predicted import HIGH_VS_PREDICTED, LOW_VS_PREDICTED
 from slurmpod.report.rules import (
     GPU_IDLE_PCT,
     LOW_CPU_EFFICIENCY,
@@ -249,6 +249,10 @@ def fleet_text(fl: FleetReport) -> str:
         out.append(f"  vs predicted: median {pct(fl.vs_predicted_median, 0)} of predicted MFU "
                    f"over {fl.jobs_with_prediction} jobs with a prediction, "
                    f"{len(fl.below_predicted)} under {pct(LOW_VS_PREDICTED, 0)}")
+        if (fl.vs_predicted_median or 0.0) > HIGH_VS_PREDICTED:
+            out.append(f"    the median is over {pct(HIGH_VS_PREDICTED, 0)}, beyond the model's "
+                       "error: fit the site's own factors with `slurmpod calibrate --since "
+                       f"{fl.window}`")
     out.append("")
     heads = ["", "jobs", "GPU-h", "MFU", "goodput", "lost GPU-h"]
     out += ["Per user", table(["user", *heads[1:]], _group_rows(fl.by_user)), ""]

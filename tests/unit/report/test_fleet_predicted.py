@@ -145,6 +145,7 @@ def test_json_csv_text_and_html(fleet) -> None:
     text = fleet_text(fleet)
     assert ("vs predicted: median 60 % of predicted MFU over 3 jobs with a prediction, "
             "2 under 70 %") in text
+    assert "slurmpod calibrate" not in text
     assert "Below their prediction (under 70 % of the predicted speed)" in text
     assert "  102: the job ran at 50 % of its predicted speed" in text
     top = text[text.index("Top jobs by lost GPU-hours"):]
@@ -152,6 +153,18 @@ def test_json_csv_text_and_html(fleet) -> None:
 
     page = fleet_html(fleet, generated="2025-01-01 00:00 UTC")
     assert '<th class="n">vs predicted</th>' in page and "50 %" in page
+
+
+def test_a_fleet_far_faster_than_predicted_is_told_to_calibrate() -> None:
+    # Every prediction a third of the achieved time: median 300 %, beyond the model's error.
+    fast = {"101": submitted(3.0, 0.40, {"compute": 3.0}, "TP4 PP1 DP8 MBS1 GBS256"),
+            "102": submitted(6.0, 0.45, {"compute": 6.0}, "TP2 PP2 DP4 MBS1 GBS128"),
+            "103": submitted(1.5, 0.50, {"compute": 1.5}, "TP8 PP1 DP1 MBS2 GBS64")}
+    fl = _fleet(fast)
+    assert fl.vs_predicted_median == pytest.approx(3.0) and not fl.below_predicted
+    assert "beyond the model's error: fit the site's own factors with `slurmpod calibrate " \
+        "--since 7d`" in fleet_text(fl)
+    assert fl.to_json()["vs_predicted"]["calibrate_above"] == pytest.approx(1 / 0.7)
 
 
 def test_prediction_keys_survive_the_monitor_and_fit_the_comment() -> None:

@@ -25,6 +25,7 @@ from slurmpod.report.build import build_job_report
 from slurmpod.report.html import job_html
 from slurmpod.report.model import LogHints, Stability
 from slurmpod.report.predicted import (
+    HIGH_VS_PREDICTED,
     LOW_VS_PREDICTED,
     VsPredicted,
     cause_note,
@@ -113,6 +114,46 @@ def test_job_faster_than_predicted_is_not_flagged(h100: Site, base_job: object) 
     assert not r.predicted.flagged
     assert "below-predicted" not in [n.code for n in r.notes]
     assert "TP1 PP1 DP64 MBS2 GBS128" in job_text(r)
+
+
+def test_job_far_faster_than_predicted_says_calibrate(h100: Site, base_job: object) -> None:
+    """Beyond 1 / LOW_VS_PREDICTED the model, not the job, is off: an info note points at the
+    site's own calibration; just under it, nothing."""
+    args, _ = _log("megatron-2024-restart.log")
+    _, pred = _independent(args, h100, 1.0)
+    for speedup, noted in ((2.0, True), (0.99 * HIGH_VS_PREDICTED, False)):
+        r = build_job_report(_job(base_job, "dgx0001", 1),
+                             spool_record=_record(pred.step_time_s / speedup),
+                             log_hints=LogHints("x.out", args=args), site=h100)
+        assert r.predicted is not None and r.predicted.ratio == pytest.approx(speedup)
+        notes = [n for n in r.notes if n.code == "above-predicted"]
+        assert bool(notes) is noted and r.to_json()["predicted"]["above"] is noted
+        assert not r.predicted.flagged
+    assert notes == []
+    assert abs(HIGH_VS_PREDICTED * LOW_VS_PREDICTED - 1.0) < 1e-12
+    r = build_job_report(_job(base_job, "dgx0001", 1),
+                         spool_record=_record(pred.step_time_s / 2.0),
+                         log_hints=LogHints("x.out", args=args), site=h100)
+    note = next(n for n in r.notes if n.code == "above-predicted")
+    assert note.level == "info" and "200 % of its predicted speed" in note.text
+    assert "slurmpod calibrate" in note.fix
+    assert "beyond the model's error" in job_text(r)
+
+
+def test_emulated_gpu_far_faster_is_explained_not_sent_to_calibrate() -> None:
+    """The sandbox's emulated GPU: its factors are its measured peak, so no fit closes the gap;
+    the note says why instead of pointing at `slurmpod calibrate`."""
+    from slurmpod.perf.model import BREAKDOWN_KEYS
+    from slurmpod.report.predicted import VsPredicted, above_note
+
+    pred = Prediction(0.141, 3643.0, 0.0797, 0.36, dict.fromkeys(BREAKDOWN_KEYS, 0.0),
+                      generation="emulated", efficiency_source="measured")
+    v = VsPredicted(gpu="emu", world=16, achieved_step_s=0.0823, prediction=pred,
+                    layout="TP2 PP2 DP4 MBS2 GBS32")
+    assert v.above and not v.flagged
+    note = above_note(v)
+    assert note.code == "above-predicted" and note.fix == ""
+    assert "171 % of its predicted speed" in note.text and "only the model's GEMMs" in note.text
 
 
 def test_the_switches_the_prediction_counted_are_shown(h100: Site, base_job: object) -> None:
