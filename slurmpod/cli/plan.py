@@ -180,10 +180,10 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     # lazy: start-up
     from slurmpod.perf.planning import (
         predict_run,
-        run_options,
         search_run,
         site_reserve,
         summary_line,
+        switches,
     )
 
     site_file = Path(site_path)
@@ -207,7 +207,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
         data: dict[str, Any] = {"source": source, **result.to_json(),
                                 "prediction": ({**prediction.to_json(),
-                                                "switches": run_options(spec).switches()}
+                                                "switches": switches(spec)}
                                                if prediction else None),
                                 "checkpoint": rec}
         if do_search:
@@ -218,9 +218,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         text = render_summary(result, source)
         if prediction is not None:
             head, _, tail = text.rpartition("\nplan: ")
-            switches = ", ".join(run_options(spec).switches()) or (
+            named = ", ".join(switches(spec)) or (
                 "none (Megatron's defaults: no overlap, the alltoall dispatcher, no CUDA graphs)")
-            text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {switches}"
+            text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {named}"
                     f"\nplan: {tail}")
         if rec is not None:
             head, _, tail = text.rpartition("\nplan: ")

@@ -205,8 +205,7 @@ def _rank_weight_bytes(c: ModelConfig, p: ParamCounts, rank: int,
     # Sharding of (weights, grads, optimizer) over the data-parallel ranks: the distributed
     # optimizer shards the optimizer over DP x CP (megatron-core's data-parallel group with
     # context parallel); Megatron-FSDP also shards grads and/or weights.
-    strategy = c.fsdp_sharding if c.megatron_fsdp else (
-        "optim" if c.use_distributed_optimizer else "no_shard")
+    strategy = c.dp_sharding
     w_div, g_div, o_div = {"no_shard": (1, 1, 1), "optim": (1, 1, None),
                            "optim_grads": (1, None, None),
                            "optim_grads_params": (None, None, None)}[strategy]

@@ -377,6 +377,15 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts is not None
 
+    @property
+    def dp_sharding(self) -> str:
+        """What the data-parallel ranks shard, in Megatron-FSDP's words: `no_shard` (DDP),
+        `optim` (the distributed optimizer, ZeRO-1), `optim_grads` (ZeRO-2) or
+        `optim_grads_params` (ZeRO-3); Megatron-FSDP's `data_parallel_sharding_strategy`."""
+        if self.megatron_fsdp:
+            return self.fsdp_sharding
+        return "optim" if self.use_distributed_optimizer else "no_shard"
+
     @classmethod
     def from_args(cls, args: Mapping[str, Any] | MegatronArgs | ModelConfig) -> ModelConfig:
         """From a run spec's Megatron arguments or a log's dump, with Megatron's defaults and

@@ -134,7 +134,7 @@ def layout_warnings(c: ModelConfig, world: int, shape: SiteShape) -> list[str]:
     if c.cp > 1 and c.seq_length // c.cp < 1024:
         out.append(f"CP={c.cp} leaves {c.seq_length // c.cp} tokens per rank; context "
                    "parallelism pays off for long sequences")
-    if not c.use_distributed_optimizer and world // (c.tp * c.cp * c.pp or 1) > 1:
+    if c.dp_sharding == "no_shard" and world // (c.tp * c.cp * c.pp or 1) > 1:
         out.append("use_distributed_optimizer is off: optimizer state is replicated over DP "
                    "(18 bytes/param instead of 6 + 12/DP)")
     return out

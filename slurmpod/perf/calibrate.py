@@ -110,7 +110,8 @@ def load_published(path: Path | str) -> list[Point]:
         for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap",
                     "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
                     "cuda_graph_impl", "fp8_dot_product_attention",
-                    "use_transformer_engine_op_fuser"):
+                    "use_transformer_engine_op_fuser", "use_megatron_fsdp",
+                    "cpu_offloading_num_layers"):
             if key in raw:
                 args[key] = raw[key]
         if raw["precision"] == "fp8":

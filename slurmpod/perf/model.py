@@ -121,7 +121,7 @@ class Efficiency:
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.8001, 0.4705, "bridge2511-gb200-llama3-8b-fp8, "
+    "blackwell": Efficiency(0.7976, 0.4621, "bridge2511-gb200-llama3-8b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
@@ -213,9 +213,10 @@ class RunOptions:
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )
 
-    def switches(self) -> list[str]:
+    def switches(self, config: ModelConfig | None = None) -> list[str]:
         """The Megatron settings in effect that change the prediction, by Megatron's names
-        (empty: Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs)."""
+        (empty: Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs);
+        with the run's `config`, also its Megatron-FSDP sharding."""
         on = [name for name, set_ in (
             ("fp8", self.fp8), ("tp_comm_overlap", self.tp_comm_overlap),
             ("overlap_grad_reduce", self.overlap_grad_reduce),
@@ -230,6 +231,8 @@ class RunOptions:
             on.append(f"moe_router_group_topk={self.moe_group_topk} of {self.moe_num_groups}")
         if self.moe_imbalance != MOE_IMBALANCE:
             on.append(f"moe_imbalance={self.moe_imbalance:g}")
+        if config is not None and config.megatron_fsdp:
+            on.append(f"use_megatron_fsdp={config.fsdp_sharding}")
         return on
 
 
@@ -652,7 +655,9 @@ def _pipeline(u: _Micro, world: int, m: int, t_mb: float) -> tuple[float, float]
         return 0.0, 0.0
     bubble = (pp - 1) / (c.vpp or 1) * t_mb
     msg = u.tok * c.hidden_size * 2 / (c.tp if u.sp else 1)
-    bw = u.nic if world // pp >= u.hw.gpus_per_node else u.nvl
+    # Adjacent stages are world / PP ranks apart: NVLink while that stays inside the NVLink
+    # domain (a node of DGX/HGX; 18 nodes of GB200 NVL72, where NCCL runs over multi-node NVLink).
+    bw = u.nic if world // pp >= u.hw.domain_gpus else u.nvl
     # 1F1B steady state blocks on its sends; the interleaved schedule overlaps them
     # (overlap_p2p_comm) except in warm-up and cool-down.
     n_p2p = (pp - 1) * 2 * c.vpp if c.vpp else 2 * m
@@ -660,16 +665,18 @@ def _pipeline(u: _Micro, world: int, m: int, t_mb: float) -> tuple[float, float]
 
 
 def _dp_bandwidth(u: _Micro, block: int, size: int) -> float:
-    """A DP group of `size` ranks `block` GPUs apart: NVLink while it stays in one node."""
+    """A DP group of `size` ranks `block` GPUs apart: NVLink while it stays in one NVLink domain
+    (as for TP, CP and EP: a GB200 NVL72 rack's 72 GPUs reduce over multi-node NVLink)."""
     if size <= 1:
         return float("inf")
-    return u.nvl if block * size <= u.hw.gpus_per_node else u.nic
+    return u.nvl if block * size <= u.hw.domain_gpus else u.nic
 
 
 def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float, float]:
-    """(gradient reduce-scatter, parameter all-gather) of the whole step before overlap: the
-    distributed optimizer's pair over DP x CP (experts: expert-DP), or without it one
-    all-reduce (SHARP-accelerated on the fabric) counted as the reduce."""
+    """(gradient reduce-scatter, parameter all-gather) of every local parameter once, before
+    overlap: the sharded optimizer's pair (the distributed optimizer, Megatron-FSDP) over
+    DP x CP (experts: expert-DP), or unsharded one all-reduce (SHARP-accelerated on the fabric)
+    counted as the reduce."""
     c, hw = u.c, u.hw
     gb = u.opts.grad_reduce_bytes
     # FP8 parameters (`fp8_param_gather`) are gathered as FP8, one byte each.
@@ -681,13 +688,31 @@ def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float,
             continue
         bw = _dp_bandwidth(u, block, d)
         ring = (d - 1) / d
-        if c.use_distributed_optimizer:
+        if c.dp_sharding != "no_shard":
             t_rs += params * gb * ring / bw
             t_ag += params * pb * ring / bw
         else:
             gain = SHARP_ALLREDUCE_GAIN if hw.sharp and bw == u.nic else 1.0
             t_rs += 2 * params * gb * ring / (bw * gain)
     return t_rs, t_ag
+
+
+def _fsdp_exposed(c: ModelConfig, opts: RunOptions, t_rs: float, t_ag: float, t_mb: float,
+                  m: int) -> float:
+    """Megatron-FSDP's DP traffic left exposed over the step. Sharded gradients
+    (`optim_grads`, `optim_grads_params`) are reduce-scattered every microbatch, and sharded
+    parameters (`optim_grads_params`) gathered every microbatch for its forward and again for
+    its backward; each FSDP unit's collectives run under the neighbouring units' compute
+    (`overlap_grad_reduce` / `overlap_param_gather`), so a microbatch exposes what exceeds its
+    own compute, and at least the DP_EXPOSED_TAIL share the distributed optimizer leaves.
+    Unsharded parameters are gathered once per step, after the optimizer, as there."""
+    per_step_ag = t_ag if c.dp_sharding == "optim_grads" else 0.0
+    gathers = 2 * t_ag if c.dp_sharding == "optim_grads_params" else 0.0
+    hidden = ((t_rs if opts.overlap_grad_reduce else 0.0)
+              + (gathers if opts.overlap_param_gather else 0.0))
+    fixed = t_rs + gathers - hidden
+    per_mb = fixed + max(DP_EXPOSED_TAIL * hidden, hidden - t_mb)
+    return m * per_mb + _dp_exposed(c, opts, 0.0, per_step_ag, t_mb)
 
 
 def _dp_exposed(c: ModelConfig, opts: RunOptions, t_rs: float, t_ag: float, t_mb: float
@@ -715,7 +740,7 @@ def _optimizer_time(c: ModelConfig, w: WeightMemory, d_ne: int, d_e: int, hbm: f
     reading every local gradient, at HBM speed."""
     p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu
     shard = (w.nonexpert_params_per_gpu / d_ne + w.expert_params_per_gpu / d_e
-             if c.use_distributed_optimizer else p_gpu)
+             if c.dp_sharding != "no_shard" else p_gpu)
     return (p_gpu * 4 + shard * OPTIMIZER_BYTES_PER_PARAM) / hbm
 
 
@@ -755,7 +780,10 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
     d_ne = dp * c.cp  # non-expert gradients reduce over DP x CP
     d_e = max(1, world // (c.etp * c.ep * c.pp))  # expert-DP
     t_rs, t_ag = _dp_traffic(u, w, d_ne, d_e)
-    t_dp = _dp_exposed(c, opts, t_rs, t_ag, stage.microbatch)
+    if c.dp_sharding in ("optim_grads", "optim_grads_params"):
+        t_dp = _fsdp_exposed(c, opts, t_rs, t_ag, stage.microbatch, m)
+    else:
+        t_dp = _dp_exposed(c, opts, t_rs, t_ag, stage.microbatch)
     t_opt = _optimizer_time(c, w, d_ne, d_e, u.hbm)
 
     step, breakdown = _assemble(m, stage, bubble, p2p, t_dp, t_opt)

@@ -53,6 +53,11 @@ def run_options(spec: RunSpec) -> RunOptions:
     return RunOptions.from_args(spec.megatron.values())
 
 
+def switches(spec: RunSpec) -> list[str]:
+    """The Megatron settings of `spec` the prediction counts, by Megatron's names."""
+    return run_options(spec).switches(ModelConfig.from_args(spec.megatron))
+
+
 def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                site_path: Path | None = None, top: int | None = 10
                ) -> tuple[list[Candidate], int]:

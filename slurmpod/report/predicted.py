@@ -151,8 +151,8 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
             return None
         hw = hardware_from_site(site, sg.node_type)
         opts = RunOptions.from_args(args)
-        pred = predict(ModelConfig.from_args(args), world, hw, site_efficiency(hw, site_path),
-                       opts)
+        config = ModelConfig.from_args(args)
+        pred = predict(config, world, hw, site_efficiency(hw, site_path), opts)
         layout = _layout_text(args, world)
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
@@ -161,7 +161,8 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     if pred is None or not (math.isfinite(pred.step_time_s) and pred.step_time_s > 0):
         return None
     return VsPredicted(gpu=hw.gpu_model, world=world, achieved_step_s=achieved_step_s,
-                       prediction=pred, layout=layout, switches=tuple(opts.switches()))
+                       prediction=pred, layout=layout,
+                       switches=tuple(opts.switches(config)))
 
 
 def _s(x: float) -> str:

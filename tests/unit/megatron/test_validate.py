@@ -85,6 +85,9 @@ def test_warnings():
     assert any("no effect with TP=1" in x for x in w)
     w = layout_warnings(c(use_distributed_optimizer=False), 16, DGX)
     assert any("18 bytes/param" in x for x in w)
+    # Megatron-FSDP shards the optimizer itself: no advice to turn on the distributed one.
+    w = layout_warnings(c(use_distributed_optimizer=False, use_megatron_fsdp=True), 16, DGX)
+    assert not any("18 bytes/param" in x for x in w)
     w = layout_warnings(c(pipeline_model_parallel_size=8, global_batch_size=4), 8, DGX)
     assert any("never fills" in x for x in w)
 

@@ -232,3 +232,57 @@ def test_the_rank_holding_the_loss_runs_the_output_layer() -> None:
     slots = step(dataclasses.replace(
         c, pipeline_layout="Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"), 64, fp8=True)
     assert slots < even
+
+
+GB200 = Hardware(gpu_model="gb200", generation="blackwell", peak_bf16=2500, peak_fp8=5000,
+                 hbm_tb_s=8.0, nvlink_gb_s=900, domain_gpus=72, gpus_per_node=4, nic_gb_s=50)
+
+
+def _dp(c: ModelConfig, world: int, hw: Hardware = H100, **opts: object) -> float:
+    p = predict(c, world, hw, FITTED[hw.generation], RunOptions(**opts))  # type: ignore[arg-type]
+    assert p is not None
+    return p.breakdown_s["dp"]
+
+
+def test_megatron_fsdp_moves_its_shards_every_microbatch() -> None:
+    """ZeRO-3 (`optim_grads_params`) gathers the parameters twice and reduce-scatters the
+    gradients once per microbatch, the distributed optimizer once per step: with nothing
+    overlapped the exposed DP time is exactly (2 AG + RS) x microbatches against AG + RS."""
+    c = cfg("llama3-8b", tp=1, pp=1, cp=1, vpp=None, micro_batch_size=1, global_batch_size=64,
+            use_distributed_optimizer=True, grad_bytes=2)
+    world, m = 16, 64 // 16  # two nodes: the DP group crosses the fabric
+    do = _dp(c, world, grad_reduce_bytes=2)
+    z3 = _dp(dataclasses.replace(c, megatron_fsdp=True, fsdp_sharding="optim_grads_params"),
+             world, grad_reduce_bytes=2)
+    z2 = _dp(dataclasses.replace(c, megatron_fsdp=True, fsdp_sharding="optim_grads"), world,
+             grad_reduce_bytes=2)
+    # bf16 parameters and bf16 gradients: AG and RS move the same bytes, each do / 2.
+    assert z3 == pytest.approx(m * 3 * do / 2, rel=1e-9)
+    assert z2 == pytest.approx(m * do / 2 + do / 2, rel=1e-9)
+    # Overlapped, a microbatch hides what its compute covers: far less, never below the tail.
+    hidden = _dp(dataclasses.replace(c, megatron_fsdp=True, fsdp_sharding="optim_grads_params"),
+                 world, grad_reduce_bytes=2, overlap_grad_reduce=True, overlap_param_gather=True)
+    assert hidden < z3 / 2 and hidden >= 0.1 * z3 - 1e-12
+
+
+def test_megatron_fsdp_shards_the_optimizer_step_and_says_so_in_its_sharding() -> None:
+    c = cfg("llama3-8b", tp=1, pp=1, cp=1, vpp=None, use_distributed_optimizer=False)
+    assert c.dp_sharding == "no_shard"
+    assert dataclasses.replace(c, use_distributed_optimizer=True).dp_sharding == "optim"
+    z3 = dataclasses.replace(c, megatron_fsdp=True, fsdp_sharding="optim_grads_params")
+    assert z3.dp_sharding == "optim_grads_params"
+    plain, sharded = (predict(x, 64, H100) for x in (c, z3))
+    assert plain and sharded
+    assert sharded.breakdown_s["optimizer"] < plain.breakdown_s["optimizer"] / 4
+
+
+def test_data_parallel_stays_on_nvlink_inside_an_nvl72_rack() -> None:
+    """GB200: 64 GPUs on 16 nodes of one NVLink domain reduce over NVLink (multi-node NVLink),
+    not the 50 GB/s NIC; 144 GPUs span two domains and go to the fabric."""
+    c = cfg("llama3-70b", tp=1, pp=1, cp=1, vpp=None, micro_batch_size=1,
+            global_batch_size=144, use_distributed_optimizer=True, megatron_fsdp=True,
+            fsdp_sharding="optim_grads_params")
+    inside, across = _dp(c, 64, GB200), _dp(dataclasses.replace(c, global_batch_size=288), 144,
+                                            GB200)
+    # Per microbatch, not overlapped: the same bytes over 900 GB/s against 50 GB/s.
+    assert across / (288 // 144) > 10 * inside / (144 // 64)

@@ -207,6 +207,24 @@ def test_a_run_specs_switches_reach_the_prediction(tmp_path: Path) -> None:
     assert got["switched"]["breakdown_s"]["compute"] < got["plain"]["breakdown_s"]["compute"]
 
 
+def test_megatron_fsdp_in_a_run_spec_is_named_and_moves_the_dp_time(tmp_path: Path) -> None:
+    """`use_megatron_fsdp` (ZeRO-3 by default) gathers parameters every microbatch: `plan`
+    names it among the switches and its DP time grows over the distributed optimizer's."""
+    preset = preset_path("llama3-8b").read_text(encoding="utf-8")
+    plain, fsdp = tmp_path / "plain.toml", tmp_path / "fsdp.toml"
+    plain.write_text(preset, encoding="utf-8")
+    fsdp.write_text(preset.replace("[megatron]\n", "[megatron]\nuse_megatron_fsdp = true\n", 1),
+                    encoding="utf-8")
+    got = {}
+    for spec in (plain, fsdp):
+        r = slurmpod("plan", str(spec), "--nodes", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        got[spec.stem] = json.loads(r.stdout)["prediction"]
+    assert got["fsdp"]["switches"] == got["plain"]["switches"] + [
+        "use_megatron_fsdp=optim_grads_params"]
+    assert got["fsdp"]["breakdown_s"]["dp"] > got["plain"]["breakdown_s"]["dp"]
+
+
 def test_summary_line_keeps_the_emulated_gpus_fraction_of_a_tflops() -> None:
     from slurmpod.perf.model import BREAKDOWN_KEYS, Prediction
     from slurmpod.perf.planning import summary_line
