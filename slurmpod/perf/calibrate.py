@@ -109,7 +109,7 @@ def load_published(path: Path | str) -> list[Point]:
             args["seq_length"] = raw["seq_length"]
         for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap",
                     "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
-                    "cuda_graph_impl", "fp8_dot_product_attention",
+                    "cuda_graph_impl", "cuda_graph_scope", "fp8_dot_product_attention",
                     "use_transformer_engine_op_fuser", "use_megatron_fsdp",
                     "cpu_offloading_num_layers"):
             if key in raw:

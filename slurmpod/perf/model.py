@@ -121,7 +121,7 @@ class Efficiency:
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.7976, 0.4621, "bridge2511-gb200-llama3-8b-fp8, "
+    "blackwell": Efficiency(0.7976, 0.539, "bridge2511-gb200-llama31-405b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
@@ -168,6 +168,18 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     )
 
 
+def _full_iteration_graph(args: Mapping[str, Any]) -> bool:
+    """Whether the iteration replays as one CUDA graph, in each release's spelling: main's
+    `--cuda-graph-impl full_iteration`; core 0.15's `--cuda-graph-impl local` and core
+    0.13-0.14's `--enable-cuda-graph`, each with `--cuda-graph-scope full_iteration` (what
+    Megatron-Bridge 25.11's Llama 3 8B presets set)."""
+    impl = str(args.get("cuda_graph_impl") or "").strip().lower()
+    if impl == "full_iteration":
+        return True
+    local = impl == "local" or megatron_flag(args.get("enable_cuda_graph"))
+    return local and "full_iteration" in str(args.get("cuda_graph_scope") or "")
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """Megatron switches that change speed but not FLOPs or layout (read from `[megatron]`)."""
@@ -208,7 +220,7 @@ class RunOptions:
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
             moe_num_groups=optional_int(args.get("moe_router_num_groups")),
-            graphed_iteration=str(args.get("cuda_graph_impl", "")).lower() == "full_iteration",
+            graphed_iteration=_full_iteration_graph(args),
             fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )

@@ -164,6 +164,20 @@ def test_options_read_the_switches_of_newer_recipes() -> None:
     assert not (o.graphed_iteration or o.fp8_attention or o.fused_expert_mlp)
 
 
+@pytest.mark.parametrize(("args", "graphed"), [
+    ({"cuda_graph_impl": "full_iteration"}, True),  # main
+    ({"cuda_graph_impl": "local", "cuda_graph_scope": "full_iteration"}, True),  # core 0.15
+    ({"enable_cuda_graph": True, "cuda_graph_scope": "full_iteration"}, True),  # core 0.13-0.14
+    ({"enable_cuda_graph": "True", "cuda_graph_scope": "full_iteration"}, True),  # a dump
+    ({"cuda_graph_impl": "local", "cuda_graph_scope": "full"}, False),  # per-layer graphs
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn"]}, False),
+    ({"cuda_graph_scope": "full_iteration"}, False),  # a scope without graphs on
+    ({"cuda_graph_impl": "none"}, False),
+])
+def test_the_full_iteration_graph_in_every_releases_spelling(args: dict, graphed: bool) -> None:
+    assert RunOptions.from_args(args).graphed_iteration is graphed
+
+
 def test_switches_name_what_the_prediction_counts_in_megatrons_words() -> None:
     assert RunOptions().switches() == []
     o = RunOptions.from_args({"fp8": "hybrid", "overlap_grad_reduce": True,
