@@ -2,8 +2,9 @@
 
 One iteration = the slowest pipeline stage running `m` microbatches (1F1B, or interleaved with
 VPP chunks), plus the pipeline bubble, exposed p2p, the data-parallel gradient reduce-scatter
-and parameter all-gather the distributed optimizer needs (what Megatron's overlap flags do not
-hide), and the optimizer step. Per microbatch and layer it counts, on one GPU:
+and parameter all-gather the distributed optimizer needs once per step, or Megatron-FSDP every
+microbatch (what Megatron's overlap flags do not hide), and the optimizer step. Per
+microbatch and layer it counts, on one GPU:
 
 - GEMMs (projections, MLP, routed and shared experts, logits) at a size-dependent share of the
   dense tensor-core peak (BF16, or FP8 for the GEMMs Transformer Engine runs in FP8);
