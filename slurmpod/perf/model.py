@@ -31,13 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
 from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
-from slurmpod.megatron.runspec import (
-    ModelConfig,
-    fp8_format,
-    grad_reduce_bytes,
-    megatron_flag,
-    optional_int,
-)
+from slurmpod.megatron.runspec import ModelConfig, megatron_flag, optional_int
 from slurmpod.model.gpus import lookup
 
 if TYPE_CHECKING:
@@ -183,14 +177,14 @@ def _full_iteration_graph(args: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
-    """Megatron switches that change speed but not FLOPs or layout (read from `[megatron]`)."""
+    """Megatron switches that change speed but not FLOPs or layout (read from `[megatron]`).
+    The precision (`fp8`) and the gradient-reduce bytes live in `ModelConfig` (`fp8`,
+    `grad_bytes`), which memory reads too: one reading for both."""
 
-    fp8: bool = False
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     ep_overlap: bool = False
-    grad_reduce_bytes: int = 4  # fp32 main grads (Megatron's default with bf16)
     moe_imbalance: float = MOE_IMBALANCE
     moe_flex: bool = False  # moe_token_dispatcher_type = "flex" (DeepEP / HybridEP)
     # Node-limited routing (moe_router_num_groups with moe_router_group_topk): a token's experts
@@ -211,12 +205,10 @@ class RunOptions:
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
         # Read as ModelConfig.from_args reads them (a run spec's values, a dump's strings).
         return cls(
-            fp8=fp8_format(args) is not None,
             tp_comm_overlap=megatron_flag(args.get("tp_comm_overlap")),
             overlap_grad_reduce=megatron_flag(args.get("overlap_grad_reduce")),
             overlap_param_gather=megatron_flag(args.get("overlap_param_gather")),
             ep_overlap=megatron_flag(args.get("overlap_moe_expert_parallel_comm")),
-            grad_reduce_bytes=grad_reduce_bytes(args),
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
@@ -226,15 +218,15 @@ class RunOptions:
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )
 
-    def switches(self, config: ModelConfig | None = None) -> list[str]:
-        """The Megatron settings in effect that change the prediction, by Megatron's names
-        (empty: Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs);
-        with the run's `config`, also its Megatron-FSDP sharding."""
+    def switches(self, config: ModelConfig) -> list[str]:
+        """The Megatron settings of a run (these and its `config`'s precision, gradient bytes
+        and Megatron-FSDP sharding) that change the prediction, by Megatron's names (empty:
+        Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs)."""
         on = [name for name, set_ in (
-            ("fp8", self.fp8), ("tp_comm_overlap", self.tp_comm_overlap),
+            ("fp8", config.fp8 is not None), ("tp_comm_overlap", self.tp_comm_overlap),
             ("overlap_grad_reduce", self.overlap_grad_reduce),
             ("overlap_param_gather", self.overlap_param_gather),
-            ("grad_reduce_in_bf16", self.grad_reduce_bytes == 2),
+            ("grad_reduce_in_bf16", config.grad_bytes == 2),
             ("overlap_moe_expert_parallel_comm", self.ep_overlap),
             ("moe_token_dispatcher_type=flex", self.moe_flex),
             ("cuda_graph_impl=full_iteration", self.graphed_iteration),
@@ -244,7 +236,7 @@ class RunOptions:
             on.append(f"moe_router_group_topk={self.moe_group_topk} of {self.moe_num_groups}")
         if self.moe_imbalance != MOE_IMBALANCE:
             on.append(f"moe_imbalance={self.moe_imbalance:g}")
-        if config is not None and config.megatron_fsdp:
+        if config.megatron_fsdp:
             on.append(f"use_megatron_fsdp={config.fsdp_sharding}")
         return on
 
@@ -405,12 +397,12 @@ _RANK_WORK: dict[int, tuple[Any, tuple[tuple[float, bool], ...]]] = {}
 # and a frozen dataclass's __init__ costs several times a plain one's.
 
 
-def _rates(hw: Hardware, eff: Efficiency, opts: RunOptions, world: int
+def _rates(hw: Hardware, eff: Efficiency, fp8_run: bool, world: int
            ) -> tuple[float, float, bool, float, float, float]:
     """Achieved speeds of one GPU: GEMM FLOP/s (BF16, and the precision the GEMMs run in),
     whether they run in FP8, HBM, NVLink and NIC bytes/s."""
     peak16 = hw.peak_bf16 * 1e12 * eff.gemm
-    fp8 = opts.fp8 and hw.peak_fp8 is not None
+    fp8 = fp8_run and hw.peak_fp8 is not None
     peak_mm = (hw.peak_fp8 or 0.0) * 1e12 * eff.fp8 if fp8 else peak16
     hbm = hw.hbm_tb_s * 1e12 * HBM_EFFICIENCY
     nvl = hw.nvlink_gb_s * 1e9 * NVLINK_EFFICIENCY
@@ -462,8 +454,9 @@ class _Micro:
 def _micro(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions
            ) -> _Micro:
     """The per-token costs, speeds and recompute shares every term reads, computed once."""
-    return _Micro(c, _costs(c), hw, opts, *_rates(hw, eff, opts, world), *_recompute(c),
-                  c.micro_batch_size * c.seq_length / c.cp, c.sequence_parallel and c.tp > 1)
+    return _Micro(c, _costs(c), hw, opts, *_rates(hw, eff, c.fp8 is not None, world),
+                  *_recompute(c), c.micro_batch_size * c.seq_length / c.cp,
+                  c.sequence_parallel and c.tp > 1)
 
 
 def _attention_compute(u: _Micro) -> tuple[float, float]:
@@ -691,7 +684,7 @@ def _dp_traffic(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> tuple[float,
     DP x CP (experts: expert-DP), or unsharded one all-reduce (SHARP-accelerated on the fabric)
     counted as the reduce."""
     c, hw = u.c, u.hw
-    gb = u.opts.grad_reduce_bytes
+    gb = c.grad_bytes
     # FP8 parameters (`fp8_param_gather`) are gathered as FP8, one byte each.
     pb = 1 if u.fp8 and c.fp8_param_gather else 2
     t_rs = t_ag = 0.0

@@ -180,8 +180,7 @@ def _split_choice(base: ModelConfig, pp: int, vpp: int | None, loss_layers: floa
     return args if slowest(trial) < slowest(even) else first
 
 
-def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None,
-                 opts: RunOptions | None) -> float:
+def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None) -> float:
     """The output layer and loss in layer-times: their multiply-adds over a layer's, times how
     much slower the BF16 output GEMM runs than the layers' GEMMs (FP8 with Transformer Engine)."""
 
@@ -191,7 +190,7 @@ def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None,
         1, k.n_dense + k.n_moe)
     e = eff or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
     slow = 1.0
-    if opts is not None and opts.fp8 and hw.peak_fp8:
+    if base.fp8 is not None and hw.peak_fp8:
         slow = hw.peak_fp8 * e.fp8 / (hw.peak_bf16 * e.gemm)
     return k.logits * (1 + base.mtp_num_layers) / max(layer, 1.0) * slow
 
@@ -296,7 +295,7 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     best: list[float] = []
     ladder = _recompute_ladder(base)
     n = 0
-    loss_layers = _loss_layers(base, hw, eff, opts)
+    loss_layers = _loss_layers(base, hw, eff)
     for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
                                                            loss_layers):
         dp = world // (tp * cp * pp)

@@ -18,7 +18,17 @@ def cfg(preset: str, **kw: object) -> ModelConfig:
     return dataclasses.replace(c, **kw)
 
 
+def on_config(c: ModelConfig, opts: dict[str, object]) -> ModelConfig:
+    """`fp8=True` / `grad_reduce_bytes=2` among a test's options: they belong to the config
+    (ModelConfig.fp8, grad_bytes), which memory and the model both read."""
+    if opts.pop("fp8", False):
+        c = dataclasses.replace(c, fp8="hybrid")
+    grad = opts.pop("grad_reduce_bytes", None)
+    return c if grad is None else dataclasses.replace(c, grad_bytes=grad)
+
+
 def step(c: ModelConfig, world: int, hw: Hardware = H100, **opts: object) -> float:
+    c = on_config(c, opts)
     p = predict(c, world, hw, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
     assert p is not None
     return p.step_time_s
@@ -103,11 +113,11 @@ def test_context_parallel_ring_is_hidden_behind_attention_on_nvlink() -> None:
 def test_options_read_megatron_argument_names() -> None:
     o = RunOptions.from_args({"fp8": "hybrid", "tp_comm_overlap": True,
                               "overlap_grad_reduce": True, "grad_reduce_in_bf16": True})
-    assert o.fp8 and o.tp_comm_overlap and o.overlap_grad_reduce and o.grad_reduce_bytes == 2
-    assert not RunOptions.from_args({"fp8": None}).fp8
+    assert o.tp_comm_overlap and o.overlap_grad_reduce and not o.overlap_param_gather
 
 
 def _ep_time(c: ModelConfig, world: int, **opts: object) -> float:
+    c = on_config(c, opts)
     p = predict(c, world, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
     assert p is not None
     return p.breakdown_s["ep"]
@@ -179,14 +189,16 @@ def test_the_full_iteration_graph_in_every_releases_spelling(args: dict, graphed
 
 
 def test_switches_name_what_the_prediction_counts_in_megatrons_words() -> None:
-    assert RunOptions().switches() == []
-    o = RunOptions.from_args({"fp8": "hybrid", "overlap_grad_reduce": True,
-                              "grad_reduce_in_bf16": True, "moe_token_dispatcher_type": "flex",
-                              "moe_router_num_groups": 8, "moe_router_group_topk": 4,
-                              "moe_imbalance": 1.25})
-    assert o.switches() == ["fp8", "overlap_grad_reduce", "grad_reduce_in_bf16",
-                            "moe_token_dispatcher_type=flex", "moe_router_group_topk=4 of 8",
-                            "moe_imbalance=1.25"]
+    plain = cfg("llama3-8b", fp8=None, grad_bytes=4)
+    assert RunOptions().switches(plain) == []
+    args = {"fp8": "hybrid", "overlap_grad_reduce": True, "grad_reduce_in_bf16": True,
+            "moe_token_dispatcher_type": "flex", "moe_router_num_groups": 8,
+            "moe_router_group_topk": 4, "moe_imbalance": 1.25}
+    # The precision and the gradient bytes are the config's (memory reads them too).
+    config = ModelConfig.from_args(load_run(preset_path("llama3-8b")).megatron.values() | args)
+    assert RunOptions.from_args(args).switches(config) == [
+        "fp8", "overlap_grad_reduce", "grad_reduce_in_bf16", "moe_token_dispatcher_type=flex",
+        "moe_router_group_topk=4 of 8", "moe_imbalance=1.25"]
 
 
 def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
@@ -229,10 +241,11 @@ def test_interleaving_widens_the_window_the_dp_overlap_hides_behind() -> None:
     microbatch's backward; with VPP6 behind the cool-down's other chunks too."""
     c = cfg("gpt3-175b", tp=4, pp=8, cp=1, global_batch_size=256, micro_batch_size=1,
             sequence_parallel=True, use_distributed_optimizer=True)
-    opts = RunOptions(fp8=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    c = dataclasses.replace(c, fp8="hybrid")
+    opts = RunOptions(overlap_grad_reduce=True, overlap_param_gather=True)
     one = predict(dataclasses.replace(c, vpp=None), 128, H100, None, opts)
     six = predict(dataclasses.replace(c, vpp=6), 128, H100, None, opts)
-    plain = predict(dataclasses.replace(c, vpp=6), 128, H100, None, RunOptions(fp8=True))
+    plain = predict(dataclasses.replace(c, vpp=6), 128, H100, None, RunOptions())
     assert one and six and plain
     assert six.breakdown_s["dp"] < one.breakdown_s["dp"] < plain.breakdown_s["dp"]
 
@@ -253,6 +266,7 @@ GB200 = Hardware(gpu_model="gb200", generation="blackwell", peak_bf16=2500, peak
 
 
 def _dp(c: ModelConfig, world: int, hw: Hardware = H100, **opts: object) -> float:
+    c = on_config(c, opts)
     p = predict(c, world, hw, FITTED[hw.generation], RunOptions(**opts))  # type: ignore[arg-type]
     assert p is not None
     return p.breakdown_s["dp"]

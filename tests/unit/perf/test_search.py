@@ -176,9 +176,8 @@ def test_the_loss_gets_a_layer_slot_where_the_last_stage_would_be_slowest() -> N
     from slurmpod.perf.model import RunOptions
 
     c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
-    c = dataclasses.replace(c, global_batch_size=128)
-    opts = RunOptions(fp8=True, tp_comm_overlap=True, overlap_grad_reduce=True,
-                      overlap_param_gather=True)
+    c = dataclasses.replace(c, global_batch_size=128, fp8="hybrid")
+    opts = RunOptions(tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True)
     cands, _ = search(c, 64, H100, USABLE, None, opts, top=None)
     pp8 = [x for x in cands
            if (x.config.tp, x.config.pp, x.config.vpp, x.config.cp) == (4, 8, 5, 1)]
