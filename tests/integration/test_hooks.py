@@ -49,8 +49,12 @@ def mfu_of(ms: float, comment: dict[str, Any]) -> float:
 
 
 def test_live_mfu_in_comment_and_final_in_admin_comment(sandbox: Any) -> None:
+    """The job holds after iteration 20 until the test has seen the live Comment while it runs
+    (the emulator's --emu-hold-after-iteration): 40 short iterations could otherwise end before
+    the monitor's first update on a busy machine."""
     d = sandbox.tmp_dir / "hooks-live"
     d.mkdir(exist_ok=True)
+    release = d / "release"
     run = d / "run.toml"
     run.write_text(f"""
 [job]
@@ -71,6 +75,8 @@ micro_batch_size = 1
 global_batch_size = 2
 train_iters = 40
 log_interval = 1
+emu_hold_after_iteration = 20
+emu_hold_file = "{release}"
 """)
     cp = subprocess.run([sys.executable, "-m", "slurmpod", "submit", str(run), "--topo-dir", "",
                          "--json"], env=hook_env(sandbox), capture_output=True, text=True,
@@ -78,11 +84,15 @@ log_interval = 1
     assert cp.returncode == 0, cp.stderr
     job_id = json.loads(cp.stdout)["job_id"]
     try:
-        state, live = wait_for(lambda: live_comment(sandbox, job_id), 90,
-                               "MFU in the live Comment")
+        # Held at iteration 20, the job cannot end before the monitor has published it.
+        state, live = wait_for(lambda: (lc := live_comment(sandbox, job_id)) and
+                               lc[1].get("iter", 0) >= 20 and lc, 90,
+                               "MFU of the held iteration in the live Comment")
     except BaseException:
         sandbox.cancel(job_id)  # leave the shared cluster idle
         raise
+    finally:
+        release.touch()
     assert state == "RUNNING", (state, live)  # seen while the job runs, not only at its end
     assert validate_comment(live) == []
     assert live["run"] == "hooks-live" and "token" in live  # submit-time keys preserved

@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="this rank's compute takes --emu-slow-ms longer every iteration (a throttled GPU): "
            "it joins each all-reduce late, and its per-rank timers show it")
     a("--emu-slow-ms", type=float, default=0.0, metavar="MS")
+    # A pause a test can end: observe the job mid-run without racing its end.
+    a("--emu-hold-after-iteration", type=int, default=None, metavar="N",
+      help="after iteration N, rank 0 waits (untimed) until --emu-hold-file exists; the other "
+           "ranks wait at the next all-reduce, as behind a paused rank")
+    a("--emu-hold-file", type=Path, default=None, metavar="PATH")
     return p
 
 
@@ -852,6 +857,8 @@ class _Run:
             self._log(it, loss, gnorm)
             if args.save_interval and it % args.save_interval == 0:
                 self.checkpoint()
+            if it == args.emu_hold_after_iteration and args.emu_hold_file is not None:
+                self._hold(it, args.emu_hold_file)
             rc = self._stop_after(it, sig)
             if rc is not None:
                 return rc
@@ -859,6 +866,16 @@ class _Run:
             self.checkpoint()
         print("after training is done", file=self.out, flush=True)
         return 0
+
+    def _hold(self, it: int, release: Path) -> None:
+        """Wait for `release` to exist. The wait is outside every timed interval (the next
+        iteration's time starts after it), so it changes no logged figure."""
+        print(f"megatron_emu: holding after iteration {it} until {release} exists (as asked)",
+              file=self.out, flush=True)
+        t0 = time.monotonic()
+        while not release.exists():
+            time.sleep(0.05)
+        self.interval_t0 += time.monotonic() - t0
 
     def _log(self, it: int, loss: float, gnorm: float) -> None:
         """Megatron's iteration line every `--log-interval`: the interval's mean time and loss."""

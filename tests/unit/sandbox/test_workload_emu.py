@@ -234,6 +234,30 @@ def test_ranks_meet_every_iteration_and_finish_together(tmp_path: Path) -> None:
     assert not list(save.glob(".emu-rendezvous-*"))  # removed once everyone joined
 
 
+def test_a_hold_pauses_every_rank_until_released_and_is_not_timed(tmp_path: Path) -> None:
+    """--emu-hold-after-iteration N: rank 0 stops after iteration N until the hold file exists
+    (a test can then look at the job mid-run without racing its end); the other rank waits at
+    the all-reduce; the logged iteration times leave the pause out."""
+    release = tmp_path / "release"
+    procs = start_ranks(tmp_path, 2, "--train-iters", "6", "--save", str(tmp_path / "c"),
+                        "--emu-hold-after-iteration", "3", "--emu-hold-file", str(release))
+    head = read_until(procs[0], r"holding after iteration 3 until")
+    assert re.findall(r"iteration\s+(\d+)/", head) == ["1", "2", "3"]
+    assert all(p.poll() is None for p in procs)  # both ranks wait, neither has finished
+    held_s = 0.5
+    deadline = time.monotonic() + held_s
+    while time.monotonic() < deadline:  # the pause to leave out of the times, not a sync
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    release.touch()
+    rest = procs[0].communicate(timeout=60)[0]
+    procs[1].communicate(timeout=60)
+    assert [p.returncode for p in procs] == [0, 0], rest
+    assert re.findall(r"iteration\s+(\d+)/", rest) == ["4", "5", "6"]
+    times = parse_log(io.BytesIO((head + rest).encode())).iterations.elapsed_ms.tolist()
+    assert len(times) == 6 and times[3] < 1000 * held_s  # iteration 4 starts after the hold
+
+
 def test_a_frozen_rank_stalls_every_rank_until_the_watchdog(tmp_path: Path) -> None:
     # A 3-second collective timeout: the step can only end by the watchdog if the frozen
     # rank really holds up rank 0 (an emulator that did not wait would train on and finish).
