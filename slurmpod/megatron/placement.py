@@ -71,17 +71,6 @@ def _kind_axes(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, edp: int
             "ep": (expert, 2), "etp": (expert, 3), "edp": (expert, 1)}
 
 
-def _group_table(world: int, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int,
-                 edp: int) -> dict[str, list[list[int]]]:
-    """Each kind -> its groups of global ranks, spelled out (what `place` counts without
-    listing them)."""
-    table = {}
-    for kind, (shape, axis) in _kind_axes(tp, cp, dp, pp, ep, etp, edp).items():
-        bases, step, size = _along(shape, axis)
-        table[kind] = [list(range(b, b + size * step, step)) for b in bases]
-    return table
-
-
 def _nodes_spanned(first: int, step: int, size: int, gpus_per_node: int) -> int:
     """Nodes holding the ranks first + i * step (i < size): each its own node once the stride
     is a node or more; else the nodes between the first and last member, none skipped."""

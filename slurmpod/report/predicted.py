@@ -169,6 +169,13 @@ def _s(x: float) -> str:
     return f"{x:.3g} s"
 
 
+def _ran_at(v: VsPredicted, more: str = "") -> str:
+    """The opening of both notes: the job's speed against its prediction, for which layout."""
+    return (f"the job ran at {100 * v.ratio:.0f} % of its predicted speed "
+            f"({_s(v.achieved_step_s)} per iteration against {_s(v.predicted_step_s)} "
+            f"predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs{more})")
+
+
 def cause_note(v: VsPredicted, stability: Stability | None,
                stragglers: StragglerFinding | None = None) -> Note:
     """The note of a job far below its prediction: the likely cause and its fix.
@@ -182,10 +189,8 @@ def cause_note(v: VsPredicted, stability: Stability | None,
 
     b = v.prediction.breakdown_s
     step = v.predicted_step_s
-    head = (f"the job ran at {100 * v.ratio:.0f} % of its predicted speed "
-            f"({_s(v.achieved_step_s)} per iteration against {_s(step)} predicted for "
-            f"{v.layout} on {v.world} {v.gpu.upper()} GPUs; MFU {100 * v.achieved_mfu:.1f} % "
-            f"against {100 * v.prediction.mfu:.1f} % predicted)")
+    head = _ran_at(v, f"; MFU {100 * v.achieved_mfu:.1f} % against "
+                      f"{100 * v.prediction.mfu:.1f} % predicted")
     if stragglers is not None:
         return Note("warn", "below-predicted",
                     f"{head}: stragglers, by Megatron's per-rank timers: {stragglers.phrase()}",
@@ -235,9 +240,7 @@ def above_note(v: VsPredicted) -> Note:
     the stand-in does only the model's GEMMs, so the note says that instead."""
     from slurmpod.report.model import Note  # lazy: start-up
 
-    head = (f"the job ran at {100 * v.ratio:.0f} % of its predicted speed "
-            f"({_s(v.achieved_step_s)} per iteration against {_s(v.predicted_step_s)} "
-            f"predicted for {v.layout} on {v.world} {v.gpu.upper()} GPUs)")
+    head = _ran_at(v)
     if v.prediction.generation == "emulated":
         return Note("info", "above-predicted",
                     f"{head}: the sandbox's emulated GPU runs only the model's GEMMs, with no "

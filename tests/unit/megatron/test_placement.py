@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from slurmpod.config import load_site, resolve_site_path
-from slurmpod.megatron.placement import _group_table, node_map_from_arrays, place
+from slurmpod.megatron.placement import _along, _kind_axes, node_map_from_arrays, place
 
 
 def brute_groups(world, tp, cp, dp, pp, ep, etp, edp):
@@ -34,7 +34,10 @@ def brute_groups(world, tp, cp, dp, pp, ep, etp, edp):
 def test_groups_match_bruteforce(tp, cp, pp, ep, etp, world):
     dp = world // (tp * cp * pp)
     edp = world // (etp * ep * pp)
-    got = _group_table(world, tp, cp, dp, pp, ep, etp, edp)
+    got = {}  # each kind's groups spelled out from the bases and stride `place` counts with
+    for kind, (shape, axis) in _kind_axes(tp, cp, dp, pp, ep, etp, edp).items():
+        bases, step, size = _along(shape, axis)
+        got[kind] = [list(range(b, b + size * step, step)) for b in bases]
     want = brute_groups(world, tp, cp, dp, pp, ep, etp, edp)
     for kind, rows in got.items():
         assert sorted(tuple(int(x) for x in r) for r in rows) == want[kind], kind
