@@ -176,6 +176,24 @@ def test_the_switches_the_prediction_counted_are_shown(h100: Site, base_job: obj
     assert ", counting " not in job_text(plain)
 
 
+def test_a_dumps_fsdp_sharding_is_named_and_a_forged_one_gives_no_prediction(
+        h100: Site, base_job: object) -> None:
+    """The dump is the job's text: Megatron-FSDP's strategy is shown only when it is one of
+    Megatron's four; anything else leaves the report without a prediction, never its words."""
+    args, achieved = _log("megatron-2026-microseconds.log")
+    fsdp = args | {"use_megatron_fsdp": "True",
+                   "data_parallel_sharding_strategy": "optim_grads_params"}
+    r = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=_record(achieved),
+                         log_hints=LogHints("x.out", args=fsdp), site=h100)
+    assert r.predicted is not None
+    assert "use_megatron_fsdp=optim_grads_params" in r.predicted.switches
+    forged = fsdp | {"data_parallel_sharding_strategy": "optim\x1b[31m\nFAKE job 1 OK"}
+    r = build_job_report(_job(base_job, "dgx[0001-0008]", 8), spool_record=_record(achieved),
+                         log_hints=LogHints("x.out", args=forged), site=h100)
+    assert r.predicted is None
+    assert "FAKE" not in job_text(r) and "\x1b" not in job_text(r)
+
+
 def test_the_cli_reads_the_dump_from_the_log_head() -> None:
     head = (DATA / "megatron" / "megatron-2026-microseconds.log").read_bytes()
     args = megatron_args(head)
