@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from slurmpod.errors import ConfigError
 from slurmpod.megatron.pipeline import layout_vpp, split
@@ -109,6 +109,9 @@ Layers = Annotated[int, Meta(ge=1, le=MAX_LAYERS)]
 Experts = Annotated[int, Meta(ge=1, le=100_000)]
 Dim = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 NonNegDim = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+# Megatron-FSDP's `--data-parallel-sharding-strategy` choices (Megatron-LM core 0.14+).
+ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+FSDP_SHARDING: tuple[str, ...] = get_args(ShardingStrategy)
 
 
 class MegatronArgs(Strict, frozen=True, kw_only=True):
@@ -170,8 +173,7 @@ class MegatronArgs(Strict, frozen=True, kw_only=True):
     hidden_dropout: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     recompute_modules: list[str] | None = None
     use_megatron_fsdp: bool = False
-    data_parallel_sharding_strategy: Literal[
-        "no_shard", "optim", "optim_grads", "optim_grads_params"] | None = None
+    data_parallel_sharding_strategy: ShardingStrategy | None = None
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     cpu_offloading_num_layers: Annotated[int, Meta(ge=0, le=MAX_LAYERS)] | None = None
@@ -409,6 +411,12 @@ class ModelConfig:
                    if num_experts is not None else (0,) * layers)
         vp = _virtual_pipeline(a, layers, pp)
         fsdp = megatron_flag(get("use_megatron_fsdp", False))
+        sharding = str(get("data_parallel_sharding_strategy",
+                           "optim_grads_params" if fsdp else "no_shard"))
+        if sharding not in FSDP_SHARDING:  # a dump's value is the job's: never echoed
+            raise ConfigError("data_parallel_sharding_strategy is not one of Megatron-FSDP's "
+                              f"strategies ({', '.join(FSDP_SHARDING)})",
+                              key="data_parallel_sharding_strategy")
         return cls(
             num_layers=layers, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
             kv_channels=int(get("kv_channels", h // heads)), ffn_hidden_size=ffn,
@@ -450,8 +458,7 @@ class ModelConfig:
             add_bias_linear=megatron_flag(get("add_bias_linear", True)),
             moe_shared_expert_gate=megatron_flag(get("moe_shared_expert_gate", False)),
             megatron_fsdp=fsdp,
-            fsdp_sharding=str(get("data_parallel_sharding_strategy",
-                                  "optim_grads_params" if fsdp else "no_shard")),
+            fsdp_sharding=sharding,
             optimizer_offload_fraction=(
                 float(get("optimizer_offload_fraction", 1.0))
                 if megatron_flag(get("optimizer_cpu_offload", False)) else 0.0),

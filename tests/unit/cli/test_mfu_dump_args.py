@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurmpod.cli.main import main
+from slurmpod.errors import ConfigError
+from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.megatron.validate import check_dump_args
 from tests.helpers import DATA_DIR
 
@@ -47,6 +49,22 @@ def test_check_dump_args_accepts_a_real_model_and_names_the_bad_argument() -> No
         assert "\n" not in msg
     assert check_dump_args(GOOD | {"num_experts": 8, "moe_router_topk": 9}) is not None
     assert check_dump_args(GOOD | {"num_experts": 8, "moe_router_topk": 2}) is None
+
+
+def test_a_sharding_strategy_megatron_cannot_print_is_refused_without_its_text() -> None:
+    """Megatron's argparse allows four strategies (core 0.14+, `choices`); anything else in a
+    dump is the job's text: named by key, shown escaped and cut short, never run through."""
+    for good in ("no_shard", "optim", "optim_grads", "optim_grads_params", None):
+        assert check_dump_args(GOOD | {"data_parallel_sharding_strategy": good}) is None
+    msg = check_dump_args(GOOD | {"data_parallel_sharding_strategy":
+                                  "optim\x1b[31m\nFAKE job 1 OK" + "x" * 500})
+    assert msg is not None and msg.startswith("data_parallel_sharding_strategy = ")
+    assert "\n" not in msg and "\x1b" not in msg and len(msg) < 160
+    assert "optim_grads_params" in msg  # the fix: the strategies Megatron accepts
+    with pytest.raises(ConfigError) as exc:
+        ModelConfig.from_args(GOOD | {"use_megatron_fsdp": True,
+                                      "data_parallel_sharding_strategy": "zero3"})
+    assert exc.value.key == "data_parallel_sharding_strategy" and "zero3" not in str(exc.value)
 
 
 @pytest.mark.parametrize(("value", "words"), [("-24", "at least 1"),
