@@ -32,7 +32,8 @@ SUBMIT_KEYS = ("slurmpod", "fmt", "run", "flops_per_iter", "peak_tflops", "gpus"
                "tokens_per_iter", "token", "pred")
 # The breakdown parts a recorded prediction keeps (`pred.b`): the ones the fleet report's
 # likely-cause wording reads (slurmpod.report.predicted.cause_note).
-PRED_PARTS = ("compute", "exposed_communication", "pp_bubble", "tp", "cp", "ep", "dp", "pp_p2p")
+PRED_PARTS = ("compute", "exposed_communication", "pp_bubble", "tp", "cp", "ep", "dp", "pp_p2p",
+              "host")
 
 
 def submit_comment(*, version: str, run: str, flops_per_iter: float, peak_tflops: float,

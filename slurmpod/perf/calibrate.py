@@ -3,7 +3,8 @@
 Two sources of measurements:
 - published points (tests/data/perf/published.toml: NVIDIA's NeMo / Megatron-Bridge tables and
   Megatron-LM papers): `fit_generation` fits `Efficiency` of one GPU generation on at most two
-  `calibration` rows; `evaluate` predicts every row and reports the error;
+  `calibration` rows, `fit_host_forward` the host's FP8 MoE forward on the one marked
+  `fits = "host"`; `evaluate` predicts every row and reports the error;
 - a site's own finished jobs (`slurmpod calibrate`): `fit_site` scales the generation's factors
   so that the median job's prediction matches what it achieved; `save`/`load_site_efficiency`
   keep the result in the site's directory (`<site>.perf.toml`), beside the memory reserve the
@@ -168,9 +169,10 @@ def _solve(f: Callable[[float], float], lo: float = 0.05, hi: float = 1.5) -> fl
 def fit_generation(points: Sequence[Point], generation: str) -> Efficiency:
     """Fit `gemm` on the generation's BF16 calibration row and `fp8` on its FP8 row (at most
     two rows); with one row, one factor serves both."""
-    cal = [p for p in points if p.role == "calibration" and p.generation == generation]
-    if len(cal) > 2:
-        raise ValueError(f"{generation}: {len(cal)} calibration points; at most two")
+    every = [p for p in points if p.role == "calibration" and p.generation == generation]
+    if len(every) > 2:
+        raise ValueError(f"{generation}: {len(every)} calibration points; at most two")
+    cal = [p for p in every if not _fits_host(p)]
     bf16 = [p for p in cal if p.precision != "fp8"]
     fp8 = [p for p in cal if p.precision == "fp8"]
     names = ", ".join(p.id for p in cal)
@@ -192,6 +194,30 @@ def fit_generation(points: Sequence[Point], generation: str) -> Efficiency:
     if fp8:
         f8 = _solve(lambda x: err(fp8[0], Efficiency(gemm, x)))
     return Efficiency(gemm, f8, names)
+
+
+def _fits_host(p: Point) -> bool:
+    return p.raw.get("fits") == "host"
+
+
+def fit_host_forward(points: Sequence[Point]) -> tuple[float, str]:
+    """Fit MOE_FP8_HOST_FORWARD_S on the one calibration row marked `fits = "host"` (an FP8 MoE
+    row without CUDA graphs, on its generation's fitted factors): (seconds, the row's id)."""
+    rows = [p for p in points if p.role == "calibration" and _fits_host(p)]
+    if len(rows) != 1:
+        raise ValueError(f"{len(rows)} calibration rows marked fits = \"host\"; one is needed")
+    p = rows[0]
+    assert p.config is not None and p.hardware is not None and p.published_s is not None
+    config, hw, published = p.config, p.hardware, p.published_s
+    base = FITTED[p.generation]
+
+    def too_fast(ms: float) -> float:  # decreasing in the host time
+        pred = predict(config, p.gpus, hw, replace(base, moe_fp8_host_forward_s=ms / 1e3),
+                       p.opts)
+        assert pred is not None
+        return -math.log(pred.step_time_s / published)
+
+    return _solve(too_fast, 0.01, 100.0) / 1e3, p.id
 
 
 # --- a site's own jobs ---------------------------------------------------------------------------
@@ -502,7 +528,8 @@ def markdown_table(points: Sequence[Point], results: Sequence[Result]) -> str:
         pred = f"{r.predicted_s:.3f}" if r else "-"
         err = f"{r.error:+.1%}" if r else raw.get("reason", "-")
         gap = " (a)" if raw.get("config_gap") else ""
-        lines.append(f"| {p.id}{gap} | {p.role} | {p.source} | {p.gpus} | {p.precision} | "
+        role = f"{p.role} (host)" if _fits_host(p) else p.role
+        lines.append(f"| {p.id}{gap} | {role} | {p.source} | {p.gpus} | {p.precision} | "
                      f"{lay} | {pub} | {pred} | {err} |")
     gaps = [p for p in points if p.raw.get("config_gap")]
     if gaps:

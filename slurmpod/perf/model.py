@@ -101,13 +101,29 @@ CP_STEP_KERNELS = 8
 MOE_IMBALANCE = 1.0
 
 
+# Host time to launch one MoE layer's forward in FP8 (Transformer Engine), seconds per
+# microbatch, without CUDA graphs. The alltoall and flex dispatchers copy the token counts to
+# the host once per MoE layer forward (Megatron core 0.15 `_maybe_dtoh_and_synchronize`: the
+# all-to-all splits and the grouped GEMM's m_splits are host lists), so the host cannot run
+# ahead of the GPU across layers, and a te.Linear takes the host over twice as long to launch
+# in FP8 as in BF16 (quantizers, scale bookkeeping; TransformerEngine issue 761: an FP8
+# forward 140 ms against 77 ms in BF16, the GPU idle, the backward not). Such a forward takes
+# at least this long. Fitted (`slurmpod.perf.calibrate.fit_host_forward`) on the row marked
+# `fits = "host"` in tests/data/perf/published.toml; BF16 MoE rows show no such floor (Qwen3
+# 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms).
+MOE_FP8_HOST_FORWARD_S = 5.0588e-3
+HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Fitted per GPU generation: share of the dense peak large GEMMs reach."""
+    """Fitted per GPU generation: share of the dense peak large GEMMs reach; and (one figure
+    for all generations, the host's) the FP8 MoE forward's launch time."""
 
     gemm: float  # BF16/FP16 GEMMs, share of the BF16 peak
     fp8: float  # FP8 GEMMs (Transformer Engine), share of the FP8 peak
     fitted_on: str = ""
+    moe_fp8_host_forward_s: float = MOE_FP8_HOST_FORWARD_S
 
 
 # Fitted by `slurmpod.perf.calibrate.fit_generation` on the rows marked `calibration` in
@@ -241,8 +257,8 @@ class RunOptions:
         return on
 
 
-BREAKDOWN_KEYS = ("compute", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep", "optimizer",
-                  "exposed_communication")
+BREAKDOWN_KEYS = ("compute", "host", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep",
+                  "optimizer", "exposed_communication")
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +465,7 @@ class _Micro:
     rec_shared: float
     tok: float  # tokens of one microbatch on one CP rank
     sp: bool  # sequence parallel in effect (TP > 1)
+    host_forward: float  # MOE_FP8_HOST_FORWARD_S, as fitted
 
 
 def _micro(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunOptions
@@ -456,7 +473,7 @@ def _micro(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts: RunO
     """The per-token costs, speeds and recompute shares every term reads, computed once."""
     return _Micro(c, _costs(c), hw, opts, *_rates(hw, eff, c.fp8 is not None, world),
                   *_recompute(c), c.micro_batch_size * c.seq_length / c.cp,
-                  c.sequence_parallel and c.tp > 1)
+                  c.sequence_parallel and c.tp > 1, eff.moe_fp8_host_forward_s)
 
 
 def _attention_compute(u: _Micro) -> tuple[float, float]:
@@ -589,6 +606,18 @@ def _ep_time(u: _Micro) -> float:
     return t_ep
 
 
+def _host_wait(u: _Micro, moe_compute: float, t_ep: float) -> float:
+    """Seconds the GPU waits on the host in one MoE layer's forward (and its recomputed
+    forward), per microbatch: what MOE_FP8_HOST_FORWARD_S exceeds of the forward's own GPU time
+    (its share of the GEMM passes, 2 of 6 + 2 recomputed; of the all-to-alls, 2 of 4 + 2).
+    None in BF16, or with the iteration captured as one CUDA graph (nothing is launched)."""
+    if not u.fp8 or u.opts.graphed_iteration:
+        return 0.0
+    rec = max(u.rec, u.rec_moe)
+    forward = moe_compute * (1 + rec) / (3 + rec) + t_ep * (1 + rec) / (2 + rec)
+    return max(0.0, (1 + rec) * u.host_forward - forward)
+
+
 @dataclass(slots=True)
 class _Layer:
     """One layer, averaged over the model's dense and MoE layers."""
@@ -599,6 +628,7 @@ class _Layer:
     cp: float
     ep: float  # per MoE layer
     moe_share: float
+    host: float  # per MoE layer: the forward's wait on the host (_host_wait)
 
 
 def _layer(u: _Micro) -> _Layer:
@@ -618,7 +648,8 @@ def _layer(u: _Micro) -> _Layer:
     moe_share = u.k.n_moe / u.c.num_layers
     layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
     layer_comm = t_tp + t_cp + moe_share * t_ep
-    return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share)
+    host = _host_wait(u, moe_compute, t_ep) if moe_share else 0.0
+    return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share, host)
 
 
 def _logits_time(u: _Micro) -> float:
@@ -633,24 +664,27 @@ def _logits_time(u: _Micro) -> float:
 
 @dataclass(slots=True)
 class _Stage:
-    """The slowest pipeline rank, per microbatch: its compute and exposed communication, and
-    the TP, CP and EP parts of that communication."""
+    """The slowest pipeline rank, per microbatch: its compute, its wait on the host and its
+    exposed communication, and the TP, CP and EP parts of that communication."""
 
     compute: float
+    host: float
     comm: float
     tp: float
     cp: float
     ep: float
-    microbatch: float  # compute + comm
+    microbatch: float  # compute + host + comm
 
 
 def _slowest_stage(c: ModelConfig, layer: _Layer, t_logits: float) -> _Stage:
     """The rank whose layers (and output layer, on the loss rank) take longest (_stage_work)."""
-    compute, comm, n = max(
-        ((n * layer.compute + extra, n * layer.comm, n) for n, extra in _stage_work(c, t_logits)),
+    busy = layer.comm + layer.moe_share * layer.host
+    compute, other, n = max(
+        ((n * layer.compute + extra, n * busy, n) for n, extra in _stage_work(c, t_logits)),
         key=lambda x: x[0] + x[1])
-    return _Stage(compute, comm, n * layer.tp, n * layer.cp, n * layer.moe_share * layer.ep,
-                  compute + comm)
+    host = n * layer.moe_share * layer.host
+    return _Stage(compute, host, n * layer.comm, n * layer.tp, n * layer.cp,
+                  n * layer.moe_share * layer.ep, compute + other)
 
 
 def _pipeline(u: _Micro, world: int, m: int, t_mb: float) -> tuple[float, float]:
@@ -757,7 +791,8 @@ def _assemble(m: int, stage: _Stage, bubble: float, p2p: float, t_dp: float, t_o
     step = m * stage.microbatch + bubble + p2p + t_dp + t_opt
     comm = m * stage.comm + p2p + t_dp
     return step, {
-        "compute": m * stage.compute, "tp": m * stage.tp, "cp": m * stage.cp,
+        "compute": m * stage.compute, "host": m * stage.host, "tp": m * stage.tp,
+        "cp": m * stage.cp,
         "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * stage.ep,
         "optimizer": t_opt, "exposed_communication": comm,
     }

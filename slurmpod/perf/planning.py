@@ -82,6 +82,8 @@ def summary_line(p: Prediction) -> str:
     comm = ", ".join(f"{k} {b[k]:.3g}" for k in ("tp", "cp", "ep", "dp", "pp_p2p") if b[k] > 0)
     return (f"{p.step_time_s:.3g} s/iteration, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
             f"{_tflops_text(p.model_tflops_per_gpu)} TFLOP/s/GPU, MFU {p.mfu:.0%} (compute "
-            f"{b['compute']:.3g} s, bubble {b['pp_bubble']:.3g} s, exposed communication "
+            f"{b['compute']:.3g} s, "
+            + (f"host {b['host']:.3g} s, " if b.get("host", 0.0) > 0 else "")
+            + f"bubble {b['pp_bubble']:.3g} s, exposed communication "
             f"{b['exposed_communication']:.3g} s" + (f": {comm}" if comm else "")
             + f", optimizer {b['optimizer']:.2g} s)")

@@ -39,8 +39,8 @@ def test_prediction_fields_add_up() -> None:
     p = predict(c, 128, H100)
     assert p is not None
     b = p.breakdown_s
-    parts = b["compute"] + b["tp"] + b["cp"] + b["pp_bubble"] + b["pp_p2p"] + b["dp"] + \
-        b["ep"] + b["optimizer"]
+    parts = b["compute"] + b["host"] + b["tp"] + b["cp"] + b["pp_bubble"] + b["pp_p2p"] + \
+        b["dp"] + b["ep"] + b["optimizer"]
     assert parts == pytest.approx(p.step_time_s, rel=1e-9)
     assert b["exposed_communication"] == pytest.approx(
         b["tp"] + b["cp"] + b["ep"] + b["dp"] + b["pp_p2p"])
@@ -212,6 +212,38 @@ def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
         * 32 * 32  # layers x microbatches
     assert plain.breakdown_s["compute"] - graphed.breakdown_s["compute"] == pytest.approx(
         gaps, rel=1e-6)
+
+
+def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
+    """MOE_FP8_HOST_FORWARD_S floors each MoE layer's forward per microbatch: BF16, a CUDA-
+    graphed iteration and dense layers never wait; a larger micro-batch hides it (the same host
+    work, more GPU work); what waits is counted under `host`, apart from compute."""
+    from slurmpod.perf import model
+
+    moe = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=256,
+              micro_batch_size=1)
+
+    def host(c: ModelConfig, **opts: object) -> float:
+        c = on_config(c, opts)
+        p = predict(c, 8, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
+        assert p is not None
+        return p.breakdown_s["host"]
+
+    waits = host(moe, fp8=True)
+    assert waits > 0
+    # At most the floor itself per MoE layer and microbatch (the GPU's own forward counts).
+    assert waits < model.MOE_FP8_HOST_FORWARD_S * moe.num_moe_layers * 32
+    assert host(moe) == 0.0  # BF16
+    assert host(moe, fp8=True, graphed_iteration=True) == 0.0
+    assert host(cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256),
+                fp8=True) == 0.0  # no MoE layer: no per-layer sync
+    bigger = dataclasses.replace(moe, micro_batch_size=4)
+    assert host(bigger, fp8=True) < waits
+    # A host twice as slow waits longer: the floor, not a share of compute.
+    slow = dataclasses.replace(FITTED["hopper"],
+                               moe_fp8_host_forward_s=2 * model.MOE_FP8_HOST_FORWARD_S)
+    p = predict(dataclasses.replace(moe, fp8="hybrid"), 8, H100, slow)
+    assert p is not None and p.breakdown_s["host"] > 2 * waits
 
 
 def test_fp8_attention_runs_the_core_at_the_fp8_rate_only_under_fp8() -> None:

@@ -248,6 +248,12 @@ def test_the_cause_follows_the_breakdown_and_the_stability() -> None:
     assert "pipeline bubble" in cause_note(bubble, None).text
     compute = _v(ZERO | {"compute": 0.95, "optimizer": 0.05})
     assert "compute-bound" in cause_note(compute, None).text
+    # The FP8 MoE forward's wait on kernel launches, when it is the largest part after compute.
+    host = _v(ZERO | {"compute": 0.6, "host": 0.25, "ep": 0.1, "exposed_communication": 0.1})
+    n = cause_note(host, None)
+    assert "likely the host" in n.text and "0.25 s" in n.text and "--cuda-graph-impl" in n.fix
+    more_comm = _v(ZERO | {"compute": 0.6, "host": 0.15, "ep": 0.2, "exposed_communication": 0.2})
+    assert "exposed communication" in cause_note(more_comm, None).text
     # Uneven steady iterations come first, whatever the breakdown says.
     uneven = Stability(0, 2000.0, None, 0.3, 0, None)
     n = cause_note(comm, uneven)
