@@ -285,6 +285,7 @@ class _Costs:
 
     attn_linear: float
     attn_core: float
+    mla_up: float  # MLA's Q and KV up-projections (recompute module `mla_up_proj`)
     q_width: int
     kv_width: int  # K+V width one token sends in the CP ring
     mlp_dense: float
@@ -322,9 +323,12 @@ def _costs(c: ModelConfig) -> _Costs:
         return hit
     h, a, s = c.hidden_size, c.num_attention_heads, c.seq_length
     attn_total = attention_fmas_per_token(c)
+    mla_up = 0.0
     if c.multi_latent_attention:
         qk = c.qk_head_dim + c.qk_pos_emb_head_dim
         core = s * a * qk / 2 + s * a * c.v_head_dim / 2
+        mla_up = ((c.q_lora_rank or 0) * a * qk
+                  + c.kv_lora_rank * a * (c.qk_head_dim + c.v_head_dim))
         q_width = a * c.v_head_dim
         kv_width = a * (qk + c.v_head_dim)
     else:
@@ -339,7 +343,8 @@ def _costs(c: ModelConfig) -> _Costs:
         moe_routed = mlp_fmas_per_token(c, True) - moe_shared
         router = h * (c.num_experts or 0)
     out = _Costs(
-        attn_linear=attn_total - core, attn_core=core, q_width=q_width, kv_width=kv_width,
+        attn_linear=attn_total - core, attn_core=core, mla_up=mla_up, q_width=q_width,
+        kv_width=kv_width,
         mlp_dense=mlp_fmas_per_token(c, False), moe_routed=moe_routed, moe_shared=moe_shared,
         router=router, logits=h * c.padded_vocab_size, flops_per_token=flops_per_token(c),
         n_dense=c.num_layers - n_moe, n_moe=n_moe,
@@ -429,10 +434,10 @@ def _rates(hw: Hardware, eff: Efficiency, fp8_run: bool, world: int
     return peak16, peak_mm, fp8, hbm, nvl, nic
 
 
-def _recompute(c: ModelConfig) -> tuple[float, float, float, float]:
+def _recompute(c: ModelConfig) -> tuple[float, float, float, float, float]:
     """Share of each part's forward that runs twice: (layers, under full recompute; the MLP,
-    the routed experts, the shared experts: the same, or 1.0 where selective recompute names
-    the module)."""
+    the routed experts, the shared experts, MLA's up-projections: the same, or 1.0 where
+    selective recompute names the module)."""
     rec = 0.0
     if c.recompute_granularity == "full":
         stage_layers = c.stage_layers()[1]
@@ -442,7 +447,8 @@ def _recompute(c: ModelConfig) -> tuple[float, float, float, float]:
     # recomputes the core attention, so `core_attn` costs nothing here).
     mods = (set(c.recompute_modules) if c.recompute_granularity == "selective" else set())
     return (rec, 1.0 if "mlp" in mods else rec, 1.0 if "moe" in mods else rec,
-            1.0 if "moe" in mods or "shared_experts" in mods else rec)
+            1.0 if "moe" in mods or "shared_experts" in mods else rec,
+            1.0 if "mla_up_proj" in mods else rec)
 
 
 @dataclass(slots=True)
@@ -463,6 +469,7 @@ class _Micro:
     rec_mlp: float  # ... of the MLP, the routed experts, the shared experts (selective too)
     rec_moe: float
     rec_shared: float
+    rec_mla_up: float
     tok: float  # tokens of one microbatch on one CP rank
     sp: bool  # sequence parallel in effect (TP > 1)
     host_forward: float  # MOE_FP8_HOST_FORWARD_S, as fitted
@@ -485,6 +492,9 @@ def _attention_compute(u: _Micro) -> tuple[float, float]:
     gemm_passes = 6.0 + 2.0 * rec  # FLOPs per FMA over fwd + dgrad + wgrad (+ recomputed fwd)
     mem_passes = 1.0 + rec / 3
     t_attn = gemm_passes * tok * k.attn_linear / tp / (u.peak_mm * _eff(min(h, k.q_width / tp)))
+    if u.rec_mla_up > rec:  # selective `mla_up_proj`: the up-projections' forward again
+        t_attn += 2.0 * (u.rec_mla_up - rec) * tok * k.mla_up / tp / (
+            u.peak_mm * _eff(min(c.kv_lora_rank, k.q_width / tp)))
     t_core = 7.0 * tok * k.attn_core / tp / (
         (u.peak_mm if u.fp8 and u.opts.fp8_attention else u.peak16) * ATTENTION_FACTOR)
     hid = tok * h / (tp if u.sp else 1)

@@ -148,6 +148,28 @@ def test_selective_recompute_of_the_mlp_costs_its_forward() -> None:
     assert base < mlp < full
 
 
+def test_selective_recompute_of_mla_up_projections_costs_their_forward() -> None:
+    """`mla_up_proj` runs MLA's Q and KV up-projection GEMMs forward again: a cost for
+    DeepSeek-V3, bounded by those GEMMs' own forward; a model without MLA has none to redo."""
+    from slurmpod.perf import model
+
+    c = cfg("deepseek-v3", tp=1, pp=4, vpp=None, ep=8, etp=1, global_batch_size=256,
+            pipeline_layout=None, recompute_granularity="selective",
+            recompute_modules=("core_attn",))
+    up = dataclasses.replace(c, recompute_modules=("core_attn", "mla_up_proj"))
+    extra = step(up, 256) - step(c, 256)
+    k = model._costs(c)
+    assert k.mla_up == 1536 * 128 * (128 + 64) + 512 * 128 * (128 + 128)
+    ceiling = 2 * c.seq_length * k.mla_up / (989e12 * FITTED["hopper"].gemm * 0.5)
+    m = 256 // (256 // 4)  # microbatches; with the bubble, PP - 1 more microbatch-times
+    layers = c.stage_layers()[1]
+    assert 0 < extra < ceiling * (m + 3) * layers
+    dense = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256,
+                recompute_granularity="selective")
+    assert step(dataclasses.replace(dense, recompute_modules=("core_attn", "mla_up_proj")),
+                8) == step(dense, 8)
+
+
 def test_kernel_gaps_favour_fewer_larger_kernels() -> None:
     """The same tokens in twice-larger microbatches launch half the kernels per token."""
     from slurmpod.perf import model
