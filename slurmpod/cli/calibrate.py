@@ -128,20 +128,29 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
         emit_json({"site": site.site.name, "gpu": hw.gpu_model, "generation": hw.generation,
                    "jobs": [{"job_id": job, "ratio": ratio} for job, ratio in ratios],
                    "skipped": dict(sorted(skipped.items())),
-                   "before": {"gemm": base.gemm, "fp8": base.fp8},
-                   "after": None if eff is None else {"gemm": eff.gemm, "fp8": eff.fp8},
+                   "before": _factors(base),
+                   "after": None if eff is None else _factors(eff),
                    "memory": memory.to_json(reserve),
                    "stored": None if stored is None else str(stored)})
         return
     if eff is not None:
+        host = ""
+        if eff.moe_fp8_host_forward_s != base.moe_fp8_host_forward_s:
+            host = (f", host's FP8 MoE forward {1e3 * base.moe_fp8_host_forward_s:.3g} -> "
+                    f"{1e3 * eff.moe_fp8_host_forward_s:.3g} ms")
         click.echo(f"{site.site.name} ({hw.gpu_model}, {hw.generation}): {len(ratios)} jobs; "
-                   f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}")
+                   f"gemm {base.gemm:g} -> {eff.gemm:g}, fp8 {base.fp8:g} -> {eff.fp8:g}{host}")
         for job, ratio in ratios:
             click.echo(f"  {job}: predicted / achieved {ratio:.2f}")
     if reserve is not None:
         click.echo(memory.summary_line(reserve))
     if stored is not None:
         click.echo(f"stored {stored}")
+
+
+def _factors(eff: Efficiency) -> dict[str, float]:
+    return {"gemm": eff.gemm, "fp8": eff.fp8,
+            "moe_fp8_host_forward_s": eff.moe_fp8_host_forward_s}
 
 
 class _MemoryPoints:

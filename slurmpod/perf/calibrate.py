@@ -26,8 +26,10 @@ from slurmpod.megatron.runspec import ModelConfig, preset_path
 from slurmpod.model.gpus import CATALOG
 from slurmpod.perf.model import (
     FITTED,
+    MOE_FP8_HOST_FORWARD_S,
     Efficiency,
     Hardware,
+    Prediction,
     RunOptions,
     hardware_from_site,
     predict,
@@ -335,33 +337,52 @@ def _predictable(j: Achieved, hw: Hardware, eff: Efficiency) -> bool:
         return False
 
 
+# A job whose predicted step waits on the host (`breakdown_s["host"]`: FP8 MoE layers without
+# CUDA graphs) for at least this share is a point for the host's figure, not the GPU factors.
+HOST_BOUND_SHARE = 0.10
+
+
+def _predicted(j: Achieved, hw: Hardware, eff: Efficiency) -> Prediction:
+    pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
+    assert pred is not None  # _predictable
+    return pred
+
+
+def _median_log(jobs: Sequence[Achieved], hw: Hardware, eff: Efficiency) -> float:
+    return statistics.median(math.log(_predicted(j, hw, eff).step_time_s / j.step_time_s)
+                             for j in jobs)
+
+
 def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = None
              ) -> tuple[Efficiency, list[tuple[str, float]]]:
     """Scale the generation's factors by one number so that the median job's prediction equals
-    its achieved time; returns the factors and each job's achieved / predicted after the fit."""
+    its achieved time, over the jobs whose predicted step does not wait on the host; then fit
+    the host's FP8 MoE forward (`MOE_FP8_HOST_FORWARD_S`) the same way on those that do (at
+    least HOST_BOUND_SHARE of the step). Returns the factors and each job's predicted /
+    achieved after the fit."""
     base = base or FITTED.get(hw.generation, FITTED["hopper"])
     usable = [j for j in jobs if _predictable(j, hw, base)]
     if not usable:
         raise ValueError("no job with a model and a steady iteration time to calibrate on")
-
-    def median_log(scale: float) -> float:
-        eff = Efficiency(base.gemm * scale, base.fp8 * scale)
-        logs = []
-        for j in usable:
-            pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
-            assert pred is not None
-            logs.append(math.log(pred.step_time_s / j.step_time_s))
-        return statistics.median(logs)
-
-    scale = _solve(median_log, 0.05, 1.0 / max(base.gemm, base.fp8))
-    eff = Efficiency(round(base.gemm * scale, 4), round(base.fp8 * scale, 4),
-                     f"{len(usable)} jobs of this site (slurmpod calibrate)")
-    ratios: list[tuple[str, float]] = []
+    host_bound = []
     for j in usable:
-        pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
-        assert pred is not None
-        ratios.append((j.job_id, pred.step_time_s / j.step_time_s))
-    return eff, ratios
+        pred = _predicted(j, hw, base)
+        host_bound.append(pred.breakdown_s.get("host", 0.0)
+                          >= HOST_BOUND_SHARE * pred.step_time_s)
+    gpu_jobs = [j for j, h in zip(usable, host_bound, strict=True) if not h]
+    host_jobs = [j for j, h in zip(usable, host_bound, strict=True) if h]
+    eff = base
+    if gpu_jobs:
+        scale = _solve(lambda x: _median_log(gpu_jobs, hw, replace(
+            base, gemm=base.gemm * x, fp8=base.fp8 * x)), 0.05, 1.0 / max(base.gemm, base.fp8))
+        eff = replace(base, gemm=round(base.gemm * scale, 4), fp8=round(base.fp8 * scale, 4))
+    if host_jobs:
+        fitted = eff
+        ms = _solve(lambda x: -_median_log(host_jobs, hw, replace(
+            fitted, moe_fp8_host_forward_s=x / 1e3)), 0.01, 100.0)
+        eff = replace(eff, moe_fp8_host_forward_s=ms / 1e3)
+    eff = replace(eff, fitted_on=f"{len(usable)} jobs of this site (slurmpod calibrate)")
+    return eff, [(j.job_id, _predicted(j, hw, eff).step_time_s / j.step_time_s) for j in usable]
 
 
 def store_path(site_path: Path) -> Path:
@@ -390,10 +411,13 @@ def _write(path: Path, body: Mapping[str, Any]) -> None:
 
 
 def save(path: Path, generation: str, eff: Efficiency, n_jobs: int) -> None:
-    """Store the efficiency factors, keeping a memory reserve the file already holds."""
+    """Store the efficiency factors (and the host's FP8 MoE forward when this site's jobs
+    fitted one), keeping a memory reserve the file already holds."""
     body = {k: v for k, v in _stored(path).items() if k == "memory"}
-    _write(path, {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8, "jobs": n_jobs}
-           | body)
+    host = ({"moe_fp8_host_forward_s": eff.moe_fp8_host_forward_s}
+            if eff.moe_fp8_host_forward_s != MOE_FP8_HOST_FORWARD_S else {})
+    _write(path, {"generation": generation, "gemm": eff.gemm, "fp8": eff.fp8} | host
+           | {"jobs": n_jobs} | body)
 
 
 def save_reserve(path: Path, r: MeasuredReserve) -> None:
@@ -419,8 +443,11 @@ def load_site_efficiency(site_path: Path | None, generation: str) -> Efficiency 
     try:
         if data.get("generation") != generation:
             return None
+        host = float(data.get("moe_fp8_host_forward_s", MOE_FP8_HOST_FORWARD_S))
+        if not 0 < host < 1:  # a hand-edited file: seconds, never a second or more
+            return None
         return replace(FITTED.get(generation, FITTED["hopper"]), gemm=float(data["gemm"]),
-                       fp8=float(data["fp8"]),
+                       fp8=float(data["fp8"]), moe_fp8_host_forward_s=host,
                        fitted_on=f"{name}: {int(data.get('jobs', 0))} jobs of this site")
     except (ValueError, KeyError, TypeError):
         return None

@@ -123,9 +123,11 @@ def test_accounting_json(fake_sacct: Path, spool: Path) -> None:
     assert doc["jobs"][0]["ratio"] == pytest.approx(1.0, abs=0.01)  # one job: fitted onto it
     assert doc["skipped"] == {"more-gpus-than-slurm": 1, "no-record": 1, "implausible": 1,
                               "running": 1}
-    assert set(doc["before"]) == set(doc["after"]) == {"gemm", "fp8"}
+    assert set(doc["before"]) == set(doc["after"]) == {"gemm", "fp8", "moe_fp8_host_forward_s"}
     # achieved 2 s where the model said ~1.4 s: the factors come down
     assert 0.5 < doc["after"]["gemm"] / doc["before"]["gemm"] < 0.9
+    # a dense job: the host's figure is not this fit's
+    assert doc["after"]["moe_fp8_host_forward_s"] == doc["before"]["moe_fp8_host_forward_s"]
     # one stderr line for every skipped job
     assert res.stderr == ("slurmpod: skipped 4 job(s): implausible 1, more-gpus-than-slurm 1, "
                           "no-record 1, running 1\n")

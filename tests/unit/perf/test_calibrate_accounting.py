@@ -199,3 +199,36 @@ def test_a_dump_claiming_more_gpus_than_slurm_gave_is_skipped(superpod: Site) ->
 def test_every_reason_is_described() -> None:
     assert all(k and v for k, v in SKIP_REASONS.items())
     assert "no-prediction" in SKIP_REASONS
+
+
+def test_the_site_fit_splits_gpu_and_host_bound_jobs(superpod: Site) -> None:
+    """Jobs made from known factors (GPU factors x 0.9, the host's FP8 MoE forward 7 ms): the
+    fit finds both, the GPU scale on the dense job and the host on the FP8 MoE job, which
+    waits on the host; each job's ratio is then 1."""
+    import dataclasses
+
+    from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+    from slurmpod.perf.model import FITTED, RunOptions, predict
+
+    hw = hardware_from_site(superpod)
+    base = FITTED["hopper"]
+    truth = dataclasses.replace(base, gemm=base.gemm * 0.9, fp8=base.fp8 * 0.9,
+                                moe_fp8_host_forward_s=0.007)
+
+    def made(name: str, world: int, **kw: Any) -> Achieved:
+        c = dataclasses.replace(
+            ModelConfig.from_args(load_run(preset_path(name)).megatron), **kw)
+        pred = predict(c, world, hw, truth, RunOptions())
+        assert pred is not None
+        return Achieved(name, c, world, RunOptions(), pred.step_time_s)
+
+    dense = made("llama3-8b", 8, tp=1, pp=1, vpp=None, cp=1, global_batch_size=128)
+    moe = made("qwen3-30b-a3b", 8, tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1,
+               global_batch_size=128, micro_batch_size=1, fp8="hybrid")
+    eff, ratios = fit_site([dense, moe], hw)
+    assert eff.gemm == pytest.approx(truth.gemm, rel=2e-3)
+    assert eff.moe_fp8_host_forward_s == pytest.approx(0.007, rel=2e-3)
+    assert [r for _, r in ratios] == pytest.approx([1.0, 1.0], abs=3e-3)
+    # Without a host-bound job the host's figure is left as fitted on the published row.
+    eff, _ = fit_site([dense], hw)
+    assert eff.moe_fp8_host_forward_s == base.moe_fp8_host_forward_s

@@ -95,6 +95,22 @@ def test_stored_beside_the_site_with_the_efficiency(tmp_path: Path) -> None:
     assert load_site_reserve(None, "h100") is None
 
 
+def test_a_site_fitted_host_figure_is_stored_and_read_back(tmp_path: Path) -> None:
+    """Kept only when the site's jobs fitted one; a hand-edited absurd value is no calibration."""
+    import dataclasses
+
+    site = tmp_path / "lab.toml"
+    path = store_path(site)
+    save(path, "hopper", FITTED["hopper"], 5)
+    assert "moe_fp8_host_forward_s" not in path.read_text()
+    own = dataclasses.replace(FITTED["hopper"], moe_fp8_host_forward_s=0.0071)
+    save(path, "hopper", own, 5)
+    eff = load_site_efficiency(site, "hopper")
+    assert eff is not None and eff.moe_fp8_host_forward_s == 0.0071
+    path.write_text(path.read_text().replace("0.0071", "3600"))
+    assert load_site_efficiency(site, "hopper") is None
+
+
 @pytest.mark.parametrize("body", [
     '[memory]\ngpu = "h100"\nhbm_gib = 80\ncached_gib = -1\n',
     '[memory]\ngpu = "h100"\nhbm_gib = 80\ncached_gib = "2"\n',
