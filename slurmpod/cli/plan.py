@@ -179,6 +179,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         click.echo(f"slurmpod: warning: {line}", err=True)
     # lazy: start-up
     from slurmpod.perf.planning import (
+        host_line,
         predict_run,
         search_run,
         site_reserve,
@@ -220,8 +221,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             head, _, tail = text.rpartition("\nplan: ")
             named = ", ".join(switches(spec)) or (
                 "none (Megatron's defaults: no overlap, the alltoall dispatcher, no CUDA graphs)")
+            host = host_line(prediction)
             text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {named}"
-                    f"\nplan: {tail}")
+                    + (f"\n  host       {host}" if host else "") + f"\nplan: {tail}")
         if rec is not None:
             head, _, tail = text.rpartition("\nplan: ")
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"

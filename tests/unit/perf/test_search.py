@@ -234,3 +234,25 @@ def test_summary_line_keeps_the_emulated_gpus_fraction_of_a_tflops() -> None:
     assert "1,234 TFLOP/s/GPU, MFU 50%" in summary_line(gpu)
     # The sandbox's CPU "GPU" runs at a fraction of a TFLOP/s: never printed as 0.
     assert "0.0797 TFLOP/s/GPU, MFU 36%" in summary_line(emu)
+
+
+def test_plan_names_the_hosts_wait_and_what_removes_it(tmp_path: Path) -> None:
+    """An FP8 MoE spec without CUDA graphs: `plan` prints the host's share under the prediction
+    (`host` in the summary and a line of its own); the full-iteration graph removes both."""
+    preset = preset_path("qwen3-30b-a3b").read_text(encoding="utf-8")
+    fp8, graphed = tmp_path / "fp8.toml", tmp_path / "graphed.toml"
+    fp8.write_text(preset.replace("[megatron]\n", "[megatron]\nfp8 = \"hybrid\"\n", 1),
+                   encoding="utf-8")
+    graphed.write_text(preset.replace("[megatron]\n", "[megatron]\nfp8 = \"hybrid\"\n"
+                                      "cuda_graph_impl = \"full_iteration\"\n", 1),
+                       encoding="utf-8")
+    r = slurmpod("plan", str(fp8))
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  host       "))
+    assert "waiting on the host's kernel launches" in line and "full_iteration" in line
+    assert ", host " in next(x for x in r.stdout.splitlines() if x.startswith("  predicted"))
+    r = slurmpod("plan", str(graphed), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["prediction"]["breakdown_s"]["host"] == 0.0
+    r = slurmpod("plan", str(graphed))
+    assert "  host       " not in r.stdout and ", host " not in r.stdout
