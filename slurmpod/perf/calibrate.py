@@ -131,9 +131,22 @@ def published_seconds(raw: Mapping[str, Any], c: ModelConfig) -> float:
     gbs, n = raw["global_batch_size"], raw["gpus"]
     if "published_tokens_per_s_per_gpu" in raw:
         return gbs * c.seq_length / (raw["published_tokens_per_s_per_gpu"] * n)
-    # Narayanan et al. 2021, eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh), recompute included.
     s, l_, h, v = c.seq_length, c.num_layers, c.hidden_size, c.padded_vocab_size
-    flops = 96 * gbs * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+    formula = raw.get("tflops_formula", "narayanan2021-eq3")
+    if formula == "narayanan2021-eq3":
+        # Narayanan et al. 2021, eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh), recompute included.
+        flops = 96 * gbs * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+    elif formula == "megatron-core-r0.8":
+        # megatron/training/training.py num_floating_point_operations at core_r0.8.0: attention
+        # with the full (non-causal) s x s scores, GeLU MLP, logits.
+        q_ratio = c.kv_channels * c.num_attention_heads / h
+        groups = c.num_query_groups / c.num_attention_heads
+        gated = 1.5 if c.swiglu else 1.0
+        flops = 12 * gbs * s * l_ * h * h * ((1 + groups + s / h) * q_ratio
+                                             + c.ffn_hidden_size / h * gated
+                                             + v / (2 * l_ * h))
+    else:
+        raise ValueError(f"{raw['id']}: unknown tflops_formula {formula!r}")
     return flops / (raw["published_tflops_per_gpu"] * 1e12 * n)
 
 

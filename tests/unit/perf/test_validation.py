@@ -43,6 +43,25 @@ def test_every_point_names_its_source_and_the_roles_are_valid() -> None:
     assert len({p.id for p in POINTS}) == len(POINTS)
 
 
+def test_the_readme_rows_convert_by_the_formula_their_release_printed() -> None:
+    """Megatron-LM's README table (core r0.8.0) prints per-GPU TFLOP/s of
+    num_floating_point_operations at that release: 12 B s l h^2 ((1 + groups/heads + s/h)
+    + ffn/h + V/(2 l h)). 1.7B: 24 layers, h 2048, 16 heads, GBS 192, 48 GPUs at 408.8; the
+    table's own aggregate, 19.6 PFLOP/s, gives the same iteration within its rounding."""
+    from slurmpod.perf.calibrate import published_seconds
+
+    p = next(x for x in POINTS if x.id == "megatron-readme-1_7b")
+    flops = 12 * 192 * 4096 * 24 * 2048**2 * ((1 + 1 + 4096 / 2048) + 4 + 131072 / (2 * 24 * 2048))
+    assert p.published_s == pytest.approx(flops / (408.8e12 * 48), rel=1e-9)
+    assert p.published_s == pytest.approx(flops / 19.6e15, rel=5e-3)
+    # The table's MFU (41 %) is against the catalog's dense BF16 peak: a BF16 run.
+    assert p.hardware is not None and p.precision == "bf16"
+    assert 408.8 / p.hardware.peak_bf16 == pytest.approx(0.41, abs=0.005)
+    assert p.config is not None
+    with pytest.raises(ValueError, match="tflops_formula"):
+        published_seconds(dict(p.raw) | {"tflops_formula": "other"}, p.config)
+
+
 def test_at_most_two_calibration_points_per_generation() -> None:
     per = Counter(p.generation for p in POINTS if p.role == "calibration")
     assert per and max(per.values()) <= 2
@@ -91,7 +110,7 @@ def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
     assert STATS["moe_published_max"] <= 0.25
 
 
-# Dense recipes whose published layout the search ranks in its top 5 today (16 of 21; the
+# Dense recipes whose published layout the search ranks in its top 5 today (20 of 25; the
 # rest, and why, in docs/perf-model.md); a model change that pushes one out must say why.
 TOP5 = ["nemo2407-h100-gpt3-175b-128", "nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b",
         "nemo2407-h100-llama2-70b", "nemo2407-h100-nemotron4-340b", "nemo2407-h100-llama3-8b",
@@ -99,7 +118,9 @@ TOP5 = ["nemo2407-h100-gpt3-175b-128", "nemo2407-h100-gpt3-175b-512", "nemo2407-
         "bridge2511-b200-llama3-8b-fp8", "bridge2511-gb200-llama3-8b-fp8",
         "bridge2511-b200-llama31-405b-fp8", "bridge2511-gb200-llama31-405b-fp8",
         "bridge2606-gb200-llama31-405b-fp8", "bridge2606-gb200-llama31-405b-mxfp8",
-        "bridge2511-h100-llama3-8b-fp8", "bridge2511-gb200-llama3-70b-fp8"]
+        "bridge2511-h100-llama3-8b-fp8", "bridge2511-gb200-llama3-70b-fp8",
+        "megatron-readme-1_7b", "megatron-readme-7_1b", "megatron-readme-16b",
+        "megatron-readme-32b"]
 
 
 @pytest.mark.parametrize("point_id", TOP5)
