@@ -350,11 +350,6 @@ def _predictable(j: Achieved, hw: Hardware, eff: Efficiency) -> bool:
         return False
 
 
-# A job whose predicted step waits on the host (`breakdown_s["host"]`: FP8 MoE layers without
-# CUDA graphs) for at least this share is a point for the host's figure, not the GPU factors.
-HOST_BOUND_SHARE = 0.10
-
-
 def _predicted(j: Achieved, hw: Hardware, eff: Efficiency) -> Prediction:
     pred = predict(j.config, j.world, j.hardware or hw, eff, j.opts)
     assert pred is not None  # _predictable
@@ -371,17 +366,15 @@ def fit_site(jobs: Sequence[Achieved], hw: Hardware, base: Efficiency | None = N
     """Scale the generation's factors by one number so that the median job's prediction equals
     its achieved time, over the jobs whose predicted step does not wait on the host; then fit
     the host's FP8 MoE forward (`MOE_FP8_HOST_FORWARD_S`) the same way on those that do (at
-    least HOST_BOUND_SHARE of the step). Returns the factors and each job's predicted /
+    least `HOST_BOUND_SHARE` of the step). Returns the factors and each job's predicted /
     achieved after the fit."""
     base = base or FITTED.get(hw.generation, FITTED["hopper"])
     usable = [j for j in jobs if _predictable(j, hw, base)]
     if not usable:
         raise ValueError("no job with a model and a steady iteration time to calibrate on")
-    host_bound = []
-    for j in usable:
-        pred = _predicted(j, hw, base)
-        host_bound.append(pred.breakdown_s.get("host", 0.0)
-                          >= HOST_BOUND_SHARE * pred.step_time_s)
+    # A host-bound job (`Prediction.host_bound`) is a point for the host's figure, not the
+    # GPU factors.
+    host_bound = [_predicted(j, hw, base).host_bound for j in usable]
     gpu_jobs = [j for j, h in zip(usable, host_bound, strict=True) if not h]
     host_jobs = [j for j, h in zip(usable, host_bound, strict=True) if h]
     eff = base

@@ -113,6 +113,9 @@ MOE_IMBALANCE = 1.0
 # 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms).
 MOE_FP8_HOST_FORWARD_S = 5.0588e-3
 HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
+# A predicted step that waits on the host (breakdown `host`) at least this share of it is
+# host-bound: `plan` says so, and `slurmpod calibrate` fits the host's figure on such jobs.
+HOST_BOUND_SHARE = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,11 @@ class Prediction:
     breakdown_s: dict[str, float]
     generation: str = ""
     efficiency_source: str = ""
+
+    @property
+    def host_bound(self) -> bool:
+        """At least HOST_BOUND_SHARE of the step waits on the host's kernel launches."""
+        return self.breakdown_s.get("host", 0.0) >= HOST_BOUND_SHARE * self.step_time_s
 
     def to_json(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s,

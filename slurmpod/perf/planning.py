@@ -71,9 +71,6 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                   run_options(spec), top, vocab)
 
 
-# A predicted step that waits on the host this long (FP8 MoE layers without CUDA graphs) gets a
-# line of its own in `plan` and is the likely cause in a slow job's report.
-HOST_NOTE_SHARE = 0.10
 # Megatron-LM's MoE guide, "CPU Overhead Bottleneck" (main, 2026).
 HOST_WAIT_FIX = ("capture CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules "
                  "attn moe_router moe_preprocess, or full_iteration), a larger micro-batch, and "
@@ -82,9 +79,9 @@ HOST_WAIT_FIX = ("capture CUDA graphs (--cuda-graph-impl transformer_engine --cu
 
 def host_line(p: Prediction) -> str | None:
     """`plan`'s line for a step that waits on the host, or None."""
-    host = p.breakdown_s.get("host", 0.0)
-    if host < HOST_NOTE_SHARE * p.step_time_s:
+    if not p.host_bound:
         return None
+    host = p.breakdown_s["host"]
     return (f"{host:.3g} s of the {p.step_time_s:.3g} s step is the FP8 MoE layers' forward "
             "waiting on the host's kernel launches; capturing the iteration as one CUDA graph "
             "(cuda_graph_impl = \"full_iteration\", Megatron-LM main) or a larger micro-batch "
