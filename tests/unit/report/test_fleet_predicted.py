@@ -177,8 +177,23 @@ def test_prediction_keys_survive_the_monitor_and_fit_the_comment() -> None:
     assert v.prediction.breakdown_s["exposed_communication"] == pytest.approx(0.3)
 
 
+def test_a_recorded_host_wait_is_kept_and_names_the_cause() -> None:
+    """`pred.b.host` (FP8 MoE layers' forward waiting on kernel launches) survives the
+    Comment; a job far below such a prediction gets the host as its likely cause."""
+    from slurmpod.report.predicted import cause_note
+
+    pred = recorded_prediction({"pred": {"s": 2.0, "mfu": 0.3, "b": {
+        "compute": 1.4, "host": 0.5, "exposed_communication": 0.1, "ep": 0.1}}})
+    assert pred is not None and pred.breakdown_s["host"] == pytest.approx(0.5)
+    v = recorded_vs_predicted(json.dumps({"pred": {"s": 2.0, "mfu": 0.3, "b": {
+        "compute": 1.4, "host": 0.5}, "gpu": "h100", "layout": "TP1 EP8"}}), 4.0, 8)
+    assert v is not None and v.flagged
+    assert "likely the host" in cause_note(v, None).text
+
+
 @pytest.mark.parametrize("pred", [
     {"s": 0, "mfu": 0.4}, {"s": -1.0, "mfu": 0.4}, {"s": 1.0, "mfu": 1.5},
+    {"s": 1.0, "mfu": 0.4, "b": {"host": 1.5}},
     {"s": float("nan"), "mfu": 0.4}, {"s": 1.0, "mfu": True}, {"s": "1", "mfu": 0.4},
     {"s": 1.0, "mfu": 0.4, "b": {"compute": 2.0}}, {"s": 1.0, "mfu": 0.4, "b": {"evil": 0.1}},
     {"s": 1.0, "mfu": 0.4, "b": [1]}, {"s": 1e9, "mfu": 0.4}, "x", None])
