@@ -269,3 +269,64 @@ def test_nothing_usable_counts_forged_memory_reports(fake_sacct: Path, tmp_path:
     assert err.splitlines()[-1].endswith(
         "; memory reports: 1 memory figures no GPU of the job's nodes can have "
         "(bad-memory-report)")
+
+
+ITER = (" [2026-06-01 10:00:{s:02d}] iteration {i:8d}/     200 | consumed samples: {c:12d} | "
+        "elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.500000E-04 | global batch "
+        "size: {gbs:5d} | lm loss: 2.750000E+00 | loss scale: 1.0 | grad norm: 0.812 | number "
+        "of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def training_log(path: Path, args: dict[str, Any], step_s: float) -> Path:
+    """Megatron's dump and 60 iteration lines at `step_s` seconds each."""
+    megatron_log(path, args)
+    gbs = int(args["global_batch_size"])
+    lines = [ITER.format(s=i % 60, i=i, c=i * gbs, ms=step_s * 1e3, gbs=gbs)
+             for i in range(1, 61)]
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_fp8_moe_log_fits_the_hosts_figure_and_a_dense_one_the_gpus(tmp_path: Path) -> None:
+    """Two logs on the default H100 site: a dense BF16 job 10 % slower than predicted scales
+    the GPU factors; an FP8 MoE job without CUDA graphs, whose predicted step waits on the
+    host, 30 % slower than predicted raises the host's figure. Both are stored and named."""
+    import tomllib
+
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+    from slurmpod.perf.model import (
+        FITTED,
+        MOE_FP8_HOST_FORWARD_S,
+        RunOptions,
+        hardware_from_site,
+        predict,
+    )
+
+    hw = hardware_from_site(load_site(resolve_site_path("dgx-h100-superpod")))
+    moe = {k: v for k, v in load_run(preset_path("qwen3-30b-a3b")).megatron.values().items()
+           if v is not None} | {"fp8": "hybrid", "world_size": 8}
+    dense = DUMP | {"num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+                    "ffn_hidden_size": 8192, "seq_length": 2048,
+                    "max_position_embeddings": 2048, "world_size": 8, "global_batch_size": 256}
+
+    def predicted(args: dict[str, Any]) -> Any:
+        p = predict(ModelConfig.from_args(args), 8, hw, FITTED["hopper"],
+                    RunOptions.from_args(args))
+        assert p is not None
+        return p
+
+    assert predicted(moe).host_bound and not predicted(dense).host_bound
+    logs = [training_log(tmp_path / "dense.log", dense, predicted(dense).step_time_s * 1.1),
+            training_log(tmp_path / "moe.log", moe, predicted(moe).step_time_s * 1.3)]
+    out = tmp_path / "lab.perf.toml"
+    res = run(*map(str, logs), "--output", str(out))
+    assert res.exit_code == 0, res.output
+    stored = tomllib.loads(out.read_text())
+    assert stored["gemm"] < FITTED["hopper"].gemm
+    assert stored["moe_fp8_host_forward_s"] > MOE_FP8_HOST_FORWARD_S
+    assert "host's FP8 MoE forward 5.06 -> " in res.stdout
+    for line in res.stdout.splitlines():
+        if line.startswith("  ") and ": predicted / achieved " in line:
+            assert line.endswith("1.00"), line  # each fitted onto its own figure
