@@ -14,7 +14,9 @@ microbatch and layer it counts, on one GPU:
 - TP all-gather/reduce-scatter (sequence parallel) on NVLink, CP ring K/V exchange (overlapped
   with attention), EP all-to-all on NVLink inside the domain and on the rails outside it;
 - recompute: full recompute repeats the forward (GEMMs, element-wise work, TP and EP traffic);
-  selective recompute costs nothing extra with flash attention (it already recomputes scores).
+  selective recompute costs nothing extra with flash attention (it already recomputes scores);
+- the host: without CUDA graphs an FP8 MoE layer's forward waits on its kernel launches for
+  at least MOE_FP8_HOST_FORWARD_S (breakdown `host`).
 
 Every coefficient is named below. `FITTED` holds the only fitted ones (two per GPU generation
 at most, each with the published point it was fitted on, `slurmpod.perf.calibrate`); all other
@@ -628,7 +630,7 @@ def _host_wait(u: _Micro, moe_compute: float, t_ep: float) -> float:
     """Seconds the GPU waits on the host in one MoE layer's forward (and its recomputed
     forward), per microbatch: what MOE_FP8_HOST_FORWARD_S exceeds of the forward's own GPU time
     (its share of the GEMM passes, 2 of 6 + 2 recomputed; of the all-to-alls, 2 of 4 + 2).
-    None in BF16, or with the iteration captured as one CUDA graph (nothing is launched)."""
+    Zero in BF16, or with the iteration captured as one CUDA graph (nothing is launched)."""
     if not u.fp8 or u.opts.graphed_iteration:
         return 0.0
     rec = max(u.rec, u.rec_moe)
