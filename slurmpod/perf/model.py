@@ -14,7 +14,8 @@ microbatch and layer it counts, on one GPU:
 - TP all-gather/reduce-scatter (sequence parallel) on NVLink, CP ring K/V exchange (overlapped
   with attention), EP all-to-all on NVLink inside the domain and on the rails outside it;
 - recompute: full recompute repeats the forward (GEMMs, element-wise work, TP and EP traffic);
-  selective recompute costs nothing extra with flash attention (it already recomputes scores);
+  selective recompute repeats the forward of the modules it names (`mlp`, `moe`, `mla_up_proj`,
+  ...), and `core_attn` costs nothing with flash attention (it already recomputes scores);
 - the host: without CUDA graphs an FP8 MoE layer's forward waits on its kernel launches for
   at least MOE_FP8_HOST_FORWARD_S (breakdown `host`).
 
