@@ -823,6 +823,7 @@ class _Run:
         self.job_t0 = time.monotonic()
         self.saved_at = trainer.iteration
         self.interval_t0 = self.job_t0
+        self.step_end = self.job_t0  # when the last step's all-reduce returned
         self.interval_iters = 0
         self.losses: list[float] = []
         self.busy_s = 0.0  # this interval's own compute (every rank's, in this stand-in)
@@ -848,7 +849,11 @@ class _Run:
                     and sig.received is None:
                 sig.received = signal.SIGTERM  # another rank was told to stop: stop together
             pace(t_step + min_s)  # an emulated GPU is never faster than its peak
-            trainer.train_s += time.monotonic() - t_step
+            # The step is over for every rank once the all-reduce returned: Megatron reads its
+            # interval timer at this point (after the step's barrier), so what rank 0 does
+            # next (logging, while the others already compute) falls in the next interval.
+            self.step_end = time.monotonic()
+            trainer.train_s += self.step_end - t_step
             if activity is not None:  # the sandbox's emulated GPU counters (gpu_activity.py)
                 activity.iteration(busy_s, time.monotonic() - t_step,
                                    gpu_activity.trainer_bytes(trainer))
@@ -884,7 +889,8 @@ class _Run:
         self.losses.append(loss)
         if it % args.log_interval:
             return
-        elapsed = (time.monotonic() - self.interval_t0) / self.interval_iters
+        now = self.step_end
+        elapsed = (now - self.interval_t0) / self.interval_iters
         tflops = self.flops_iter / (elapsed * 1e12 * self.dist.world_size) \
             if args.log_throughput else None
         print(iteration_line(it, args, self.trainer.consumed_samples, elapsed, tflops,
@@ -899,7 +905,7 @@ class _Run:
             # As Megatron main: again after the second iteration when the first was logged
             # (the optimizer's states exist from the end of the first).
             self.report_memory = it <= self.start_iteration + 1
-        self.interval_t0, self.interval_iters, self.losses = time.monotonic(), 0, []
+        self.interval_t0, self.interval_iters, self.losses = now, 0, []
         self.busy_s, self.own_extra_ms = 0.0, 0.0
         if self.coll is not None:
             self.coll.extra_ms.clear()
