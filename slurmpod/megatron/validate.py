@@ -17,6 +17,7 @@ from typing import Any
 from slurmpod.megatron.memory import peak_memory
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import FSDP_SHARDING, ModelConfig
+from slurmpod.model.explain import short_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,12 +356,7 @@ def check_dump_args(args: Mapping[str, Any]) -> str | None:
         return f"moe_router_topk = {topk}: more than num_experts = {experts}"
     sharding = args.get("data_parallel_sharding_strategy")
     if sharding is not None and sharding not in FSDP_SHARDING:
-        return (f"data_parallel_sharding_strategy = {_shown(sharding)}: not one of "
+        return (f"data_parallel_sharding_strategy = {short_value(sharding)}: not one of "
                 f"{', '.join(FSDP_SHARDING)}")
     return None
 
-
-def _shown(v: Any, limit: int = 40) -> str:
-    """A job's value in a message: repr (control characters escaped), cut to `limit`."""
-    text = repr(v)
-    return text if len(text) <= limit else text[:limit] + "..."

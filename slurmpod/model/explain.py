@@ -37,7 +37,7 @@ def explain(message: str, model: Any, data: Any) -> tuple[str, str]:
                 _format([*loc, found.group(1)]))
     if found := re.fullmatch(r"Object missing required field `(.+)`", msg):
         return "required key is missing; add it", _format([*loc, found.group(1)])
-    got = f" (got {_short(value)})" if value is not _MISSING \
+    got = f" (got {short_value(value)})" if value is not _MISSING \
         and not isinstance(value, dict | list) else ""
     if isinstance(value, float) and not math.isfinite(value):
         # TOML has inf and nan; a bound check reports them as "> 0.0", which puzzles.
@@ -58,7 +58,7 @@ def explain(message: str, model: Any, data: Any) -> tuple[str, str]:
     return msg, key
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
     """The value as given, cut to keep the error one readable line."""
     text = repr(value)
     if len(text) <= 60:

@@ -71,12 +71,6 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                   run_options(spec), top, vocab)
 
 
-# Megatron-LM's MoE guide, "CPU Overhead Bottleneck" (main, 2026).
-HOST_WAIT_FIX = ("capture CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules "
-                 "attn moe_router moe_preprocess, or full_iteration), a larger micro-batch, and "
-                 "--manual-gc; an Nsight Systems timeline shows the gaps between kernels")
-
-
 def host_line(p: Prediction) -> str | None:
     """`plan`'s line for a step that waits on the host, or None."""
     if not p.host_bound:

@@ -53,6 +53,10 @@ HIGH_VS_PREDICTED = 1 / LOW_VS_PREDICTED
 # it is named as the likely cause: it is the part the model says is most sensitive to the
 # fabric and the schedule, and the one a setting can shrink.
 CAUSE_SHARE = 0.10
+# Megatron-LM's MoE guide, "CPU Overhead Bottleneck" (main, 2026).
+HOST_WAIT_FIX = ("capture CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules "
+                 "attn moe_router moe_preprocess, or full_iteration), a larger micro-batch, and "
+                 "--manual-gc; an Nsight Systems timeline shows the gaps between kernels")
 # Iteration times this uneven (p10-p90 spread / median) in steady state point at stragglers
 # (a slow node or GPU holds every collective back) before anything the model counts.
 STRAGGLER_SPREAD = 0.10
@@ -210,8 +214,6 @@ def cause_note(v: VsPredicted, stability: Stability | None,
     bubble = b.get("pp_bubble", 0.0)
     host = b.get("host", 0.0)
     if host >= CAUSE_SHARE * step and host >= max(comm, bubble):
-        from slurmpod.perf.planning import HOST_WAIT_FIX  # lazy: start-up
-
         return Note("warn", "below-predicted",
                     f"{head}: likely the host, whose kernel launches already hold up the FP8 "
                     f"MoE layers' forward for {_s(host)} of the predicted step",

@@ -855,7 +855,7 @@ class _Run:
             self.step_end = time.monotonic()
             trainer.train_s += self.step_end - t_step
             if activity is not None:  # the sandbox's emulated GPU counters (gpu_activity.py)
-                activity.iteration(busy_s, time.monotonic() - t_step,
+                activity.iteration(busy_s, self.step_end - t_step,
                                    gpu_activity.trainer_bytes(trainer))
             self.job_flops += self.flops_iter
             it = trainer.iteration
