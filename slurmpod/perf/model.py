@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,15 @@ MOE_IMBALANCE = 1.0
 # 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms).
 MOE_FP8_HOST_FORWARD_S = 5.0588e-3
 HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
+# With the attention captured as a CUDA graph (`cuda_graph_scope` attn; Megatron's MoE guide
+# gives `attn moe_router moe_preprocess` as the fix for a launch-bound MoE run) the host
+# replays it at once and launches the rest of the layer by hand. What stays of the host's
+# forward is the experts' share of the FP8 Transformer Engine modules it launches, taking each
+# at the same host cost (TransformerEngine issue 761 puts the FP8 overhead per module): the
+# routed experts' fc1 and fc2 (and the shared experts' two) against the attention's QKV and
+# output projection.
+ATTENTION_FP8_MODULES = 2
+EXPERT_FP8_MODULES = 2
 # A predicted step that waits on the host (breakdown `host`) at least this share of it is
 # host-bound: `plan` says so, and `slurmpod calibrate` fits the host's figure on such jobs.
 HOST_BOUND_SHARE = 0.10
@@ -185,6 +195,29 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     )
 
 
+def _graph_scopes(args: Mapping[str, Any]) -> set[str]:
+    """The words of a run's CUDA graph scope, in each release's spelling: core 0.15's string,
+    core 0.16's list (a dump prints `[<CudaGraphScope.attn: 1>, ...]`), main's
+    `cuda_graph_modules`."""
+    words: set[str] = set()
+    for key in ("cuda_graph_scope", "cuda_graph_modules"):
+        v = args.get(key)
+        parts = v if isinstance(v, (list, tuple)) else [v]
+        for part in parts:
+            words.update(re.findall(r"[a-z_]+", str(part or "").lower()))
+    return words
+
+
+def _graphed_attention(args: Mapping[str, Any]) -> bool:
+    """Whether each layer's attention replays as a CUDA graph (impl transformer_engine or local
+    with `attn` in the scope), short of the whole iteration."""
+    impl = str(args.get("cuda_graph_impl") or "").strip().lower()
+    if impl not in ("transformer_engine", "local") and not megatron_flag(
+            args.get("enable_cuda_graph")):
+        return False
+    return "attn" in _graph_scopes(args)
+
+
 def _full_iteration_graph(args: Mapping[str, Any]) -> bool:
     """Whether the iteration replays as one CUDA graph, in each release's spelling: main's
     `--cuda-graph-impl full_iteration`; core 0.15's `--cuda-graph-impl local` and core
@@ -194,7 +227,7 @@ def _full_iteration_graph(args: Mapping[str, Any]) -> bool:
     if impl == "full_iteration":
         return True
     local = impl == "local" or megatron_flag(args.get("enable_cuda_graph"))
-    return local and "full_iteration" in str(args.get("cuda_graph_scope") or "")
+    return local and "full_iteration" in _graph_scopes(args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +248,9 @@ class RunOptions:
     moe_num_groups: int | None = None
     # `--cuda-graph-impl full_iteration`: the iteration replays as one CUDA graph
     graphed_iteration: bool = False
+    # `cuda_graph_scope` attn (with cuda_graph_impl transformer_engine or local): each layer's
+    # attention replays as a CUDA graph
+    graphed_attention: bool = False
     # `fp8_dot_product_attention` (TransformerConfig): the core attention runs in FP8
     fp8_attention: bool = False
     # `use_transformer_engine_op_fuser` (TransformerConfig): the experts' fc1, activation and fc2
@@ -236,6 +272,7 @@ class RunOptions:
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
             moe_num_groups=optional_int(args.get("moe_router_num_groups")),
             graphed_iteration=_full_iteration_graph(args),
+            graphed_attention=_graphed_attention(args),
             fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )
@@ -252,6 +289,7 @@ class RunOptions:
             ("overlap_moe_expert_parallel_comm", self.ep_overlap),
             ("moe_token_dispatcher_type=flex", self.moe_flex),
             ("cuda_graph_impl=full_iteration", self.graphed_iteration),
+            ("cuda_graph_scope=attn", self.graphed_attention and not self.graphed_iteration),
             ("fp8_dot_product_attention", self.fp8_attention),
             ("use_transformer_engine_op_fuser", self.fused_expert_mlp)) if set_]
         if self.moe_group_topk and self.moe_num_groups:
@@ -627,16 +665,24 @@ def _ep_time(u: _Micro) -> float:
     return t_ep
 
 
-def _host_wait(u: _Micro, moe_compute: float, t_ep: float) -> float:
+def _host_wait(u: _Micro, moe_compute: float, attention: float, t_ep: float) -> float:
     """Seconds the GPU waits on the host in one MoE layer's forward (and its recomputed
     forward), per microbatch: what MOE_FP8_HOST_FORWARD_S exceeds of the forward's own GPU time
     (its share of the GEMM passes, 2 of 6 + 2 recomputed; of the all-to-alls, 2 of 4 + 2).
-    Zero in BF16, or with the iteration captured as one CUDA graph (nothing is launched)."""
+    Zero in BF16, or with the iteration captured as one CUDA graph (nothing is launched).
+    With the attention graphed, the host launches only the experts' share of the layer by hand,
+    against the GPU time of the layer less its attention (the graph runs while the host waits
+    at the next layer's token-count copy)."""
     if not u.fp8 or u.opts.graphed_iteration:
         return 0.0
     rec = max(u.rec, u.rec_moe)
+    host = u.host_forward
+    if u.opts.graphed_attention:
+        experts = EXPERT_FP8_MODULES * (2 if u.k.moe_shared else 1)
+        host *= experts / (experts + ATTENTION_FP8_MODULES)
+        moe_compute -= attention
     forward = moe_compute * (1 + rec) / (3 + rec) + t_ep * (1 + rec) / (2 + rec)
-    return max(0.0, (1 + rec) * u.host_forward - forward)
+    return max(0.0, (1 + rec) * host - forward)
 
 
 @dataclass(slots=True)
@@ -669,7 +715,7 @@ def _layer(u: _Micro) -> _Layer:
     moe_share = u.k.n_moe / u.c.num_layers
     layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
     layer_comm = t_tp + t_cp + moe_share * t_ep
-    host = _host_wait(u, moe_compute, t_ep) if moe_share else 0.0
+    host = _host_wait(u, moe_compute, common, t_ep) if moe_share else 0.0
     return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share, host)
 
 

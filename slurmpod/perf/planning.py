@@ -79,7 +79,9 @@ def host_line(p: Prediction) -> str | None:
     return (f"{host:.3g} s of the {p.step_time_s:.3g} s step is the FP8 MoE layers' forward "
             "waiting on the host's kernel launches; capturing the iteration as one CUDA graph "
             "(cuda_graph_impl = \"full_iteration\", Megatron-LM main) or a larger micro-batch "
-            "removes it (graphs of parts of a layer help too; the model does not count those)")
+            "removes it; graphs of each layer's attention (cuda_graph_impl = "
+            "\"transformer_engine\", cuda_graph_scope = [\"attn\", \"moe_router\", "
+            "\"moe_preprocess\"]) shorten it")
 
 
 def _tflops_text(v: float) -> str:

@@ -268,6 +268,55 @@ def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
     assert p is not None and p.breakdown_s["host"] > 2 * waits
 
 
+@pytest.mark.parametrize(("args", "attention"), [
+    ({"cuda_graph_impl": "transformer_engine",
+      "cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}, True),  # a run spec, 0.16
+    ({"cuda_graph_impl": "transformer_engine",
+      "cuda_graph_scope": "[<CudaGraphScope.attn: 1>, <CudaGraphScope.moe_router: 5>]"},
+     True),  # core 0.16's arguments dump
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": "['attn']"}, True),  # main
+    ({"cuda_graph_impl": "local", "cuda_graph_scope": "attn"}, True),
+    ({"cuda_graph_impl": "transformer_engine",
+      "cuda_graph_scope": ["moe_router", "moe_preprocess"]}, False),  # no attention graph
+    ({"cuda_graph_impl": "none", "cuda_graph_scope": ["attn"]}, False),  # graphs off
+    ({"cuda_graph_scope": "attn"}, False),
+])
+def test_the_attention_graph_in_every_releases_spelling(args: dict, attention: bool) -> None:
+    assert RunOptions.from_args(args).graphed_attention is attention
+
+
+def test_an_attention_graph_leaves_the_host_the_experts_share_of_the_layer() -> None:
+    """With the attention replayed as a CUDA graph the host launches the experts' FP8 modules
+    by hand (2 of the layer's 4; with shared experts 4 of 6), against the GPU time of the
+    layer's MoE part: the wait shrinks but stays, and BF16 still never waits."""
+    from slurmpod.perf import model
+
+    moe = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=256,
+              micro_batch_size=1, fp8="hybrid")
+
+    def host(c: ModelConfig, **opts: object) -> float:
+        p = predict(c, 8, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
+        assert p is not None
+        return p.breakdown_s["host"]
+
+    plain, graphed = host(moe), host(moe, graphed_attention=True)
+    assert 0 < graphed < plain
+    # The floor halves (no shared experts): at most half the floor per layer and microbatch.
+    assert graphed < model.MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32
+    assert host(moe, graphed_attention=True, graphed_iteration=True) == 0.0
+    assert host(dataclasses.replace(moe, fp8=None), graphed_attention=True) == 0.0
+    # A slower host shows the share: the wait grows by half the extra floor per layer.
+    slow = dataclasses.replace(FITTED["hopper"],
+                               moe_fp8_host_forward_s=10 * model.MOE_FP8_HOST_FORWARD_S)
+    fast = dataclasses.replace(FITTED["hopper"],
+                               moe_fp8_host_forward_s=5 * model.MOE_FP8_HOST_FORWARD_S)
+    waits = [predict(moe, 8, H100, e, RunOptions(graphed_attention=True)) for e in (fast, slow)]
+    assert waits[0] is not None and waits[1] is not None
+    assert waits[1].breakdown_s["host"] - waits[0].breakdown_s["host"] == pytest.approx(
+        5 * model.MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32, rel=1e-6)
+    assert "cuda_graph_scope=attn" in RunOptions(graphed_attention=True).switches(moe)
+
+
 def test_fp8_attention_runs_the_core_at_the_fp8_rate_only_under_fp8() -> None:
     c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256, seq_length=16384)
     assert step(c, 8, fp8_attention=True) == step(c, 8)  # BF16 run: the switch does nothing

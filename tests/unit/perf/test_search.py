@@ -256,3 +256,14 @@ def test_plan_names_the_hosts_wait_and_what_removes_it(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["prediction"]["breakdown_s"]["host"] == 0.0
     r = slurmpod("plan", str(graphed))
     assert "  host       " not in r.stdout and ", host " not in r.stdout
+    # Graphs of the attention alone (Megatron's MoE guide's fix) shorten the wait.
+    waits = json.loads(slurmpod("plan", str(fp8), "--json").stdout)["prediction"]
+    attn = tmp_path / "attn.toml"
+    attn.write_text(preset.replace("[megatron]\n", "[megatron]\nfp8 = \"hybrid\"\n"
+                                   "cuda_graph_impl = \"transformer_engine\"\n"
+                                   "cuda_graph_scope = [\"attn\", \"moe_router\", "
+                                   "\"moe_preprocess\"]\n", 1), encoding="utf-8")
+    r = slurmpod("plan", str(attn), "--json")
+    assert r.returncode == 0, r.stderr
+    shorter = json.loads(r.stdout)["prediction"]["breakdown_s"]["host"]
+    assert 0 < shorter < waits["breakdown_s"]["host"]

@@ -89,8 +89,8 @@ def test_dense_rows_meet_the_accuracy_target() -> None:
     assert STATS["dense_max"] <= 0.25
 
 
-@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median 10.7 %, max 52.2 % "
-                   "over 23 rows): the Qwen3-30B-A3B rows of 25.11 and 26.02 are decided by their "
+@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median 11.8 %, max 52.2 % "
+                   "over 31 rows): the Qwen3-30B-A3B rows of 25.11 and 26.02 are decided by their "
                    "release's software (the same layout ran 1.77x faster in 26.02.01) and the "
                    "GPT-OSS rows by attention the model does not count (config_gap in the "
                    "table); see docs/perf-model.md")
@@ -99,24 +99,28 @@ def test_moe_rows_meet_the_accuracy_target() -> None:
 
 
 def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
-    """Without the config_gap rows the target holds: 5.8 % median over 14 rows, 18.5 % max
-    (DeepSeek-V3 BF16 on GB200, 25.11). Before the FP8 MoE forward's wait on the host was
+    """Without the config_gap rows the target holds: 5.3 % median over 20 rows, 23.6 % max
+    (DeepSeek-V3 MXFP8 on 256 B200, 26.02). Qwen3-235B MXFP8 on 256 GB200 (26.02, CUDA graphs
+    of the attention) was +36.0 % before those graphs shortened the host's wait (+11.8 %).
+    Before the FP8 MoE forward's wait on the host was
     counted it was 10.8 / 32.9 % (Qwen3-235B on B200 -32.9 % in 25.11, -21.0 % in 26.04.01;
     now -16.8 / -2.5 %); DeepSeek-V3 on 1,024 H100 was +113 % before the flex dispatcher, the
     26.06 GB200 rows +27-53 % before CUDA-graphed iterations, the fused expert MLP and FP8
     attention were counted (docs/perf-model.md). None may slide back."""
-    assert STATS["moe_published_n"] >= 14
+    assert STATS["moe_published_n"] >= 20
     assert STATS["moe_published_median"] <= 0.10
     assert STATS["moe_published_max"] <= 0.25
 
 
-# Dense recipes whose published layout the search ranks in its top 5 today (20 of 25; the
+# Dense recipes whose published layout the search ranks in its top 5 today (24 of 30; the
 # rest, and why, in docs/perf-model.md); a model change that pushes one out must say why.
 TOP5 = ["nemo2407-h100-gpt3-175b-128", "nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b",
         "nemo2407-h100-llama2-70b", "nemo2407-h100-nemotron4-340b", "nemo2407-h100-llama3-8b",
         "nemo2407-h100-llama3-70b", "bridge2511-h100-llama31-405b-fp8",
         "bridge2511-b200-llama3-8b-fp8", "bridge2511-gb200-llama3-8b-fp8",
         "bridge2511-b200-llama31-405b-fp8", "bridge2511-gb200-llama31-405b-fp8",
+        "bridge2602-gb200-llama3-70b-fp8", "bridge2602-gb200-llama31-405b-mxfp8",
+        "bridge2602-gb200-llama31-405b-fp8",
         "bridge2606-gb200-llama31-405b-fp8", "bridge2606-gb200-llama31-405b-mxfp8",
         "bridge2511-h100-llama3-8b-fp8", "bridge2511-gb200-llama3-70b-fp8",
         "megatron-readme-1_7b", "megatron-readme-7_1b", "megatron-readme-16b",
