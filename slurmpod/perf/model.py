@@ -148,7 +148,7 @@ class Efficiency:
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.7976, 0.539, "bridge2511-gb200-llama31-405b-fp8, "
+    "blackwell": Efficiency(0.7183, 0.4961, "bridge2511-gb200-llama31-405b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
