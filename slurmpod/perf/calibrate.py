@@ -110,7 +110,7 @@ def load_published(path: Path | str) -> list[Point]:
             args.pop(key, None)  # the recipe's own split is not published with the row
         if "seq_length" in raw:
             args["seq_length"] = raw["seq_length"]
-        for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap",
+        for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "overlap_param_gather",
                     "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
                     "cuda_graph_impl", "cuda_graph_scope", "fp8_dot_product_attention",
                     "use_transformer_engine_op_fuser", "use_megatron_fsdp",
