@@ -98,6 +98,10 @@ KERNEL_GAP_S = 4e-6
 # GPU (the last wave's tail, the next kernel's ramp), taken as a quarter of the gap.
 GRAPHED_KERNEL_GAP_S = 1e-6
 DENSE_LAYER_KERNELS = 70
+# Of those, the attention block's (input norm, QKV GEMM and its cast, RoPE, the fused attention,
+# output projection and its cast, bias-dropout-add; forward and backward, dgrad and wgrad):
+# what a CUDA graph of the attention (`cuda_graph_scope` attn) replays, with each CP ring step.
+ATTENTION_LAYER_KERNELS = 28
 MOE_LAYER_KERNELS = 60
 CP_STEP_KERNELS = 8
 # MoE load imbalance: busiest expert's tokens / mean. 1.0 = force-balanced routing (how NVIDIA's
@@ -553,8 +557,11 @@ def _attention_compute(u: _Micro) -> tuple[float, float]:
     # before the all-gather (TE gathers FP8), so `hid` elements.
     cast_common = (FP8_CAST_BYTES * (2 * hid + tok * (2 * k.q_width + k.kv_width) / tp)
                    if u.fp8 else 0.0)
-    gaps = _kernel_gap(u) * (1 + rec / 3) * (DENSE_LAYER_KERNELS
-                                             + CP_STEP_KERNELS * (c.cp - 1))
+    attention_kernels = ATTENTION_LAYER_KERNELS + CP_STEP_KERNELS * (c.cp - 1)
+    gap = _kernel_gap(u)
+    gaps = (1 + rec / 3) * (gap * (DENSE_LAYER_KERNELS - ATTENTION_LAYER_KERNELS)
+                            + (GRAPHED_KERNEL_GAP_S if u.opts.graphed_attention else gap)
+                            * attention_kernels)
     return t_attn + t_core + (mem_common + cast_common) * mem_passes / u.hbm + gaps, t_core
 
 

@@ -236,6 +236,23 @@ def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
         gaps, rel=1e-6)
 
 
+def test_an_attention_graph_replays_the_attentions_kernels_at_the_graphed_gap() -> None:
+    """`cuda_graph_scope` attn: the attention block's kernels (and its CP ring steps) leave the
+    graphed gap; the rest of the layer keeps the launched one."""
+    from slurmpod.perf import model
+
+    c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256)
+    plain, graphed = predict(c, 8, H100), predict(
+        c, 8, H100, FITTED["hopper"], RunOptions(graphed_attention=True))
+    assert plain is not None and graphed is not None
+    gaps = (model.KERNEL_GAP_S - model.GRAPHED_KERNEL_GAP_S) * model.ATTENTION_LAYER_KERNELS \
+        * 32 * 32  # layers x microbatches
+    assert plain.breakdown_s["compute"] - graphed.breakdown_s["compute"] == pytest.approx(
+        gaps, rel=1e-6)
+    whole = predict(c, 8, H100, FITTED["hopper"], RunOptions(graphed_iteration=True))
+    assert whole is not None and whole.step_time_s < graphed.step_time_s
+
+
 def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
     """MOE_FP8_HOST_FORWARD_S floors each MoE layer's forward per microbatch: BF16, a CUDA-
     graphed iteration and dense layers never wait; a larger micro-batch hides it (the same host
