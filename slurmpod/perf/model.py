@@ -212,26 +212,21 @@ def _graph_scopes(args: Mapping[str, Any]) -> set[str]:
     return words
 
 
-def _graphed_attention(args: Mapping[str, Any]) -> bool:
-    """Whether each layer's attention replays as a CUDA graph (impl transformer_engine or local
-    with `attn` in the scope), short of the whole iteration."""
-    impl = str(args.get("cuda_graph_impl") or "").strip().lower()
-    if impl not in ("transformer_engine", "local") and not megatron_flag(
-            args.get("enable_cuda_graph")):
-        return False
-    return "attn" in _graph_scopes(args)
+def _graphs(args: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(whether the iteration replays as one CUDA graph; whether each layer's attention does).
 
-
-def _full_iteration_graph(args: Mapping[str, Any]) -> bool:
-    """Whether the iteration replays as one CUDA graph, in each release's spelling: main's
-    `--cuda-graph-impl full_iteration`; core 0.15's `--cuda-graph-impl local` and core
-    0.13-0.14's `--enable-cuda-graph`, each with `--cuda-graph-scope full_iteration` (what
-    Megatron-Bridge 25.11's Llama 3 8B presets set)."""
+    The whole iteration, in each release's spelling: main's `--cuda-graph-impl full_iteration`;
+    core 0.15's `--cuda-graph-impl local` and core 0.13-0.14's `--enable-cuda-graph`, each with
+    `--cuda-graph-scope full_iteration` (what Megatron-Bridge 25.11's Llama 3 8B presets set).
+    The attention: impl transformer_engine or local with `attn` in the scope."""
     impl = str(args.get("cuda_graph_impl") or "").strip().lower()
     if impl == "full_iteration":
-        return True
-    local = impl == "local" or megatron_flag(args.get("enable_cuda_graph"))
-    return local and "full_iteration" in _graph_scopes(args)
+        return True, False
+    legacy = megatron_flag(args.get("enable_cuda_graph"))
+    if impl not in ("transformer_engine", "local") and not legacy:
+        return False, False
+    scopes = _graph_scopes(args)
+    return (impl == "local" or legacy) and "full_iteration" in scopes, "attn" in scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +261,7 @@ class RunOptions:
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
         # Read as ModelConfig.from_args reads them (a run spec's values, a dump's strings).
+        iteration, attention = _graphs(args)
         return cls(
             tp_comm_overlap=megatron_flag(args.get("tp_comm_overlap")),
             overlap_grad_reduce=megatron_flag(args.get("overlap_grad_reduce")),
@@ -275,8 +271,8 @@ class RunOptions:
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
             moe_num_groups=optional_int(args.get("moe_router_num_groups")),
-            graphed_iteration=_full_iteration_graph(args),
-            graphed_attention=_graphed_attention(args),
+            graphed_iteration=iteration,
+            graphed_attention=attention,
             fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
         )
