@@ -962,11 +962,15 @@ class _Run:
         self.saved_at = trainer.iteration
         if save is None:
             return
+        # As Megatron's save_checkpoint_and_time: the interval timer stops for the save, so the
+        # next iteration line's time leaves it out and the save shows as a gap in their clock.
+        t0 = time.monotonic()
         print(f"saving checkpoint at iteration {trainer.iteration:7d} to {save} in torch format",
               file=out, flush=True)
         trainer.save(save)
         print(f"  successfully saved checkpoint from iteration {trainer.iteration:7d} to {save} "
               f"[ t 1/1, p 1/1 ]", file=out, flush=True)
+        self.interval_t0 += time.monotonic() - t0
         wall = max(time.monotonic() - self.job_t0, 1e-9)
         job_tp = self.job_flops / wall / dist.world_size / 1e12  # as Megatron: per GPU
         cum_tp = trainer.iteration * self.flops_iter / max(trainer.train_s, 1e-9) \

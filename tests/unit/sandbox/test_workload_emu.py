@@ -142,6 +142,27 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
                         r"Tokens \(in billions\): 0\.00", progress[-1])
 
 
+def test_a_save_is_left_out_of_the_next_iterations_time(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Megatron's save_checkpoint_and_time stops the interval timer: the save shows as a gap
+    in the iteration lines' clock, which the report counts as a checkpoint stall."""
+    save = emu.Trainer.save
+    save_s = 0.2
+
+    def slow_save(self: emu.Trainer, path: Path) -> None:
+        save(self, path)
+        time.sleep(save_s)  # the save's duration, not a synchronisation
+
+    monkeypatch.setattr(emu.Trainer, "save", slow_save)
+    out, _ = run_emu([*TINY, "--train-iters", "4", "--save", str(tmp_path / "c"),
+                      "--save-interval", "2"])
+    summary = parse_log(out.encode().splitlines(keepends=True))
+    assert max(summary.iterations.elapsed_ms.tolist()) < 1000 * save_s
+    m = job_metrics(summary, None, 1.0, 1, seq_length=None)
+    assert [c.iteration for c in m.checkpoint_stalls][:1] == [2]
+    assert m.checkpoint_stalls[0].duration_s >= save_s
+
+
 def test_missing_checkpoint_starts_from_scratch(tmp_path: Path) -> None:
     out, _ = run_emu([*TINY, "--train-iters", "1", "--load", str(tmp_path / "none")])
     assert "will not load any checkpoints" in out and "iteration        1/" in out
