@@ -16,8 +16,8 @@ microbatch and layer it counts, on one GPU:
 - recompute: full recompute repeats the forward (GEMMs, element-wise work, TP and EP traffic);
   selective recompute repeats the forward of the modules it names (`mlp`, `moe`, `mla_up_proj`,
   ...), and `core_attn` costs nothing with flash attention (it already recomputes scores);
-- the host: without CUDA graphs an FP8 MoE layer's forward waits on its kernel launches for
-  at least MOE_FP8_HOST_FORWARD_S (breakdown `host`).
+- the host: without CUDA graphs an FP8 MoE layer's forward waits on its kernel launches, for
+  MOE_FP8_HOST_FORWARD_S per four Transformer Engine modules it launches (breakdown `host`).
 
 Every coefficient is named below. `FITTED` holds the only fitted ones (two per GPU generation
 at most, each with the published point it was fitted on, `slurmpod.perf.calibrate`); all other
@@ -118,17 +118,19 @@ MOE_IMBALANCE = 1.0
 # forward 140 ms against 77 ms in BF16, the GPU idle, the backward not). Such a forward takes
 # at least this long. Fitted (`slurmpod.perf.calibrate.fit_host_forward`) on the row marked
 # `fits = "host"` in tests/data/perf/published.toml; BF16 MoE rows show no such floor (Qwen3
-# 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms).
+# 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms). The figure is for that row's
+# layer, standard attention and routed experts: ATTENTION_FP8_MODULES + EXPERT_FP8_MODULES.
 MOE_FP8_HOST_FORWARD_S = 5.0588e-3
 HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
-# With the attention captured as a CUDA graph (`cuda_graph_scope` attn; Megatron's MoE guide
-# gives `attn moe_router moe_preprocess` as the fix for a launch-bound MoE run) the host
-# replays it at once and launches the rest of the layer by hand. What stays of the host's
-# forward is the experts' share of the FP8 Transformer Engine modules it launches, taking each
-# at the same host cost (TransformerEngine issue 761 puts the FP8 overhead per module): the
-# routed experts' fc1 and fc2 (and the shared experts' two) against the attention's QKV and
-# output projection.
+# The host's forward is taken per FP8 Transformer Engine module it launches, each at the same
+# cost (TransformerEngine issue 761 puts the FP8 overhead per module): the attention's QKV and
+# output projection, or MLA's five (Q down and up, KV down and up, output; core 0.15
+# `MLASelfAttention`), and the routed experts' fc1 and fc2 (and the shared experts' two). A
+# DeepSeek-V3 layer launches 9 to Qwen3's 4. With the attention captured as a CUDA graph
+# (`cuda_graph_scope` attn; Megatron's MoE guide gives `attn moe_router moe_preprocess` as the
+# fix for a launch-bound MoE run) the host replays it at once and launches only the experts.
 ATTENTION_FP8_MODULES = 2
+MLA_FP8_MODULES = 5
 EXPERT_FP8_MODULES = 2
 # A predicted step that waits on the host (breakdown `host`) at least this share of it is
 # host-bound: `plan` says so, and `slurmpod calibrate` fits the host's figure on such jobs.
@@ -138,7 +140,8 @@ HOST_BOUND_SHARE = 0.10
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     """Fitted per GPU generation: share of the dense peak large GEMMs reach; and (one figure
-    for all generations, the host's) the FP8 MoE forward's launch time."""
+    for all generations, the host's) the FP8 MoE forward's launch time, for a layer of standard
+    attention and routed experts (MOE_FP8_HOST_FORWARD_S)."""
 
     gemm: float  # BF16/FP16 GEMMs, share of the BF16 peak
     fp8: float  # FP8 GEMMs (Transformer Engine), share of the FP8 peak
@@ -670,22 +673,33 @@ def _ep_time(u: _Micro) -> float:
 
 def _host_wait(u: _Micro, moe_compute: float, attention: float, t_ep: float) -> float:
     """Seconds the GPU waits on the host in one MoE layer's forward (and its recomputed
-    forward), per microbatch: what MOE_FP8_HOST_FORWARD_S exceeds of the forward's own GPU time
-    (its share of the GEMM passes, 2 of 6 + 2 recomputed; of the all-to-alls, 2 of 4 + 2).
-    Zero in BF16, or with the iteration captured as one CUDA graph (nothing is launched).
-    With the attention graphed, the host launches only the experts' share of the layer by hand,
-    against the GPU time of the layer less its attention (the graph runs while the host waits
-    at the next layer's token-count copy)."""
+    forward), per microbatch: what the host's forward (MOE_FP8_HOST_FORWARD_S per the four
+    modules of its calibration layer, for the modules this layer launches) exceeds of the
+    forward's own GPU time (its share of the GEMM passes, 2 of 6 + 2 recomputed; of the
+    all-to-alls, 2 of 4 + 2). Zero in BF16, or with the iteration captured as one CUDA graph
+    (nothing is launched). With the attention graphed, the host launches only the experts'
+    modules by hand, against the GPU time of the layer less its attention (the graph runs while
+    the host waits at the next layer's token-count copy)."""
     if not u.fp8 or u.opts.graphed_iteration:
         return 0.0
     rec = max(u.rec, u.rec_moe)
-    host = u.host_forward
+    launched = EXPERT_FP8_MODULES * (2 if u.k.moe_shared else 1)
     if u.opts.graphed_attention:
-        experts = EXPERT_FP8_MODULES * (2 if u.k.moe_shared else 1)
-        host *= experts / (experts + ATTENTION_FP8_MODULES)
         moe_compute -= attention
+    else:
+        launched += _attention_fp8_modules(u.c)
+    host = u.host_forward * launched / (ATTENTION_FP8_MODULES + EXPERT_FP8_MODULES)
     forward = moe_compute * (1 + rec) / (3 + rec) + t_ep * (1 + rec) / (2 + rec)
     return max(0.0, (1 + rec) * host - forward)
+
+
+def _attention_fp8_modules(c: ModelConfig) -> int:
+    """Transformer Engine linear modules of one layer's attention: QKV and the output
+    projection; MLA's down- and up-projections of Q (one projection without `q_lora_rank`) and
+    of KV, and the output projection (core 0.15 `MLASelfAttention`)."""
+    if not c.multi_latent_attention:
+        return ATTENTION_FP8_MODULES
+    return MLA_FP8_MODULES - (0 if c.q_lora_rank else 1)
 
 
 @dataclass(slots=True)

@@ -335,6 +335,42 @@ def test_an_attention_graph_leaves_the_host_the_experts_share_of_the_layer() -> 
     assert "cuda_graph_scope=attn" in RunOptions(graphed_attention=True).switches(moe)
 
 
+def _host_floor_share(c: ModelConfig, world: int, **opts: object) -> float:
+    """The host floor of `c`'s MoE layer against MOE_FP8_HOST_FORWARD_S, read off the model:
+    with a host slow enough that every layer waits, 5 more floors per layer and microbatch add
+    5 x share of them to `host`."""
+    from slurmpod.perf import model
+
+    def wait(times: float) -> float:
+        e = dataclasses.replace(FITTED["hopper"],
+                                moe_fp8_host_forward_s=times * model.MOE_FP8_HOST_FORWARD_S)
+        p = predict(c, world, H100, e, RunOptions(**opts))  # type: ignore[arg-type]
+        assert p is not None
+        return p.breakdown_s["host"]
+
+    layers = model._stage_work(c, 0.0)[0][0] * c.num_moe_layers / c.num_layers
+    microbatches = c.global_batch_size // (world // (c.tp * c.pp * c.cp)) // c.micro_batch_size
+    return (wait(40) - wait(35)) / (5 * model.MOE_FP8_HOST_FORWARD_S * layers * microbatches)
+
+
+def test_the_host_floor_counts_the_fp8_modules_the_host_launches() -> None:
+    """MOE_FP8_HOST_FORWARD_S is the host's forward of a layer of standard attention (QKV,
+    output projection) and routed experts (fc1, fc2): 4 Transformer Engine modules at one cost
+    each. DeepSeek-V3's layer launches 9: MLA's five projections, the routed and the shared
+    experts' two each; 8 without `q_lora_rank` (one Q projection). With the attention graphed
+    only the experts' four stay."""
+    qwen = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=64,
+               micro_batch_size=1, fp8="hybrid")
+    assert _host_floor_share(qwen, 8) == pytest.approx(1.0, rel=1e-6)
+    assert _host_floor_share(qwen, 8, graphed_attention=True) == pytest.approx(0.5, rel=1e-6)
+    dsv3 = cfg("deepseek-v3", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=64,
+               micro_batch_size=1, fp8="hybrid")
+    assert _host_floor_share(dsv3, 64) == pytest.approx(9 / 4, rel=1e-6)
+    assert _host_floor_share(dsv3, 64, graphed_attention=True) == pytest.approx(1.0, rel=1e-6)
+    no_q_lora = dataclasses.replace(dsv3, q_lora_rank=None)
+    assert _host_floor_share(no_q_lora, 64) == pytest.approx(8 / 4, rel=1e-6)
+
+
 def test_fp8_attention_runs_the_core_at_the_fp8_rate_only_under_fp8() -> None:
     c = cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256, seq_length=16384)
     assert step(c, 8, fp8_attention=True) == step(c, 8)  # BF16 run: the switch does nothing

@@ -89,7 +89,7 @@ def test_dense_rows_meet_the_accuracy_target() -> None:
     assert STATS["dense_max"] <= 0.25
 
 
-@pytest.mark.xfail(strict=True, reason="MoE rows miss the target (median 10.4 %, max 57.8 % "
+@pytest.mark.xfail(strict=True, reason="MoE rows miss the max target (median 8.7 %, max 57.8 % "
                    "over 38 rows): the Qwen3-30B-A3B rows of 25.11 and 26.02 are decided by their "
                    "release's software (the same layout ran 1.77x faster in 26.02.01) and the "
                    "GPT-OSS rows by attention the model does not count (config_gap in the "
@@ -98,25 +98,24 @@ def test_moe_rows_meet_the_accuracy_target() -> None:
     assert STATS["moe_median"] <= 0.10 and STATS["moe_max"] <= 0.25
 
 
-def test_moe_rows_with_published_configuration_stay_within_bounds() -> None:
-    """Without the config_gap rows the median meets the target, 7.7 % over 25 rows, and the max
-    stays where it is, 32.2 % (DeepSeek-V3 on 256 B200, 25.11). The max was 23.6 % while the
-    25.11 rows lacked their presets' pipeline splits, dispatchers and recompute; with them that
-    row went from +3.2 % (a last stage of 4.8 layers and the logits) to -32.2 %, and Blackwell's
-    refit factors to 0.718 / 0.496. Before the FP8 MoE forward's wait on the host was counted
-    the rows stood at 10.8 / 32.9 % (Qwen3-235B on B200 -32.9 % in 25.11); DeepSeek-V3 on 1,024
-    H100 was +113 % before the flex dispatcher, the 26.06 GB200 rows +27-53 % before
-    CUDA-graphed iterations, the fused expert MLP and FP8 attention were counted
-    (docs/perf-model.md). None may slide back."""
+def test_all_moe_rows_meet_the_median_target() -> None:
+    assert STATS["moe_n"] >= 38
+    assert STATS["moe_median"] <= 0.10
+
+
+def test_moe_rows_with_published_configuration_meet_the_accuracy_target() -> None:
+    """Without the config_gap rows: 5.4 / 19.2 % over 25 rows (max Qwen3-235B on 64 B200,
+    25.11). The max was 32.2 % (DeepSeek-V3 on 256 B200, 25.11) while the host's FP8 floor was
+    one figure per MoE layer whatever the layer launched; counting the Transformer Engine
+    modules the host launches (MLA's five projections and the shared experts' two: 9 against
+    Qwen3's 4) took that row to -14.9 % and DeepSeek-V3 on 1,024 H100 from -17.2 % to +0.3 %.
+    The 25.11 rows stood at 23.6 % while they lacked their presets' pipeline splits,
+    dispatchers and recompute; before the FP8 MoE forward's wait on the host was counted the
+    rows stood at 10.8 / 32.9 %; DeepSeek-V3 on 1,024 H100 was +113 % before the flex
+    dispatcher, the 26.06 GB200 rows +27-53 % before CUDA-graphed iterations, the fused expert
+    MLP and FP8 attention were counted (docs/perf-model.md). None may slide back."""
     assert STATS["moe_published_n"] >= 25
     assert STATS["moe_published_median"] <= 0.10
-    assert STATS["moe_published_max"] <= 0.33
-
-
-@pytest.mark.xfail(strict=True, reason="MoE rows with a published configuration reach 32.2 % "
-                   "(DeepSeek-V3 on 256 B200, 25.11, PP16 EP8: the B200 MoE rows whose experts "
-                   "see 1,024-2,048 tokens per GEMM are 15-32 % fast); see docs/perf-model.md")
-def test_moe_rows_with_published_configuration_meet_the_max_target() -> None:
     assert STATS["moe_published_max"] <= 0.25
 
 
