@@ -570,7 +570,8 @@ def _kernel_gap(u: _Micro) -> float:
 
 def _tp_time(u: _Micro) -> float:
     """TP: 4 all-gathers/reduce-scatters forward, 4 backward (+4 recomputed), each of the full
-    activation; a ring moves (tp-1)/tp of it per GPU."""
+    activation; a ring moves (tp-1)/tp of it per GPU. Half of them are the MLP's: a MoE layer
+    has the attention's half only, and its experts' own (_etp_time)."""
     tp = u.c.tp
     if tp <= 1:
         return 0.0
@@ -646,6 +647,24 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
     return t_gemm, mem + cast
 
 
+def _etp_time(u: _Micro) -> float:
+    """ETP, per MoE layer: the dispatcher all-gathers the routed token copies over the expert-
+    tensor group after the all-to-all, and reduce-scatters the experts' partial outputs before
+    the all-to-all back (core 0.15 `MoEAlltoAllTokenDispatcher` dispatch_postprocess and
+    combine_preprocess): 2 forward, 2 backward (+2 recomputed), each moving (etp - 1) times a
+    GPU's routed copies. They replace a dense MLP's two sequence-parallel collectives: with
+    etp 1 each TP rank routes its own sequence shard and the MoE MLP moves nothing over TP."""
+    etp = u.c.etp
+    if not u.k.n_moe or etp <= 1:
+        return 0.0
+    bw = u.nvl if etp <= u.hw.domain_gpus else u.nic  # the expert-tensor group is innermost
+    passes = 4 + 2 * max(u.rec, u.rec_moe)
+    t_etp = passes * _routed_tokens(u) * u.c.hidden_size * 2 * (etp - 1) / bw
+    if u.opts.ep_overlap:
+        t_etp *= 1 - EP_OVERLAP_HIDDEN
+    return t_etp
+
+
 def _ep_time(u: _Micro) -> float:
     """EP: 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed), over NVLink
     inside the domain, the rails outside it, or the flex dispatcher's one copy per domain."""
@@ -710,7 +729,7 @@ class _Layer:
     comm: float  # exposed: TP + CP, and EP on the MoE share
     tp: float
     cp: float
-    ep: float  # per MoE layer
+    ep: float  # per MoE layer: the all-to-alls and the expert-tensor collectives
     moe_share: float
     host: float  # per MoE layer: the forward's wait on the host (_host_wait)
 
@@ -722,7 +741,7 @@ def _layer(u: _Micro) -> _Layer:
     t_cp = _cp_time(u, t_core)
     t_dense_mlp, b_dense = _dense_mlp(u)
     t_moe_mlp, b_moe = _moe_mlp(u)
-    t_ep = _ep_time(u)
+    t_ep = _ep_time(u) + _etp_time(u)
     rec = u.rec
     mem_passes = 1.0 + rec / 3
     hbm = u.hbm
@@ -731,6 +750,7 @@ def _layer(u: _Micro) -> _Layer:
                    + _kernel_gap(u) * (1 + rec / 3) * MOE_LAYER_KERNELS)
     moe_share = u.k.n_moe / u.c.num_layers
     layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
+    t_tp *= 1 - moe_share / 2  # a MoE layer's MLP moves its tokens in t_ep (_etp_time)
     layer_comm = t_tp + t_cp + moe_share * t_ep
     host = _host_wait(u, moe_compute, common, t_ep) if moe_share else 0.0
     return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share, host)

@@ -101,6 +101,28 @@ def test_expert_parallel_over_the_fabric_costs_more_than_inside_a_node() -> None
     assert inside.breakdown_s["ep"] > 0
 
 
+def test_a_moe_mlp_moves_its_tokens_over_the_expert_tensor_group_not_tp() -> None:
+    """With ETP 1 each TP rank routes its own sequence shard: a MoE layer keeps only the
+    attention's TP collectives, half a dense layer's. With ETP > 1 the dispatcher all-gathers
+    the routed copies (top-k per token) and reduce-scatters the partial outputs over the
+    expert-tensor group: per pass top-k x (etp - 1) / ((tp - 1) / tp) times an attention
+    collective, 8x for Qwen3 at TP = ETP = 2."""
+    moe = cfg("qwen3-30b-a3b", tp=2, pp=1, vpp=None, cp=1, ep=4, etp=1,
+              global_batch_size=64, micro_batch_size=1)
+    dense = cfg("llama3-8b", tp=2, pp=1, vpp=None, cp=1, global_batch_size=64)
+    one, two = predict(moe, 8, H100), predict(dataclasses.replace(moe, etp=2), 8, H100)
+    assert one is not None and two is not None
+    assert one.breakdown_s["tp"] == pytest.approx(two.breakdown_s["tp"], rel=1e-9)
+    assert two.breakdown_s["ep"] - one.breakdown_s["ep"] == pytest.approx(
+        moe.moe_router_topk * one.breakdown_s["tp"], rel=1e-6)
+    # The attention's half: per layer and token, a MoE layer's TP traffic is half a dense one's.
+    d = predict(dense, 8, H100)
+    assert d is not None
+    per_layer_token = [p.breakdown_s["tp"] / (c.num_layers * c.seq_length * c.hidden_size)
+                       for p, c in ((one, moe), (d, dense))]
+    assert per_layer_token[0] == pytest.approx(per_layer_token[1] / 2, rel=1e-6)
+
+
 def test_context_parallel_ring_is_hidden_behind_attention_on_nvlink() -> None:
     c = cfg("llama3-8b", seq_length=65536, global_batch_size=16, cp=8, tp=1)
     p = predict(c, 64, H100)
