@@ -4,7 +4,8 @@ Prints (1) the search time for presets on 1,024 and 16,384 GPUs of the built-in 
 (targets: < 2 s and < 10 s on a 2-core machine), the fastest of `--repeat` runs and the layouts
 evaluated; (2) the median and max |error| of predicted against published iteration times
 (tests/data/perf/published.toml; target median <= 10 %, max <= 25 %) and where the search ranks
-each published recipe's layout. `--write` rewrites tests/data/perf/validation.md.
+each published recipe's layout, dense and MoE (rows with a published configuration), with how
+many are in its top 5. `--write` rewrites tests/data/perf/validation.md.
 
     .venv/bin/python benchmarks/plan_search.py [--repeat 3] [--write]
 """
@@ -85,11 +86,16 @@ def main() -> None:
     for kind in ("all", "dense", "moe", "moe_published"):
         print(f"  {kind:<13} n={stats[f'{kind}_n']:.0f}  median {stats[f'{kind}_median']:.1%}"
               f"  max {stats[f'{kind}_max']:.1%}")
-    print("\nsearch rank of each published recipe's layout (dense rows):")
-    for p in points:
-        if p.role == "excluded" or p.is_moe or p.source == "narayanan2021":
-            continue
-        print(f"  {p.id:<40} " + _rank_words(recipe_rank(p)))
+    for moe, kind in ((False, "dense rows"),
+                      (True, "MoE rows with a published configuration")):
+        print(f"\nsearch rank of each published recipe's layout ({kind}):")
+        ranks = [(p, recipe_rank(p)) for p in points
+                 if p.role != "excluded" and p.is_moe == moe and p.source != "narayanan2021"
+                 and not p.raw.get("config_gap")]
+        for p, r in ranks:
+            print(f"  {p.id:<40} " + _rank_words(r))
+        top5 = sum(1 for _, r in ranks if r.rank and r.rank <= 5)
+        print(f"  in the top 5: {top5} of {len(ranks)}")
     print("\nsearch rank of each recipe in tests/data/recipes (its own settings):")
     for path in sorted(RECIPES.glob("*.toml")):
         print(f"  {path.stem:<40} " + _rank_words(_recipe_file_rank(path, points)))
