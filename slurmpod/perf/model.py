@@ -571,7 +571,7 @@ def _kernel_gap(u: _Micro) -> float:
 def _tp_time(u: _Micro) -> float:
     """TP: 4 all-gathers/reduce-scatters forward, 4 backward (+4 recomputed), each of the full
     activation; a ring moves (tp-1)/tp of it per GPU. Half of them are the MLP's: a MoE layer
-    has the attention's half only, and its experts' own (_etp_time)."""
+    has the attention's half only, and its experts' own (_ep_time)."""
     tp = u.c.tp
     if tp <= 1:
         return 0.0
@@ -647,44 +647,40 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
     return t_gemm, mem + cast
 
 
-def _etp_time(u: _Micro) -> float:
-    """ETP, per MoE layer: the dispatcher all-gathers the routed token copies over the expert-
-    tensor group after the all-to-all, and reduce-scatters the experts' partial outputs before
-    the all-to-all back (core 0.15 `MoEAlltoAllTokenDispatcher` dispatch_postprocess and
-    combine_preprocess): 2 forward, 2 backward (+2 recomputed), each moving (etp - 1) times a
-    GPU's routed copies. They replace a dense MLP's two sequence-parallel collectives: with
-    etp 1 each TP rank routes its own sequence shard and the MoE MLP moves nothing over TP."""
-    etp = u.c.etp
-    if not u.k.n_moe or etp <= 1:
-        return 0.0
-    bw = u.nvl if etp <= u.hw.domain_gpus else u.nic  # the expert-tensor group is innermost
-    passes = 4 + 2 * max(u.rec, u.rec_moe)
-    t_etp = passes * _routed_tokens(u) * u.c.hidden_size * 2 * (etp - 1) / bw
-    if u.opts.ep_overlap:
-        t_etp *= 1 - EP_OVERLAP_HIDDEN
-    return t_etp
-
-
 def _ep_time(u: _Micro) -> float:
-    """EP: 2 all-to-alls forward (dispatch, combine), 2 backward (+2 recomputed), over NVLink
-    inside the domain, the rails outside it, or the flex dispatcher's one copy per domain."""
-    c, hw, ep = u.c, u.hw, u.c.ep
-    if not u.k.n_moe or ep <= 1:
+    """The MoE dispatcher's traffic, per MoE layer: 2 passes forward (dispatch, combine), 2
+    backward (+2 recomputed), hidden in part by `overlap_moe_expert_parallel_comm`.
+
+    EP: the all-to-alls, over NVLink inside the domain, the rails outside it, or the flex
+    dispatcher's one copy per domain. ETP: after the all-to-all the dispatcher all-gathers the
+    routed token copies over the expert-tensor group, and before the all-to-all back it
+    reduce-scatters the experts' partial outputs (core 0.15 `MoEAlltoAllTokenDispatcher`
+    dispatch_postprocess, combine_preprocess), each moving (etp - 1) times a GPU's routed
+    copies. They replace a dense MLP's two sequence-parallel collectives: with etp 1 each TP
+    rank routes its own sequence shard and the MoE MLP moves nothing over TP (_layer)."""
+    c, hw, ep, etp = u.c, u.hw, u.c.ep, u.c.etp
+    if not u.k.n_moe or (ep <= 1 and etp <= 1):
         return 0.0
     h = c.hidden_size
     passes = 4 + 2 * max(u.rec, u.rec_moe)
-    span = ep * c.etp
+    span = ep * etp
     routed = _routed_tokens(u)
-    copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
-    if span <= hw.domain_gpus:
-        t_ep = passes * copies / u.nvl / ALLTOALL_EFFICIENCY
-    elif u.opts.moe_flex:
-        t_ep = passes * _flex_time(u.tok / c.tp, h, c.moe_router_topk * u.opts.moe_imbalance,
-                                   span // hw.domain_gpus, u.opts, u.nvl, u.nic)
-    else:
-        outside = 1 - hw.domain_gpus / span
-        t_ep = passes * copies * max((1 - outside) / u.nvl, outside / u.nic) \
-            / ALLTOALL_EFFICIENCY
+    t_ep = 0.0
+    if ep > 1:
+        copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
+        if span <= hw.domain_gpus:
+            t_ep = passes * copies / u.nvl / ALLTOALL_EFFICIENCY
+        elif u.opts.moe_flex:
+            t_ep = passes * _flex_time(u.tok / c.tp, h,
+                                       c.moe_router_topk * u.opts.moe_imbalance,
+                                       span // hw.domain_gpus, u.opts, u.nvl, u.nic)
+        else:
+            outside = 1 - hw.domain_gpus / span
+            t_ep = passes * copies * max((1 - outside) / u.nvl, outside / u.nic) \
+                / ALLTOALL_EFFICIENCY
+    if etp > 1:
+        bw = u.nvl if etp <= hw.domain_gpus else u.nic  # the expert-tensor group is innermost
+        t_ep += passes * routed * h * 2 * (etp - 1) / bw
     if u.opts.ep_overlap:
         t_ep *= 1 - EP_OVERLAP_HIDDEN
     return t_ep
@@ -741,7 +737,7 @@ def _layer(u: _Micro) -> _Layer:
     t_cp = _cp_time(u, t_core)
     t_dense_mlp, b_dense = _dense_mlp(u)
     t_moe_mlp, b_moe = _moe_mlp(u)
-    t_ep = _ep_time(u) + _etp_time(u)
+    t_ep = _ep_time(u)
     rec = u.rec
     mem_passes = 1.0 + rec / 3
     hbm = u.hbm
@@ -750,7 +746,7 @@ def _layer(u: _Micro) -> _Layer:
                    + _kernel_gap(u) * (1 + rec / 3) * MOE_LAYER_KERNELS)
     moe_share = u.k.n_moe / u.c.num_layers
     layer_compute = (1 - moe_share) * dense_compute + moe_share * moe_compute
-    t_tp *= 1 - moe_share / 2  # a MoE layer's MLP moves its tokens in t_ep (_etp_time)
+    t_tp *= 1 - moe_share / 2  # a MoE layer's MLP moves its tokens in t_ep (_ep_time)
     layer_comm = t_tp + t_cp + moe_share * t_ep
     host = _host_wait(u, moe_compute, common, t_ep) if moe_share else 0.0
     return _Layer(layer_compute, layer_comm, t_tp, t_cp, t_ep, moe_share, host)
