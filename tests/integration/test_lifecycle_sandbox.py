@@ -241,6 +241,11 @@ def test_hard_time_limit_before_the_warning_still_requeues(sandbox: Any) -> None
         wait_for(lambda: restarts_of(sandbox, jid) >= 1, 240, "the requeue at the time limit")
         ends = ends_of(run_dir)
         assert [(e["end"], e["failures"]) for e in ends] == [("timelimit", 0)], ends
-        assert "time limit reached before the warning; requeued" in log_of(run_dir)
+        # The trap requeues at once; should Slurm's signals end the shell's scontrol first, the
+        # script's end requeues instead. Either way one requeue, none refused.
+        log = log_of(run_dir)
+        assert ("time limit reached before the warning; requeued" in log
+                or "requeueing (timelimit, not counted as a failure)" in log), log
+        assert "requeue failed" not in log, log
     finally:
         sandbox.cancel(jid)

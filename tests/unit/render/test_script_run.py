@@ -46,12 +46,24 @@ exit $rc
 """
 SCONTROL = r"""#!/bin/bash
 echo "$*" >> "$STUB_DIR/scontrol.log"
+restarts=${STUB_RESTARTS:-${SLURM_RESTART_COUNT:-0}}
+state=${STUB_JOB_STATE:-RUNNING}
+# STUB_REQUEUE_LOST: slurmctld takes the first requeue but scontrol dies before it replies.
+if [ -e "$STUB_DIR/requeued" ]; then restarts=$((restarts + 1)); state=PENDING; fi
 case "$1 $2" in
   "show hostnames") printf 'gpu001\ngpu002\ngpu003\n' ;;
   "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.${3: -1} NodeHostName=$3" ;;
-  "show job") echo "JobId=4242 JobName=stub JobState=${STUB_JOB_STATE:-RUNNING}" \
-      "Reason=${STUB_REASON:-None} Restarts=${STUB_RESTARTS:-${SLURM_RESTART_COUNT:-0}}" \
+  "show job") echo "JobId=4242 JobName=stub JobState=$state" \
+      "Reason=${STUB_REASON:-None} Restarts=$restarts" \
       "PreemptTime=${STUB_PREEMPT:-None} NodeList=gpu[001-003] BatchHost=gpu001" ;;
+  "requeue 4242")
+    if [ -n "${STUB_REQUEUE_LOST:-}" ]; then
+      [ "$state" = PENDING ] && { echo "Job is pending execution for job 4242" >&2; exit 1; }
+      touch "$STUB_DIR/requeued"; exit 143
+    fi
+    if [ -n "${STUB_REQUEUE_REFUSED:-}" ]; then
+      echo "Requested operation is presently disabled for job 4242" >&2; exit 1
+    fi ;;
 esac
 exit 0
 """
@@ -286,6 +298,30 @@ def test_hard_time_limit_requeues_from_the_trap(tmp_path: Path) -> None:
     assert (tmp_path / "scontrol.log").read_text().count("requeue 4242") == 1
     [end] = _ends(tmp_path)
     assert (end["end"], end["failures"]) == ("timelimit", 0)
+
+
+def test_a_requeue_whose_reply_is_lost_counts_as_done(tmp_path: Path) -> None:
+    # Slurm's SIGTERM reaches every process of the batch step: an scontrol in flight can die
+    # after slurmctld took the requeue, and asking again fails "Job is pending execution".
+    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
+                  STUB_REASON="TimeLimit", STUB_REQUEUE_LOST="1")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "requeue failed" not in err, out + err
+    assert "time limit reached before the warning; requeued" in err
+    [end] = _ends(tmp_path)
+    assert (end["end"], end["failures"]) == ("timelimit", 0)
+
+
+def test_a_requeue_that_slurm_refuses_fails_the_job(tmp_path: Path) -> None:
+    # JobRequeue=0 (or --no-requeue): no requeue, the job must not claim one.
+    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
+                  STUB_REASON="TimeLimit", STUB_REQUEUE_REFUSED="1")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "scontrol requeue failed" in err, out + err
+    assert "Requested operation is presently disabled" in err
+    assert "requeued" not in err.replace("requeue failed", "")
 
 
 def test_admin_requeue_is_left_to_slurm(tmp_path: Path) -> None:
