@@ -287,13 +287,18 @@ def test_save_on_cancel_lets_the_trainer_save(tmp_path: Path) -> None:
         if (tmp_path / "scancel.log").exists() else True
 
 
-def test_hard_time_limit_requeues_from_the_trap(tmp_path: Path) -> None:
-    # The limit came before the warning: Slurm ends the job TIMEOUT (Reason=TimeLimit) and would
-    # not requeue it; the trap does, at once.
-    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
-                  STUB_REASON="TimeLimit")
+def _hard_time_limit(tmp: Path, **env: str) -> tuple[subprocess.Popen[str], str, str]:
+    """The limit came before the warning: Slurm ends the job TIMEOUT (Reason=TimeLimit) and
+    would not requeue it; SIGTERM reaches the shell."""
+    proc = _start(tmp, _render(tmp, max_restarts=0), STUB_JOB_STATE="COMPLETING",
+                  STUB_REASON="TimeLimit", **env)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
+    return proc, out, err
+
+
+def test_hard_time_limit_requeues_from_the_trap(tmp_path: Path) -> None:
+    proc, out, err = _hard_time_limit(tmp_path)
     assert _requeued(tmp_path) and proc.returncode == 0, out + err
     assert (tmp_path / "scontrol.log").read_text().count("requeue 4242") == 1
     [end] = _ends(tmp_path)
@@ -303,10 +308,7 @@ def test_hard_time_limit_requeues_from_the_trap(tmp_path: Path) -> None:
 def test_a_requeue_whose_reply_is_lost_counts_as_done(tmp_path: Path) -> None:
     # Slurm's SIGTERM reaches every process of the batch step: an scontrol in flight can die
     # after slurmctld took the requeue, and asking again fails "Job is pending execution".
-    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
-                  STUB_REASON="TimeLimit", STUB_REQUEUE_LOST="1")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    proc, out, err = _hard_time_limit(tmp_path, STUB_REQUEUE_LOST="1")
     assert proc.returncode == 0 and "requeue failed" not in err, out + err
     assert "time limit reached before the warning; requeued" in err
     [end] = _ends(tmp_path)
@@ -314,11 +316,8 @@ def test_a_requeue_whose_reply_is_lost_counts_as_done(tmp_path: Path) -> None:
 
 
 def test_a_requeue_that_slurm_refuses_fails_the_job(tmp_path: Path) -> None:
-    # JobRequeue=0 (or --no-requeue): no requeue, the job must not claim one.
-    proc = _start(tmp_path, _render(tmp_path, max_restarts=0), STUB_JOB_STATE="COMPLETING",
-                  STUB_REASON="TimeLimit", STUB_REQUEUE_REFUSED="1")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    # JobRequeue=0 (or --no-requeue): no requeue, and the job must not claim one.
+    proc, out, err = _hard_time_limit(tmp_path, STUB_REQUEUE_REFUSED="1")
     assert proc.returncode != 0 and "scontrol requeue failed" in err, out + err
     assert "Requested operation is presently disabled" in err
     assert "requeued" not in err.replace("requeue failed", "")
