@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = [sys.executable, "-c", "pass"]
-ENTRY = [sys.executable, "-c", "import sys; from slurmpod.cli.main import main; sys.exit(main())"]
+ENTRY = [sys.executable, "-c", "from slurmpod.cli.entry import main; main()"]
 COMMANDS = {
     "--version": ["--version"],
     "--help": ["--help"],

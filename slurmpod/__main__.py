@@ -1,5 +1,5 @@
 """`python -m slurmpod` (used by hooks that must not depend on PATH)."""
 
-from slurmpod.cli.main import main
+from slurmpod.cli.entry import main
 
 main()

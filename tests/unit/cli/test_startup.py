@@ -68,6 +68,33 @@ def test_version_imports_only_click() -> None:
     assert rc == 0 and "version" in out and loaded == []
 
 
+def _entry(args: list[str]) -> tuple[int, bool, str]:
+    """The installed command (`slurmpod.cli.entry`) in a fresh interpreter: (exit code,
+    whether click was loaded, stdout)."""
+    child = ("import sys; sys.argv = ['slurmpod', *sys.argv[1:]]\n"
+             "from slurmpod.cli.entry import main\n"
+             "try:\n    main()\nfinally:\n"
+             "    sys.stderr.write('\\nCLICK ' + str('click' in sys.modules) + '\\n')\n")
+    cp = subprocess.run([sys.executable, "-c", child, *args], capture_output=True, text=True,
+                        timeout=120)
+    _, sep, tail = cp.stderr.rpartition("\nCLICK ")
+    assert sep, cp.stderr[-2000:]
+    return cp.returncode, tail.strip() == "True", cp.stdout
+
+
+def test_the_installed_command_answers_version_without_click_in_clicks_words() -> None:
+    rc, click_loaded, out = _entry(["--version"])
+    assert rc == 0 and not click_loaded
+    assert out == run_cli(["--version"])[2]  # what click.version_option prints
+
+
+def test_the_installed_command_hands_everything_else_to_click() -> None:
+    rc, click_loaded, out = _entry(["--help"])
+    assert rc == 0 and click_loaded and "Usage:" in out
+    rc, click_loaded, out = _entry(["--version", "--debug"])
+    assert rc == 0 and click_loaded and out == run_cli(["--version"])[2]
+
+
 # Which way imports point: tests/unit/test_architecture.py (against docs/architecture.md).
 
 
