@@ -127,8 +127,11 @@ def load_published(path: Path | str) -> list[Point]:
 
 
 def published_seconds(raw: Mapping[str, Any], c: ModelConfig) -> float:
-    """The measured iteration time a row stands for."""
+    """The measured iteration time a row stands for: as printed, or from tokens/s/GPU, or
+    from TFLOP/s/GPU through the FLOPs formula of the source's release."""
     gbs, n = raw["global_batch_size"], raw["gpus"]
+    if "published_step_time_s" in raw:
+        return float(raw["published_step_time_s"])
     if "published_tokens_per_s_per_gpu" in raw:
         return gbs * c.seq_length / (raw["published_tokens_per_s_per_gpu"] * n)
     s, l_, h, v = c.seq_length, c.num_layers, c.hidden_size, c.padded_vocab_size
