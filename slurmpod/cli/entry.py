@@ -11,7 +11,8 @@ import sys
 
 from slurmpod import __version__
 
-VERSION_LINE = f"slurmpod, version {__version__}"  # click.version_option's message
+# click.version_option's default message; tests/unit/cli/test_startup.py holds the two equal.
+VERSION_LINE = f"slurmpod, version {__version__}"
 
 
 def main() -> None:

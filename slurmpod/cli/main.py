@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _print_traceback() -> None:
-    import traceback  # lazy: ~4 ms of every start-up (--version's budget is 25 ms), for --debug
+    import traceback  # lazy: ~4 ms of every start-up, for --debug
 
     traceback.print_exc()
 
