@@ -33,7 +33,7 @@ SUBMIT_KEYS = ("slurmpod", "fmt", "run", "flops_per_iter", "peak_tflops", "gpus"
 # The breakdown parts a recorded prediction keeps (`pred.b`): the ones the fleet report's
 # likely-cause wording reads (slurmpod.report.predicted.cause_note).
 PRED_PARTS = ("compute", "exposed_communication", "pp_bubble", "tp", "cp", "ep", "dp", "pp_p2p",
-              "host")
+              "host", "offload")
 
 
 def submit_comment(*, version: str, run: str, flops_per_iter: float, peak_tflops: float,

@@ -5,6 +5,10 @@ data sheets print the 2:4-sparsity figure first (marked "with sparsity"); dense 
 HBM capacity is what the driver reports as usable (GiB, the figure plan's memory check divides),
 bandwidth is the data sheet's. NVLink bandwidth is per GPU and per direction (the data sheets
 give the bidirectional total: 600 GB/s on A100, 900 GB/s on H100/H200, 1.8 TB/s on Blackwell).
+The host figures are those of the reference system (DGX A100/H100/H200/B200, GB200 NVL72), per GPU:
+its link to host memory, one direction (PCIe x16, or its share of Grace's NVLink-C2C), and its
+share of the host's memory bandwidth (all sockets' channels over the node's GPUs); they time
+activation and optimizer offload.
 
 A site's `gpu = { model = "h100" }` takes every figure from here; keys it sets override
 (`slurmpod.model.site.Gpu`). Pure data, no imports beyond the standard library.
@@ -13,6 +17,10 @@ A site's `gpu = { model = "h100" }` takes every figure from here; keys it sets o
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The host of a GPU the catalog does not hold: PCIe Gen5 x16, and the DGX H100's memory per GPU.
+PCIE_GEN5_X16_GB_S = 64.0
+DGX_H100_HOST_MEMORY_GB_S = 76.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,8 @@ class GpuSpec:
     nvlink_domain_gpus: int  # GPUs one NVLink switch domain joins in the reference system
     generation: str  # for calibration: one set of fitted factors per generation
     source: str
+    host_link_gb_per_s: float = PCIE_GEN5_X16_GB_S  # GPU to host memory, one direction
+    host_memory_gb_per_s: float = DGX_H100_HOST_MEMORY_GB_S  # host memory bandwidth per GPU
 
 
 CATALOG: dict[str, GpuSpec] = {
@@ -34,25 +44,37 @@ CATALOG: dict[str, GpuSpec] = {
         GpuSpec("a100", "A100 SXM4 80GB", 312.0, None, 80.0, 2.039, 300.0, 8, "ampere",
                 "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                 "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (BF16 312 TFLOPS dense, "
-                "80GB HBM2e 2,039 GB/s, NVLink 600 GB/s)"),
+                "80GB HBM2e 2,039 GB/s, NVLink 600 GB/s, PCIe Gen4 64 GB/s); DGX A100: 2 AMD EPYC "
+                "7742, 8 channels DDR4-3200 each (2 x 204.8 GB/s over 8 GPUs)",
+                host_link_gb_per_s=32.0, host_memory_gb_per_s=51.2),
         GpuSpec("h100", "H100 SXM5 80GB", 989.0, 1979.0, 80.0, 3.35, 450.0, 8, "hopper",
                 "https://www.nvidia.com/en-us/data-center/h100/ (BF16 1,979 / FP8 3,958 TFLOPS "
-                "with sparsity; 80GB 3.35 TB/s; NVLink 900 GB/s)"),
+                "with sparsity; 80GB 3.35 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s); DGX H100: 2 "
+                "Xeon Platinum 8480C, 8 channels DDR5-4800 each (2 x 307.2 GB/s over 8 GPUs)",
+                host_link_gb_per_s=64.0, host_memory_gb_per_s=76.8),
         GpuSpec("h200", "H200 SXM 141GB", 989.0, 1979.0, 140.0, 4.8, 450.0, 8, "hopper",
                 "https://www.nvidia.com/en-us/data-center/h200/ (H100 compute; 141GB HBM3e "
-                "4.8 TB/s; NVLink 900 GB/s)"),
+                "4.8 TB/s; NVLink 900 GB/s; PCIe Gen5 128 GB/s); DGX H200: the DGX H100 host",
+                host_link_gb_per_s=64.0, host_memory_gb_per_s=76.8),
         GpuSpec("b200", "B200 180GB (HGX/DGX B200)", 2250.0, 4500.0, 180.0, 8.0, 900.0, 8,
                 "blackwell",
                 "https://www.nvidia.com/en-us/data-center/dgx-b200/ (72 PFLOPS FP8 training per "
-                "8 GPUs with sparsity; 1,440 GB HBM3e, 64 TB/s per 8 GPUs; NVLink 5 1.8 TB/s)"),
+                "8 GPUs with sparsity; 1,440 GB HBM3e, 64 TB/s per 8 GPUs; NVLink 5 1.8 TB/s; 2 "
+                "Xeon Platinum 8570, 8 channels DDR5-5600 each: 2 x 358.4 GB/s over 8 GPUs); "
+                "B200 on PCIe Gen5 x16 (64 GB/s each way)",
+                host_link_gb_per_s=64.0, host_memory_gb_per_s=89.6),
         GpuSpec("gb200", "B200 in GB200 NVL72", 2500.0, 5000.0, 186.0, 8.0, 900.0, 72,
                 "blackwell",
                 "https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (per 72 GPUs: BF16 360 / "
-                "FP8 720 PFLOPS with sparsity, 13.4 TB HBM3e at 576 TB/s, NVLink 130 TB/s)"),
+                "FP8 720 PFLOPS with sparsity, 13.4 TB HBM3e at 576 TB/s, NVLink 130 TB/s; "
+                "17 TB LPDDR5X at 18.4 TB/s over 36 Grace CPUs; NVLink-C2C 900 GB/s both ways "
+                "per Grace, shared by its two GPUs: 225 GB/s each way per GPU)",
+                host_link_gb_per_s=225.0, host_memory_gb_per_s=255.6),
         # The sandbox's CPU stand-in: `slurmpod sandbox up` measures its peak and writes it into
         # the site; these are placeholders for a site that names it without measuring.
         GpuSpec("emu", "emulated GPU (CPU matmul)", 0.05, None, 80.0, 0.02, 1.0, 8, "emulated",
-                "slurmpod sandbox: measured at `sandbox up` (docs/sandbox.md)"),
+                "slurmpod sandbox: measured at `sandbox up` (docs/sandbox.md)",
+                host_link_gb_per_s=1.0, host_memory_gb_per_s=1.0),
     )
 }
 

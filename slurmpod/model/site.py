@@ -48,6 +48,14 @@ class Gpu(Strict, frozen=True, kw_only=True):
     hbm_tb_per_s: Annotated[PosFloat, Meta(description="HBM bandwidth, TB/s")] | None = None
     nvlink_gb_per_s: Annotated[PosFloat, Meta(description="NVLink per GPU, one direction, GB/s")] \
         | None = None
+    # The node's host side, per GPU (activation and optimizer offload): the GPU's link to host
+    # memory, one direction, and its share of the host's memory bandwidth.
+    host_link_gb_per_s: Annotated[PosFloat, Meta(
+        description="GPU to host memory per GPU, one direction, GB/s (PCIe Gen5 x16: 64)")] \
+        | None = None
+    host_memory_gb_per_s: Annotated[PosFloat, Meta(
+        description="host memory bandwidth per GPU, GB/s (all sockets over the node's GPUs)")] \
+        | None = None
     # A sandbox GPU: `slurmpod sandbox up` sets peak_tflops_bf16 to this CPU's measured matmul
     # rate, so sandbox MFU figures mean something.
     emulated: bool = False
@@ -64,7 +72,8 @@ class Gpu(Strict, frozen=True, kw_only=True):
                                  "model")
             force_setattr(self, key, getattr(spec, key))
         if spec is not None:
-            for key in ("peak_tflops_fp8", "hbm_tb_per_s", "nvlink_gb_per_s"):
+            for key in ("peak_tflops_fp8", "hbm_tb_per_s", "nvlink_gb_per_s", "host_link_gb_per_s",
+                        "host_memory_gb_per_s"):
                 if getattr(self, key) is None:
                     force_setattr(self, key, getattr(spec, key))
             if not self.name:

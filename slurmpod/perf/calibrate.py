@@ -70,7 +70,8 @@ def _hardware(system: Mapping[str, Any]) -> Hardware:
                     peak_fp8=g.peak_tflops_fp8, hbm_tb_s=g.hbm_tb_per_s,
                     nvlink_gb_s=g.nvlink_gb_per_s, domain_gpus=g.nvlink_domain_gpus,
                     gpus_per_node=int(system["gpus_per_node"]),
-                    nic_gb_s=float(system["nic_gb_s"]))
+                    nic_gb_s=float(system["nic_gb_s"]), host_link_gb_s=g.host_link_gb_per_s,
+                    host_memory_gb_s=g.host_memory_gb_per_s)
 
 
 def _model_args(table: Mapping[str, Any], name: str) -> dict[str, Any]:

@@ -34,9 +34,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
-from slurmpod.megatron.memory import WeightMemory, weight_and_optimizer_bytes
+from slurmpod.megatron.memory import (
+    WeightMemory,
+    layer_activation_bytes,
+    weight_and_optimizer_bytes,
+)
 from slurmpod.megatron.runspec import ModelConfig, megatron_flag, optional_int
-from slurmpod.model.gpus import lookup
+from slurmpod.model.gpus import DGX_H100_HOST_MEMORY_GB_S, PCIE_GEN5_X16_GB_S, lookup
 
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
@@ -84,6 +88,17 @@ FLEX_EFFICIENCY = 0.9
 DP_EXPOSED_TAIL = 0.1
 # Adam step with fp32 master weights: read param, grad, m, v; write param, m, v; bf16 copy.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
+# Offload (activations: `cpu_offloading`; the optimizer: `optimizer_cpu_offload`). Share of the
+# GPU's host link that pinned-memory copies reach (cudaMemcpyAsync: ~52 of 64 GB/s on PCIe Gen5
+# x16, as NCCL's share of its links).
+HOST_LINK_EFFICIENCY = 0.8
+# The CPU's Adam (Megatron's HybridDeviceOptimizer: torch.optim.AdamW, fused=True, on the fp32
+# shard): read param, grad, m, v; write param, m, v; 4 bytes each.
+CPU_ADAM_BYTES_PER_PARAM = 28.0
+# Share of the host's memory bandwidth (per GPU) that CPU Adam reaches: one process per GPU,
+# each stepping its own shard on the socket's cores (STREAM-like kernels reach ~70 %; the
+# optimizer's per-tensor work and NUMA-remote pages, less).
+HOST_MEMORY_EFFICIENCY = 0.5
 # Fixed cost per kernel: the GPU idles between dependent kernels (launch latency, the ramp-up
 # and tail of each kernel's last wave), ~4 us on Hopper/Blackwell with the host running ahead.
 # Counts per layer, forward + backward (+ the recomputed forward): a Transformer Engine dense
@@ -178,6 +193,10 @@ class Hardware:
     sharp: bool = False
     oversubscription: float = 1.0
     nodes_per_su: int = 1_000_000
+    # Per GPU: its link to host memory, one direction, and its share of the host's memory
+    # bandwidth (GB/s; the catalog's reference systems: slurmpod.model.gpus).
+    host_link_gb_s: float = PCIE_GEN5_X16_GB_S
+    host_memory_gb_s: float = DGX_H100_HOST_MEMORY_GB_S
 
 
 def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
@@ -190,6 +209,8 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     # An uncatalogued GPU: bandwidths in H100 proportion to its peak.
     hbm = g.hbm_tb_per_s or (spec.hbm_tb_per_s if spec else g.peak_tflops_bf16 * 3.35 / 989)
     nvl = g.nvlink_gb_per_s or (spec.nvlink_gb_per_s if spec else g.peak_tflops_bf16 * 450 / 989)
+    host_link = g.host_link_gb_per_s or PCIE_GEN5_X16_GB_S
+    host_mem = g.host_memory_gb_per_s or DGX_H100_HOST_MEMORY_GB_S
     fab = site.fabric
     n_hca = len(nt.compute_hcas) or fab.rails
     nic = fab.link_gbps / 8 * n_hca / nt.gpus
@@ -199,6 +220,7 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
         peak_bf16=g.peak_tflops_bf16, peak_fp8=g.peak_tflops_fp8, hbm_tb_s=hbm, nvlink_gb_s=nvl,
         domain_gpus=nt.domain_gpus, gpus_per_node=nt.gpus, nic_gb_s=nic, sharp=fab.sharp,
         oversubscription=fab.oversubscription, nodes_per_su=grp.nodes_per_su,
+        host_link_gb_s=host_link, host_memory_gb_s=host_mem,
     )
 
 
@@ -260,6 +282,9 @@ class RunOptions:
     # NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), so the FFN-sized activation and its FP8 casts never
     # reach HBM
     fused_expert_mlp: bool = False
+    # `overlap_cpu_optimizer_d2h_h2d`: the CPU optimizer's gradient copies to the host, its
+    # step and the parameter copies back run as a pipeline over its parameters
+    overlap_cpu_optimizer: bool = False
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
@@ -278,6 +303,7 @@ class RunOptions:
             graphed_attention=attention,
             fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
             fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
+            overlap_cpu_optimizer=megatron_flag(args.get("overlap_cpu_optimizer_d2h_h2d")),
         )
 
     def switches(self, config: ModelConfig) -> list[str]:
@@ -294,7 +320,11 @@ class RunOptions:
             ("cuda_graph_impl=full_iteration", self.graphed_iteration),
             ("cuda_graph_scope=attn", self.graphed_attention and not self.graphed_iteration),
             ("fp8_dot_product_attention", self.fp8_attention),
-            ("use_transformer_engine_op_fuser", self.fused_expert_mlp)) if set_]
+            ("use_transformer_engine_op_fuser", self.fused_expert_mlp),
+            ("optimizer_cpu_offload", config.optimizer_offload_fraction > 0),
+            ("overlap_cpu_optimizer_d2h_h2d",
+             self.overlap_cpu_optimizer and config.optimizer_offload_fraction > 0),
+            ("cpu_offloading", config.cpu_offloading_num_layers > 0)) if set_]
         if self.moe_group_topk and self.moe_num_groups:
             on.append(f"moe_router_group_topk={self.moe_group_topk} of {self.moe_num_groups}")
         if self.moe_imbalance != MOE_IMBALANCE:
@@ -304,7 +334,7 @@ class RunOptions:
         return on
 
 
-BREAKDOWN_KEYS = ("compute", "host", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep",
+BREAKDOWN_KEYS = ("compute", "host", "offload", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep",
                   "optimizer", "exposed_communication")
 
 
@@ -764,27 +794,30 @@ def _logits_time(u: _Micro) -> float:
 
 @dataclass(slots=True)
 class _Stage:
-    """The slowest pipeline rank, per microbatch: its compute, its wait on the host and its
-    exposed communication, and the TP, CP and EP parts of that communication."""
+    """The slowest pipeline rank, per microbatch: its compute, its wait on the host, what its
+    activation offload leaves exposed and its exposed communication, and the TP, CP and EP
+    parts of that communication."""
 
     compute: float
     host: float
+    offload: float
     comm: float
     tp: float
     cp: float
     ep: float
-    microbatch: float  # compute + host + comm
+    microbatch: float  # compute + host + offload + comm
 
 
-def _slowest_stage(c: ModelConfig, layer: _Layer, t_logits: float) -> _Stage:
+def _slowest_stage(u: _Micro, layer: _Layer, t_logits: float) -> _Stage:
     """The rank whose layers (and output layer, on the loss rank) take longest (_stage_work)."""
     busy = layer.comm + layer.moe_share * layer.host
     compute, other, n = max(
-        ((n * layer.compute + extra, n * busy, n) for n, extra in _stage_work(c, t_logits)),
+        ((n * layer.compute + extra, n * busy, n) for n, extra in _stage_work(u.c, t_logits)),
         key=lambda x: x[0] + x[1])
     host = n * layer.moe_share * layer.host
-    return _Stage(compute, host, n * layer.comm, n * layer.tp, n * layer.cp,
-                  n * layer.moe_share * layer.ep, compute + other)
+    offload = _offload_exposed(u, layer, n) if u.c.cpu_offloading_num_layers else 0.0
+    return _Stage(compute, host, offload, n * layer.comm, n * layer.tp, n * layer.cp,
+                  n * layer.moe_share * layer.ep, compute + other + offload)
 
 
 def _pipeline(u: _Micro, world: int, m: int, t_mb: float) -> tuple[float, float]:
@@ -875,13 +908,54 @@ def _dp_exposed(c: ModelConfig, opts: RunOptions, t_rs: float, t_ag: float, t_mb
     return t_rs + t_ag
 
 
-def _optimizer_time(c: ModelConfig, w: WeightMemory, d_ne: int, d_e: int, hbm: float) -> float:
+def _optimizer_time(u: _Micro, w: WeightMemory, d_ne: int, d_e: int) -> float:
     """Adam on the local shard (all local parameters without the distributed optimizer), plus
-    reading every local gradient, at HBM speed."""
+    reading every local gradient, at HBM speed; the share `optimizer_cpu_offload` moves to
+    the host steps there (_cpu_optimizer_time)."""
+    c = u.c
     p_gpu = w.nonexpert_params_per_gpu + w.expert_params_per_gpu
     shard = (w.nonexpert_params_per_gpu / d_ne + w.expert_params_per_gpu / d_e
              if c.dp_sharding != "no_shard" else p_gpu)
-    return (p_gpu * 4 + shard * OPTIMIZER_BYTES_PER_PARAM) / hbm
+    on_host = shard * c.optimizer_offload_fraction
+    return ((p_gpu * 4 + (shard - on_host) * OPTIMIZER_BYTES_PER_PARAM) / u.hbm
+            + _cpu_optimizer_time(u, on_host))
+
+
+def _host_copy_rate(hw: Hardware) -> float:
+    """Bytes/s one GPU copies to or from host memory: its link, at HOST_LINK_EFFICIENCY, or its
+    share of the host's memory bandwidth, whichever is less."""
+    return min(hw.host_link_gb_s * HOST_LINK_EFFICIENCY, hw.host_memory_gb_s) * 1e9
+
+
+def _cpu_optimizer_time(u: _Micro, params: float) -> float:
+    """Megatron's HybridDeviceOptimizer on `params` of the shard (core 0.14+, `--optimizer-cpu-
+    offload`): their fp32 gradients copied to the host, the CPU's Adam, the fp32 parameters
+    copied back (`param_update_in_fp32`). One after the other; with
+    `--overlap-cpu-optimizer-d2h-h2d` a pipeline over the parameters, as long as its slowest
+    stage."""
+    if params <= 0:
+        return 0.0
+    copy = params * 4 / _host_copy_rate(u.hw)
+    step = params * CPU_ADAM_BYTES_PER_PARAM / (
+        u.hw.host_memory_gb_s * 1e9 * HOST_MEMORY_EFFICIENCY)
+    return max(copy, step) if u.opts.overlap_cpu_optimizer else 2 * copy + step
+
+
+def _offload_exposed(u: _Micro, layer: _Layer, stage_layers: float) -> float:
+    """Per microbatch, what activation offloading (`cpu_offloading`, core 0.13+; Transformer
+    Engine's offload handler) leaves exposed: each offloaded layer's activations go to the host
+    while the next layer runs its forward, and come back while the layer after it in the
+    backward runs its backward; a copy longer than that compute shows. Megatron allows it with
+    PP 1 and no recompute only, and offloads at most all layers but the last."""
+    n = min(float(u.c.cpu_offloading_num_layers), stage_layers - 1)
+    if n <= 0:
+        return 0.0
+    moe = layer.moe_share
+    act = ((1 - moe) * layer_activation_bytes(u.c, False)
+           + (moe * layer_activation_bytes(u.c, True) if moe else 0.0))
+    copy = act / _host_copy_rate(u.hw)
+    forward, backward = layer.compute / 3, 2 * layer.compute / 3
+    return n * (max(0.0, copy - forward) + max(0.0, copy - backward))
 
 
 def _assemble(m: int, stage: _Stage, bubble: float, p2p: float, t_dp: float, t_opt: float
@@ -891,7 +965,8 @@ def _assemble(m: int, stage: _Stage, bubble: float, p2p: float, t_dp: float, t_o
     step = m * stage.microbatch + bubble + p2p + t_dp + t_opt
     comm = m * stage.comm + p2p + t_dp
     return step, {
-        "compute": m * stage.compute, "host": m * stage.host, "tp": m * stage.tp,
+        "compute": m * stage.compute, "host": m * stage.host, "offload": m * stage.offload,
+        "tp": m * stage.tp,
         "cp": m * stage.cp,
         "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * stage.ep,
         "optimizer": t_opt, "exposed_communication": comm,
@@ -914,7 +989,7 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
     m = max(1, gbs // (c.micro_batch_size * dp))  # microbatches per step
     u = _micro(c, world, hw, eff, opts)
 
-    stage = _slowest_stage(c, _layer(u), _logits_time(u))
+    stage = _slowest_stage(u, _layer(u), _logits_time(u))
     bubble, p2p = _pipeline(u, world, m, stage.microbatch)
 
     w = weights if weights is not None else weight_and_optimizer_bytes(c, world)
@@ -925,7 +1000,7 @@ def predict(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency | None = N
         t_dp = _fsdp_exposed(c, opts, t_rs, t_ag, stage.microbatch, m)
     else:
         t_dp = _dp_exposed(c, opts, t_rs, t_ag, stage.microbatch)
-    t_opt = _optimizer_time(c, w, d_ne, d_e, u.hbm)
+    t_opt = _optimizer_time(u, w, d_ne, d_e)
 
     step, breakdown = _assemble(m, stage, bubble, p2p, t_dp, t_opt)
     tokens = gbs * c.seq_length

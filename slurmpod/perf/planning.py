@@ -97,6 +97,7 @@ def summary_line(p: Prediction) -> str:
             f"{_tflops_text(p.model_tflops_per_gpu)} TFLOP/s/GPU, MFU {p.mfu:.0%} (compute "
             f"{b['compute']:.3g} s, "
             + (f"host {b['host']:.3g} s, " if b.get("host", 0.0) > 0 else "")
+            + (f"activation offload {b['offload']:.3g} s, " if b.get("offload", 0.0) > 0 else "")
             + f"bubble {b['pp_bubble']:.3g} s, exposed communication "
             f"{b['exposed_communication']:.3g} s" + (f": {comm}" if comm else "")
             + f", optimizer {b['optimizer']:.2g} s)")

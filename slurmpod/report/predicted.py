@@ -218,6 +218,14 @@ def cause_note(v: VsPredicted, stability: Stability | None,
                     f"{head}: likely the host, whose kernel launches already hold up the FP8 "
                     f"MoE layers' forward for {_s(host)} of the predicted step",
                     HOST_WAIT_FIX)
+    offload = b.get("offload", 0.0)
+    if offload >= CAUSE_SHARE * step and offload >= max(comm, bubble):
+        return Note("warn", "below-predicted",
+                    f"{head}: likely the activation offload, whose copies to and from the host "
+                    f"already outlast the layers they run under by {_s(offload)} of the "
+                    "predicted step",
+                    "offload fewer layers (--cpu-offloading-num-layers), or search a layout "
+                    "whose activations fit without it (`slurmpod plan RUN.toml --search`)")
     if max(comm, bubble) >= CAUSE_SHARE * step:
         if comm >= bubble:
             parts = ", ".join(f"{k.upper()} {_s(b[k])}" for k in ("tp", "cp", "ep", "dp",

@@ -25,11 +25,26 @@ def test_model_alone_takes_every_figure_from_the_catalog() -> None:
     g = validate(Gpu, {"model": "h200"}, "site.toml")
     assert (g.peak_tflops_bf16, g.peak_tflops_fp8, g.hbm_gib) == (989, 1979, 140)
     assert g.hbm_tb_per_s == 4.8 and g.nvlink_gb_per_s == 450 and g.name.startswith("H200")
+    # The DGX H200's host: PCIe Gen5 x16, and 2 x 8 channels of DDR5-4800 over 8 GPUs.
+    assert g.host_link_gb_per_s == 64 and g.host_memory_gb_per_s == pytest.approx(2 * 8 * 38.4 / 8)
 
 
 def test_explicit_keys_override_the_catalog() -> None:
     g = validate(Gpu, {"model": "h100", "peak_tflops_bf16": 900, "hbm_gib": 94}, "site.toml")
     assert g.peak_tflops_bf16 == 900 and g.hbm_gib == 94 and g.peak_tflops_fp8 == 1979
+
+
+def test_host_figures_are_each_reference_systems_share_per_gpu() -> None:
+    """Per GPU, one direction: a PCIe x16 link (Gen4 on A100, Gen5 after), or on GB200 half
+    of Grace's NVLink-C2C (900 GB/s both ways, two GPUs); host memory over the node's GPUs."""
+    assert CATALOG["a100"].host_link_gb_per_s == 32
+    assert {CATALOG[m].host_link_gb_per_s for m in ("h100", "h200", "b200")} == {64}
+    assert CATALOG["gb200"].host_link_gb_per_s == 900 / 2 / 2
+    assert CATALOG["gb200"].host_memory_gb_per_s == pytest.approx(18_400 / 72, abs=0.05)
+    assert CATALOG["b200"].host_memory_gb_per_s == pytest.approx(2 * 8 * 44.8 / 8)
+    g = validate(Gpu, {"model": "h100", "host_link_gb_per_s": 32}, "site.toml")
+    assert g.host_link_gb_per_s == 32
+    assert g.host_memory_gb_per_s == CATALOG["h100"].host_memory_gb_per_s
 
 
 def test_unknown_model_without_figures_is_one_config_line() -> None:

@@ -6,8 +6,20 @@ import dataclasses
 
 import pytest
 
+from slurmpod.megatron.memory import layer_activation_bytes, weight_and_optimizer_bytes
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-from slurmpod.perf.model import FITTED, Hardware, RunOptions, predict
+from slurmpod.perf.model import (
+    CPU_ADAM_BYTES_PER_PARAM,
+    FITTED,
+    HBM_EFFICIENCY,
+    HOST_LINK_EFFICIENCY,
+    HOST_MEMORY_EFFICIENCY,
+    OPTIMIZER_BYTES_PER_PARAM,
+    Hardware,
+    Prediction,
+    RunOptions,
+    predict,
+)
 
 H100 = Hardware(gpu_model="h100", generation="hopper", peak_bf16=989, peak_fp8=1979,
                 hbm_tb_s=3.35, nvlink_gb_s=450, domain_gpus=8, gpus_per_node=8, nic_gb_s=50)
@@ -39,8 +51,8 @@ def test_prediction_fields_add_up() -> None:
     p = predict(c, 128, H100)
     assert p is not None
     b = p.breakdown_s
-    parts = b["compute"] + b["host"] + b["tp"] + b["cp"] + b["pp_bubble"] + b["pp_p2p"] + \
-        b["dp"] + b["ep"] + b["optimizer"]
+    parts = b["compute"] + b["host"] + b["offload"] + b["tp"] + b["cp"] + b["pp_bubble"] + \
+        b["pp_p2p"] + b["dp"] + b["ep"] + b["optimizer"]
     assert parts == pytest.approx(p.step_time_s, rel=1e-9)
     assert b["exposed_communication"] == pytest.approx(
         b["tp"] + b["cp"] + b["ep"] + b["dp"] + b["pp_p2p"])
@@ -243,6 +255,14 @@ def test_switches_name_what_the_prediction_counts_in_megatrons_words() -> None:
     assert RunOptions.from_args(args).switches(config) == [
         "fp8", "overlap_grad_reduce", "grad_reduce_in_bf16", "moe_token_dispatcher_type=flex",
         "moe_router_group_topk=4 of 8", "moe_imbalance=1.25"]
+    offload = {"optimizer_cpu_offload": True, "overlap_cpu_optimizer_d2h_h2d": True,
+               "cpu_offloading": True, "cpu_offloading_num_layers": 4}
+    config = ModelConfig.from_args(load_run(preset_path("llama3-8b")).megatron.values() | offload)
+    assert RunOptions.from_args(offload).switches(config)[-3:] == [
+        "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "cpu_offloading"]
+    # The overlap means nothing without the optimizer on the host.
+    assert "overlap_cpu_optimizer_d2h_h2d" not in RunOptions(overlap_cpu_optimizer=True).switches(
+        plain)
 
 
 def _graphed_saving(**opts: bool) -> tuple[float, float]:
@@ -493,3 +513,72 @@ def test_data_parallel_stays_on_nvlink_inside_an_nvl72_rack() -> None:
                                             GB200)
     # Per microbatch, not overlapped: the same bytes over 900 GB/s against 50 GB/s.
     assert across / (288 // 144) > 10 * inside / (144 // 64)
+
+
+def _predict(c: ModelConfig, world: int, hw: Hardware, **opts: object) -> Prediction:
+    p = predict(c, world, hw, FITTED[hw.generation], RunOptions(**opts))  # type: ignore[arg-type]
+    assert p is not None
+    return p
+
+
+def test_activation_offload_shows_what_its_copies_take_beyond_the_compute_they_run_under() -> None:
+    """Megatron-Bridge's GB200 Llama 3 70B preset: TP1 PP1, 40 of 80 layers' activations to the
+    host. Each offloaded layer's copy out runs under the next forward, its copy back under a
+    backward: on a host link fast enough nothing shows; on one slower than both each offloaded
+    layer adds twice its copy less the layer's compute, so two slow links differ by exactly
+    2 x layers x the copy-time difference, per microbatch."""
+    c = cfg("llama3-70b", tp=1, pp=1, cp=1, vpp=None, micro_batch_size=2, global_batch_size=256,
+            sequence_parallel=False, recompute_granularity=None, recompute_method=None,
+            recompute_num_layers=None, pipeline_layout=None, account_for_embedding=False,
+            account_for_loss=False, use_distributed_optimizer=True)
+    world, m = 64, 256 // (64 * 2)
+    off = dataclasses.replace(c, cpu_offloading_num_layers=40)
+    plain = _predict(c, world, GB200)
+    fast = dataclasses.replace(GB200, host_link_gb_s=1e5, host_memory_gb_s=1e5)
+    assert _predict(off, world, fast).breakdown_s["offload"] == 0
+    assert _predict(off, world, fast).step_time_s == pytest.approx(plain.step_time_s)
+
+    act = layer_activation_bytes(off, False)
+    slow = {gb: _predict(off, world, dataclasses.replace(GB200, host_link_gb_s=gb))
+            for gb in (2.0, 4.0)}
+    copy = {gb: act / (gb * 1e9 * HOST_LINK_EFFICIENCY) for gb in slow}
+    assert slow[2.0].breakdown_s["offload"] - slow[4.0].breakdown_s["offload"] == pytest.approx(
+        m * 40 * 2 * (copy[2.0] - copy[4.0]), rel=1e-9)
+    assert slow[2.0].step_time_s - plain.step_time_s == pytest.approx(
+        slow[2.0].breakdown_s["offload"], rel=1e-6)
+    # Host memory slower than the link bounds the copies as the link would.
+    mem_bound = dataclasses.replace(GB200, host_link_gb_s=1e5, host_memory_gb_s=2.0 * 0.8)
+    assert _predict(off, world, mem_bound).breakdown_s["offload"] == pytest.approx(
+        slow[2.0].breakdown_s["offload"], rel=1e-9)
+    # Megatron offloads at most every layer but the last (TransformerConfig's check).
+    everything = _predict(dataclasses.replace(c, cpu_offloading_num_layers=500), world,
+                          dataclasses.replace(GB200, host_link_gb_s=2.0))
+    assert everything.breakdown_s["offload"] == pytest.approx(
+        slow[2.0].breakdown_s["offload"] * 79 / 40, rel=1e-9)
+
+
+def test_optimizer_offload_steps_its_share_of_the_shard_on_the_host() -> None:
+    """`optimizer_cpu_offload`: the offloaded share of the shard's fp32 gradients goes to the
+    host, the CPU's Adam steps it (28 bytes of host memory per parameter), its fp32 parameters
+    come back; one after the other, or overlapped as long as the slowest of the three. The
+    GPU steps the rest at HBM speed."""
+    c = cfg("llama3-8b", tp=1, pp=1, cp=1, vpp=None, use_distributed_optimizer=True)
+    world = 8
+    w = weight_and_optimizer_bytes(c, world)
+    shard = w.nonexpert_params_per_gpu / world  # DP 8
+    hbm = H100.hbm_tb_s * 1e12 * HBM_EFFICIENCY
+    copy = shard * 4 / (H100.host_link_gb_s * 1e9 * HOST_LINK_EFFICIENCY)
+    cpu = shard * CPU_ADAM_BYTES_PER_PARAM / (H100.host_memory_gb_s * 1e9 * HOST_MEMORY_EFFICIENCY)
+    on_gpu = shard * OPTIMIZER_BYTES_PER_PARAM / hbm
+    gpu_only = _predict(c, world, H100).breakdown_s["optimizer"]
+
+    def opt(fraction: float, **opts: object) -> float:
+        off = dataclasses.replace(c, optimizer_offload_fraction=fraction)
+        return _predict(off, world, H100, **opts).breakdown_s["optimizer"]
+
+    assert opt(1.0) == pytest.approx(gpu_only - on_gpu + 2 * copy + cpu, rel=1e-9)
+    assert opt(1.0, overlap_cpu_optimizer=True) == pytest.approx(
+        gpu_only - on_gpu + max(copy, cpu), rel=1e-9)
+    assert opt(0.5) == pytest.approx(gpu_only - on_gpu / 2 + (2 * copy + cpu) / 2, rel=1e-9)
+    # On a DGX H100 the host's Adam is far slower than the GPU's: offload costs time.
+    assert opt(1.0) > 10 * gpu_only

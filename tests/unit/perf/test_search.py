@@ -234,6 +234,9 @@ def test_summary_line_keeps_the_emulated_gpus_fraction_of_a_tflops() -> None:
     assert "1,234 TFLOP/s/GPU, MFU 50%" in summary_line(gpu)
     # The sandbox's CPU "GPU" runs at a fraction of a TFLOP/s: never printed as 0.
     assert "0.0797 TFLOP/s/GPU, MFU 36%" in summary_line(emu)
+    assert "offload" not in summary_line(gpu)
+    off = Prediction(1.8, 6000.0, 1000.0, 0.4, {**zero, "compute": 1.2, "offload": 0.3})
+    assert "compute 1.2 s, activation offload 0.3 s, bubble" in summary_line(off)
 
 
 def test_plan_names_the_hosts_wait_and_what_removes_it(tmp_path: Path) -> None:

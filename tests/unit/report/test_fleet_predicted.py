@@ -189,6 +189,11 @@ def test_a_recorded_host_wait_is_kept_and_names_the_cause() -> None:
         "compute": 1.4, "host": 0.5}, "gpu": "h100", "layout": "TP1 EP8"}}), 4.0, 8)
     assert v is not None and v.flagged
     assert "likely the host" in cause_note(v, None).text
+    # The activation offload's exposed copies survive it the same way.
+    v = recorded_vs_predicted(json.dumps({"pred": {"s": 2.0, "mfu": 0.3, "b": {
+        "compute": 1.5, "offload": 0.5}, "gpu": "gb200", "layout": "TP1 DP64"}}), 4.0, 64)
+    assert v is not None and v.prediction.breakdown_s["offload"] == pytest.approx(0.5)
+    assert "likely the activation offload" in cause_note(v, None).text
 
 
 @pytest.mark.parametrize("pred", [

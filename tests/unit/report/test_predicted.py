@@ -254,6 +254,11 @@ def test_the_cause_follows_the_breakdown_and_the_stability() -> None:
     assert "likely the host" in n.text and "0.25 s" in n.text and "--cuda-graph-impl" in n.fix
     more_comm = _v(ZERO | {"compute": 0.6, "host": 0.15, "ep": 0.2, "exposed_communication": 0.2})
     assert "exposed communication" in cause_note(more_comm, None).text
+    # Activation offload whose copies outlast the compute they run under.
+    off = _v(ZERO | {"compute": 0.7, "offload": 0.2, "dp": 0.05, "exposed_communication": 0.05})
+    n = cause_note(off, None)
+    assert "likely the activation offload" in n.text and "0.2 s" in n.text
+    assert "--cpu-offloading-num-layers" in n.fix
     # Uneven steady iterations come first, whatever the breakdown says.
     uneven = Stability(0, 2000.0, None, 0.3, 0, None)
     n = cause_note(comm, uneven)
