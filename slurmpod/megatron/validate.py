@@ -102,6 +102,18 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
     if c.recompute_granularity == "full" and c.recompute_method is None:
         errs.append(("recompute_method", "full recompute needs recompute_method "
                                          "('uniform' or 'block') and recompute_num_layers"))
+    if c.cpu_offloading_num_layers:
+        # TransformerConfig.__post_init__ refuses these at start-up (core 0.12 to main).
+        if c.cpu_offloading_num_layers >= c.num_layers:
+            errs.append(("cpu_offloading_num_layers",
+                         f"cpu_offloading_num_layers={c.cpu_offloading_num_layers}: Megatron "
+                         f"offloads fewer layers than num_layers={c.num_layers}"))
+        if pp > 1:
+            errs.append(("cpu_offloading_num_layers", f"activation offload needs PP=1 (PP={pp}): "
+                         "Megatron has no pipeline parallelism with CPU offloading"))
+        if c.recompute_granularity is not None:
+            errs.append(("cpu_offloading_num_layers", "activation offload excludes recompute "
+                         f"(recompute_granularity={c.recompute_granularity!r}); remove one"))
     if c.global_batch_size is None:
         errs.append(("global_batch_size", "global_batch_size is required"))
     elif world % (tp * cp * pp) == 0:

@@ -118,6 +118,11 @@ def load_published(path: Path | str) -> list[Point]:
                     "cpu_offloading_num_layers"):
             if key in raw:
                 args[key] = raw[key]
+        if raw.get("recompute") == "none":
+            # The recipe sets recompute_granularity None over its model's preset (TOML has no
+            # null): Megatron refuses activation offload with any recompute.
+            args.pop("recompute_granularity", None)
+            args.pop("recompute_modules", None)
         if raw["precision"] == "fp8":
             args["fp8"] = "hybrid"
         c = ModelConfig.from_args(args)

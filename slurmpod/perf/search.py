@@ -76,6 +76,7 @@ class Candidate:
         if c.recompute_granularity == "full":
             keys["recompute_method"] = c.recompute_method
             keys["recompute_num_layers"] = c.recompute_num_layers
+        keys["cpu_offloading_num_layers"] = c.cpu_offloading_num_layers or None
         keys["pipeline_model_parallel_layout"] = c.pipeline_layout
         if c.pipeline_layout is not None:
             keys.pop("virtual_pipeline_model_parallel_size", None)  # the layout implies it
@@ -301,8 +302,12 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
         dp = world // (tp * cp * pp)
         pad = ({"padded_vocab_size": padded_vocab_size(vocab[0], vocab[1], tp)}
                if vocab else {})
+        # Megatron offloads activations with PP 1 and no recompute only (TransformerConfig,
+        # core 0.12 to main): other layouts and recompute rungs run without it.
+        offload = base.cpu_offloading_num_layers if pp == 1 else 0
         lay = _with(base, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp,
-                    sequence_parallel=tp > 1, **split_args, **pad)
+                    sequence_parallel=tp > 1, cpu_offloading_num_layers=offload,
+                    **split_args, **pad)
         weights: list[Any] | None = None
         wmax: Any = None
         for mbs in MICRO_BATCH_SIZES:
@@ -319,6 +324,8 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
             for i, rung in enumerate(ladder):
                 n += 1
                 c = _with(lay, micro_batch_size=mbs, **rung)
+                if offload and c.recompute_granularity is not None:
+                    c = _with(c, cpu_offloading_num_layers=0)
                 if i == 0 and top is not None and fitting:
                     bound = predict(c, world, hw, eff, opts, weights=wmax)
                     if bound is None:

@@ -57,7 +57,18 @@ VIOLATIONS = [
     (dict(expert_model_parallel_size=2), 16, "expert_model_parallel_size", "needs num_experts"),
     (dict(recompute_granularity="full"), 16, "recompute_method", "recompute_method"),
     (dict(global_batch_size=None), 16, "global_batch_size", "required"),
+    # Megatron's TransformerConfig refuses activation offload beside these (core 0.12 to main).
+    (dict(cpu_offloading_num_layers=32), 16, "cpu_offloading_num_layers",
+     "fewer layers than num_layers=32"),
+    (dict(cpu_offloading_num_layers=8, pipeline_model_parallel_size=2), 16,
+     "cpu_offloading_num_layers", "needs PP=1"),
+    (dict(cpu_offloading_num_layers=8, recompute_granularity="selective"), 16,
+     "cpu_offloading_num_layers", "excludes recompute"),
 ]
+
+
+def test_activation_offload_with_pp1_and_no_recompute_is_valid():
+    assert layout_errors(c(cpu_offloading_num_layers=31), 16, DGX) == []
 
 
 @pytest.mark.parametrize(("over", "world", "key", "text"), VIOLATIONS)

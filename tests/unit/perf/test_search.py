@@ -48,6 +48,23 @@ def test_candidates_are_valid_sorted_and_fit() -> None:
         assert k.sequence_parallel == (k.tp > 1)
 
 
+def test_candidates_offload_activations_only_where_megatron_allows_it() -> None:
+    """A run that offloads activations keeps it on PP1 layouts without recompute; the search
+    drops it elsewhere (Megatron refuses it with PP > 1 or recompute), and the written spec of
+    such a candidate leaves the key out."""
+    c = dataclasses.replace(
+        ModelConfig.from_args(load_run(preset_path("llama3-8b")).megatron),
+        cpu_offloading_num_layers=8, recompute_granularity=None, pp=1, vpp=None)
+    cands, _ = search(c, 16, H100, USABLE, top=None)
+    kept = [x for x in cands if x.config.cpu_offloading_num_layers]
+    assert kept and len(kept) < len(cands)
+    for x in cands:
+        k = x.config
+        allowed = k.pp == 1 and k.recompute_granularity is None
+        assert k.cpu_offloading_num_layers == (8 if allowed else 0)
+        assert x.megatron_keys()["cpu_offloading_num_layers"] == (8 if allowed else None)
+
+
 def test_the_presets_own_layout_is_among_the_candidates() -> None:
     c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
     cands, _ = search(c, 128, H100, USABLE, top=None)

@@ -134,18 +134,19 @@ def test_moe_rows_with_published_configuration_meet_the_accuracy_target() -> Non
     assert STATS["moe_published_max"] <= 0.25
 
 
-# Dense recipes whose published layout the search ranks in its top 5 today (26 of 35; the
-# rest, and why, in docs/perf-model.md); a model change that pushes one out must say why.
+# Dense recipes whose published layout the search ranks in its top 5 today (23 of 35; the
+# rest, and why, in docs/perf-model.md); a model change that pushes one out must say why. The
+# three GB200 Llama 3 70B FP8 rows left with the offload's time (docs/perf-model.md).
 TOP5 = ["nemo2407-h100-gpt3-175b-128", "nemo2407-h100-gpt3-175b-512", "nemo2407-h100-llama2-7b",
         "nemo2407-h100-llama2-70b", "nemo2407-h100-nemotron4-340b", "nemo2407-h100-llama3-8b",
         "nemo2407-h100-llama3-70b", "bridge2511-h100-llama31-405b-fp8",
         "bridge2511-b200-llama3-8b-fp8", "bridge2511-gb200-llama3-8b-fp8",
         "bridge2511-b200-llama31-405b-fp8", "bridge2511-gb200-llama31-405b-fp8",
-        "bridge2602-gb200-llama3-70b-fp8", "bridge2602-gb200-llama31-405b-mxfp8",
-        "bridge2602-gb200-llama31-405b-fp8", "bridge2604-gb200-llama3-70b-fp8",
+        "bridge2602-gb200-llama31-405b-mxfp8",
+        "bridge2602-gb200-llama31-405b-fp8",
         "bridge2604-gb200-llama31-405b-fp8", "bridge2604-gb200-llama31-405b-mxfp8",
         "bridge2606-gb200-llama31-405b-fp8", "bridge2606-gb200-llama31-405b-mxfp8",
-        "bridge2511-h100-llama3-8b-fp8", "bridge2511-gb200-llama3-70b-fp8",
+        "bridge2511-h100-llama3-8b-fp8",
         "megatron-readme-1_7b", "megatron-readme-7_1b", "megatron-readme-16b",
         "megatron-readme-32b"]
 
