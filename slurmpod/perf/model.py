@@ -209,6 +209,7 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     # An uncatalogued GPU: bandwidths in H100 proportion to its peak.
     hbm = g.hbm_tb_per_s or (spec.hbm_tb_per_s if spec else g.peak_tflops_bf16 * 3.35 / 989)
     nvl = g.nvlink_gb_per_s or (spec.nvlink_gb_per_s if spec else g.peak_tflops_bf16 * 450 / 989)
+    # ... and its host: PCIe Gen5 x16, the DGX H100's memory per GPU.
     host_link = g.host_link_gb_per_s or PCIE_GEN5_X16_GB_S
     host_mem = g.host_memory_gb_per_s or DGX_H100_HOST_MEMORY_GB_S
     fab = site.fabric
@@ -928,9 +929,9 @@ def _host_copy_rate(hw: Hardware) -> float:
 
 
 def _cpu_optimizer_time(u: _Micro, params: float) -> float:
-    """Megatron's HybridDeviceOptimizer on `params` of the shard (core 0.14+, `--optimizer-cpu-
-    offload`): their fp32 gradients copied to the host, the CPU's Adam, the fp32 parameters
-    copied back (`param_update_in_fp32`). One after the other; with
+    """Megatron's HybridDeviceOptimizer on `params` of the shard (core 0.12 to main,
+    `--optimizer-cpu-offload`): their fp32 gradients copied to the host, the CPU's Adam, the
+    fp32 parameters copied back (`param_update_in_fp32`). One after the other; with
     `--overlap-cpu-optimizer-d2h-h2d` a pipeline over the parameters, as long as its slowest
     stage."""
     if params <= 0:
@@ -942,11 +943,12 @@ def _cpu_optimizer_time(u: _Micro, params: float) -> float:
 
 
 def _offload_exposed(u: _Micro, layer: _Layer, stage_layers: float) -> float:
-    """Per microbatch, what activation offloading (`cpu_offloading`, core 0.13+; Transformer
-    Engine's offload handler) leaves exposed: each offloaded layer's activations go to the host
-    while the next layer runs its forward, and come back while the layer after it in the
-    backward runs its backward; a copy longer than that compute shows. Megatron allows it with
-    PP 1 and no recompute only, and offloads at most all layers but the last."""
+    """Per microbatch, what activation offloading (TransformerConfig `cpu_offloading`, core
+    0.12 to main; Transformer Engine's offload handler) leaves exposed: each offloaded layer's
+    activations go to the host while the next layer runs its forward, and come back while the
+    layer after it in the backward runs its backward; a copy longer than that compute shows.
+    Megatron allows it with PP 1 and no recompute only, and offloads at most all layers but
+    the last."""
     n = min(float(u.c.cpu_offloading_num_layers), stage_layers - 1)
     if n <= 0:
         return 0.0
@@ -966,8 +968,7 @@ def _assemble(m: int, stage: _Stage, bubble: float, p2p: float, t_dp: float, t_o
     comm = m * stage.comm + p2p + t_dp
     return step, {
         "compute": m * stage.compute, "host": m * stage.host, "offload": m * stage.offload,
-        "tp": m * stage.tp,
-        "cp": m * stage.cp,
+        "tp": m * stage.tp, "cp": m * stage.cp,
         "pp_bubble": bubble, "pp_p2p": p2p, "dp": t_dp, "ep": m * stage.ep,
         "optimizer": t_opt, "exposed_communication": comm,
     }
