@@ -16,8 +16,11 @@ microbatch and layer it counts, on one GPU:
 - recompute: full recompute repeats the forward (GEMMs, element-wise work, TP and EP traffic);
   selective recompute repeats the forward of the modules it names (`mlp`, `moe`, `mla_up_proj`,
   ...), and `core_attn` costs nothing with flash attention (it already recomputes scores);
+- kernel gaps between dependent kernels, each local expert's GEMM among them;
 - the host: without CUDA graphs an FP8 MoE layer's forward waits on its kernel launches, for
-  MOE_FP8_HOST_FORWARD_S per four Transformer Engine modules it launches (breakdown `host`).
+  MOE_FP8_HOST_FORWARD_S per four Transformer Engine modules it launches (breakdown `host`);
+- offload: activation copies to and from host memory beyond the compute they run under
+  (breakdown `offload`), and the optimizer's offloaded share stepped on the host.
 
 Every coefficient is named below. `FITTED` holds the only fitted ones (two per GPU generation
 at most, each with the published point it was fitted on, `slurmpod.perf.calibrate`); all other
@@ -52,6 +55,12 @@ if TYPE_CHECKING:
 GEMM_HALF_DIM = 128.0
 # Grouped expert GEMMs (TE/cutlass grouped GEMM) against one GEMM of the same total size.
 GROUPED_GEMM_FACTOR = 0.85
+# Transformer Engine runs a grouped expert GEMM (GroupedLinear, Megatron's TEGroupedMLP) as one
+# cuBLAS GEMM per local expert, round-robin over this many compute streams
+# (`multi_stream_cublas_gemm`, `num_compute_streams = 4` in common/util/multi_stream.cpp; the
+# default of `nvte_multi_tensor_gemm` unless NVTE_USE_CUTLASS_GROUPED_GEMM=1): each stream runs
+# its share of the experts one after the other, a kernel gap apiece (_expert_gemm_gaps).
+TE_COMPUTE_STREAMS = 4
 # Flash/fused attention against a plain GEMM of the same FLOPs (softmax, masking, causal tiles).
 ATTENTION_FACTOR = 0.7
 # Share of HBM bandwidth element-wise kernels reach.
@@ -135,7 +144,7 @@ MOE_IMBALANCE = 1.0
 # `fits = "host"` in tests/data/perf/published.toml; BF16 MoE rows show no such floor (Qwen3
 # 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms). The figure is for that row's
 # layer, standard attention and routed experts: ATTENTION_FP8_MODULES + EXPERT_FP8_MODULES.
-MOE_FP8_HOST_FORWARD_S = 5.0588e-3
+MOE_FP8_HOST_FORWARD_S = 5.0428e-3
 HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
 # The host's forward is taken per FP8 Transformer Engine module it launches, each at the same
 # cost (TransformerEngine issue 761 puts the FP8 overhead per module): the attention's QKV and
@@ -663,7 +672,7 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
     if k.moe_shared:
         t_gemm += (6.0 + 2.0 * u.rec_shared) * tok * k.moe_shared / tp / (
             u.peak_mm * _eff(min(h, c.moe_shared_expert_intermediate_size / tp)))
-    t_gemm += 6.0 * tok * k.router / tp / u.peak16
+    t_gemm += 6.0 * tok * k.router / tp / u.peak16 + _expert_gemm_gaps(u)
     routed = _routed_tokens(u)
     # The fused grouped MLP keeps the experts' activation on chip: neither its element-wise
     # pass nor the FP8 casts of fc1's output gradient and fc2's input touch HBM.
@@ -676,6 +685,19 @@ def _moe_mlp(u: _Micro) -> tuple[float, float]:
         cast += _mlp_cast_bytes(u, tok, c.moe_shared_expert_intermediate_size / tp,
                                 tp if u.sp else 1)
     return t_gemm, mem + cast
+
+
+def _expert_gemm_gaps(u: _Micro) -> float:
+    """Kernel gaps of the routed experts' grouped GEMMs beyond the one each counts among a MoE
+    layer's kernels: fc1 and fc2 forward, their dgrad and wgrad (+ the recomputed forward),
+    each one GEMM per local expert, TE_COMPUTE_STREAMS at a time. Why a layout with many local
+    experts (little or no expert parallelism) launches slower than its FLOPs say. None with the
+    op fuser's grouped MLP (one kernel for every expert)."""
+    if u.opts.fused_expert_mlp:
+        return 0.0
+    local = (u.c.num_experts or 1) // u.c.ep
+    serial = math.ceil(local / TE_COMPUTE_STREAMS) - 1
+    return (6.0 + 2.0 * u.rec_moe) * serial * _kernel_gap(u)
 
 
 def _ep_time(u: _Micro) -> float:

@@ -14,7 +14,9 @@ from slurmpod.perf.model import (
     HBM_EFFICIENCY,
     HOST_LINK_EFFICIENCY,
     HOST_MEMORY_EFFICIENCY,
+    KERNEL_GAP_S,
     OPTIMIZER_BYTES_PER_PARAM,
+    TE_COMPUTE_STREAMS,
     Hardware,
     Prediction,
     RunOptions,
@@ -582,3 +584,27 @@ def test_optimizer_offload_steps_its_share_of_the_shard_on_the_host() -> None:
     assert opt(0.5) == pytest.approx(gpu_only - on_gpu / 2 + (2 * copy + cpu) / 2, rel=1e-9)
     # On a DGX H100 the host's Adam is far slower than the GPU's: offload costs time.
     assert opt(1.0) > 10 * gpu_only
+
+
+def test_each_local_expert_is_its_own_gemm_launch_unless_the_mlp_is_fused() -> None:
+    """Transformer Engine runs a grouped expert GEMM as one cuBLAS GEMM per local expert over
+    4 compute streams. Qwen3-30B-A3B (128 experts, all 48 layers MoE) at MBS 4 gives every
+    expert GEMM more tokens than its 768-wide FFN at EP 1 and EP 8 alike, so their math is the
+    same; what differs is the launches: 6 grouped GEMMs per layer and microbatch (fc1, fc2:
+    forward, dgrad, wgrad), each ceil(local / 4) - 1 kernel gaps beyond the one counted."""
+    c = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, micro_batch_size=4,
+            global_batch_size=64, recompute_granularity=None, recompute_method=None,
+            recompute_num_layers=None, fp8=None)
+    world, m = 8, 64 // (4 * 8)
+
+    def compute(ep: int, **opts: object) -> float:
+        return _predict(dataclasses.replace(c, ep=ep), world, H100, **opts).breakdown_s["compute"]
+
+    def gaps(local: int) -> float:
+        return -(-local // TE_COMPUTE_STREAMS) - 1
+
+    assert compute(1) - compute(8) == pytest.approx(
+        m * 48 * 6 * (gaps(128) - gaps(16)) * KERNEL_GAP_S, rel=1e-6)
+    # The op fuser's grouped MLP is one kernel for every expert: no per-expert launches.
+    assert compute(1, fused_expert_mlp=True) == pytest.approx(
+        compute(8, fused_expert_mlp=True), rel=1e-9)
