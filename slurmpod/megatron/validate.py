@@ -113,7 +113,7 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
                          "Megatron has no pipeline parallelism with CPU offloading"))
         if c.recompute_granularity is not None:
             errs.append(("cpu_offloading_num_layers", "activation offload excludes recompute "
-                         f"(recompute_granularity={c.recompute_granularity!r}); remove one"))
+                         f"(recompute_granularity={c.recompute_granularity!r})"))
     if c.global_batch_size is None:
         errs.append(("global_batch_size", "global_batch_size is required"))
     elif world % (tp * cp * pp) == 0:
@@ -306,6 +306,12 @@ def specific_fix(key: str, msg: str, c: ModelConfig, world: int) -> str | None:
         return "recompute_method = 'uniform' and recompute_num_layers = 1"
     if key == "global_batch_size":
         return f"global_batch_size = {c.micro_batch_size * dp * 8} (8 microbatches per DP rank)"
+    if key == "cpu_offloading_num_layers":
+        if "fewer layers" in msg:
+            return f"cpu_offloading_num_layers <= {c.num_layers - 1}"
+        if "PP=1" in msg:
+            return "PP=1, or no cpu_offloading_num_layers"
+        return "no recompute_granularity, or no cpu_offloading_num_layers"
     return None
 
 

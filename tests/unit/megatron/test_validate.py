@@ -15,6 +15,7 @@ from slurmpod.megatron.validate import (
     layout_errors,
     layout_warnings,
     memory_bytes,
+    specific_fix,
     suggest_layout,
 )
 
@@ -69,6 +70,15 @@ VIOLATIONS = [
 
 def test_activation_offload_with_pp1_and_no_recompute_is_valid():
     assert layout_errors(c(cpu_offloading_num_layers=31), 16, DGX) == []
+
+
+def test_each_activation_offload_error_has_its_own_fix():
+    bad = c(cpu_offloading_num_layers=32, pipeline_model_parallel_size=2,
+            recompute_granularity="selective")
+    fixes = [specific_fix(k, m, bad, 16) for k, m in layout_errors(bad, 16, DGX)
+             if k == "cpu_offloading_num_layers"]
+    assert fixes == ["cpu_offloading_num_layers <= 31", "PP=1, or no cpu_offloading_num_layers",
+                     "no recompute_granularity, or no cpu_offloading_num_layers"]
 
 
 @pytest.mark.parametrize(("over", "world", "key", "text"), VIOLATIONS)
