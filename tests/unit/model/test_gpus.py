@@ -47,6 +47,15 @@ def test_host_figures_are_each_reference_systems_share_per_gpu() -> None:
     assert g.host_memory_gb_per_s == CATALOG["h100"].host_memory_gb_per_s
 
 
+@pytest.mark.parametrize("key", ["host_link_gb_per_s", "host_memory_gb_per_s"])
+@pytest.mark.parametrize("bad", [-5, 0, "fast", float("nan")])
+def test_a_bad_host_figure_is_one_config_line(key: str, bad: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        validate(Gpu, {"model": "h100", key: bad}, "site.toml")
+    msg = str(exc.value)
+    assert key in msg and "site.toml" in msg and "\n" not in msg
+
+
 def test_unknown_model_without_figures_is_one_config_line() -> None:
     with pytest.raises(ConfigError) as exc:
         validate(Gpu, {"model": "mi300x"}, "site.toml")

@@ -199,6 +199,7 @@ def test_a_recorded_host_wait_is_kept_and_names_the_cause() -> None:
 @pytest.mark.parametrize("pred", [
     {"s": 0, "mfu": 0.4}, {"s": -1.0, "mfu": 0.4}, {"s": 1.0, "mfu": 1.5},
     {"s": 1.0, "mfu": 0.4, "b": {"host": 1.5}},
+    {"s": 1.0, "mfu": 0.4, "b": {"offload": 1.5}}, {"s": 1.0, "mfu": 0.4, "b": {"offload": -0.1}},
     {"s": float("nan"), "mfu": 0.4}, {"s": 1.0, "mfu": True}, {"s": "1", "mfu": 0.4},
     {"s": 1.0, "mfu": 0.4, "b": {"compute": 2.0}}, {"s": 1.0, "mfu": 0.4, "b": {"evil": 0.1}},
     {"s": 1.0, "mfu": 0.4, "b": [1]}, {"s": 1e9, "mfu": 0.4}, "x", None])
