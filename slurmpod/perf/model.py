@@ -90,8 +90,11 @@ TP_OVERLAP_HIDDEN = 0.8
 EP_OVERLAP_HIDDEN = 0.7
 # The flex dispatcher (moe_token_dispatcher_type = "flex": DeepEP / HybridEP) sends a token once
 # to each remote NVLink domain holding one of its experts and fans it out inside the domain
-# over NVLink (DeepEP README: normal kernels reach 43-47 GB/s of a 50 GB/s 400G NIC on H800,
-# ~0.9; taken with the NIC's own 0.85 below as one figure).
+# over NVLink, once to each GPU holding one of its experts (DeepEP's dispatch layout,
+# `is_token_in_rank`; the combine sums a GPU's experts before sending back). DeepEP README:
+# normal kernels reach 43-47 GB/s of a 50 GB/s 400G NIC and 153-158 GB/s of H800's ~160 GB/s
+# NVLink, ~0.9 of what a link gives a ring collective: this figure, on the NIC's or NVLink's own
+# efficiency.
 FLEX_EFFICIENCY = 0.9
 # Share of the DP communication left exposed even with overlap (the last bucket).
 DP_EXPOSED_TAIL = 0.1
@@ -179,7 +182,7 @@ class Efficiency:
 FITTED: dict[str, Efficiency] = {
     "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.7183, 0.4961, "bridge2511-gb200-llama31-405b-fp8, "
+    "blackwell": Efficiency(0.6094, 0.5047, "bridge2511-gb200-llama31-405b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
@@ -451,11 +454,11 @@ def _eff(d: float) -> float:
     return d / (d + GEMM_HALF_DIM)
 
 
-def _flex_time(tokens: float, h: int, topk: float, domains: int, opts: RunOptions,
-               nvl: float, nic: float) -> float:
+def _flex_time(tokens: float, h: int, topk: float, gpus_hit: float, domains: int,
+               opts: RunOptions, nvl: float, nic: float) -> float:
     """One dispatch or combine pass of the flex dispatcher over `domains` NVLink domains:
     each token crosses the fabric once per remote domain holding one of its experts, then
-    fans out to its experts inside that domain over NVLink."""
+    fans out over NVLink inside that domain to the GPUs holding them (`gpus_hit` in all)."""
     groups = opts.moe_num_groups or 0
     if opts.moe_group_topk and groups >= domains and groups % domains == 0:
         # Node-limited routing: the experts lie in moe_group_topk of the groups, each group
@@ -469,8 +472,18 @@ def _flex_time(tokens: float, h: int, topk: float, domains: int, opts: RunOption
         chosen = domains * (1 - (1 - 1 / domains) ** topk)
     remote = chosen * (1 - 1 / domains)
     fabric = tokens * remote * h * 2 / nic
-    inside = tokens * topk * h * 2 / nvl
+    inside = tokens * gpus_hit * h * 2 / nvl
     return max(fabric, inside) / FLEX_EFFICIENCY
+
+
+def _gpus_hit(experts: int, gpus: int, topk: int) -> float:
+    """Expected number of the `gpus` expert-parallel ranks (experts / gpus experts each) that hold
+    one of a token's top-k experts, the experts drawn uniformly (force-balanced routing, as the
+    published benchmarks run): what the flex dispatcher sends a token to, once each."""
+    per = max(1, experts // gpus)
+    if experts - per < topk:
+        return float(gpus)
+    return gpus * (1 - math.comb(experts - per, topk) / math.comb(experts, topk))
 
 
 def _stage_work(c: ModelConfig, t_logits: float) -> list[tuple[float, float]]:
@@ -721,11 +734,16 @@ def _ep_time(u: _Micro) -> float:
     t_ep = 0.0
     if ep > 1:
         copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
-        if span <= hw.domain_gpus:
+        hit = _gpus_hit(c.num_experts or 1, ep, c.moe_router_topk) * u.opts.moe_imbalance
+        if u.opts.moe_flex and span <= hw.domain_gpus:
+            # One copy per other GPU holding one of the token's experts.
+            t_ep = passes * (u.tok / c.tp) * hit * (ep - 1) / ep * h * 2 / u.nvl \
+                / FLEX_EFFICIENCY
+        elif span <= hw.domain_gpus:
             t_ep = passes * copies / u.nvl / ALLTOALL_EFFICIENCY
         elif u.opts.moe_flex:
             t_ep = passes * _flex_time(u.tok / c.tp, h,
-                                       c.moe_router_topk * u.opts.moe_imbalance,
+                                       c.moe_router_topk * u.opts.moe_imbalance, hit,
                                        span // hw.domain_gpus, u.opts, u.nvl, u.nic)
         else:
             outside = 1 - hw.domain_gpus / span

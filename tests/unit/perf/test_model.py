@@ -170,9 +170,23 @@ def test_flex_dispatcher_crosses_the_fabric_once_per_remote_domain() -> None:
     assert limited < flex < plain
     # 8 top-k picks over 8 nodes reach ~5.3 of them, 4 groups exactly 4: 7/8 of those remote.
     assert flex / limited == pytest.approx((8 * (1 - (7 / 8) ** 8)) / 4, rel=0.02)
-    # Inside one NVLink domain the dispatcher choice changes nothing.
-    inside = dataclasses.replace(c, ep=8)
-    assert _ep_time(inside, 1024, moe_flex=True) == _ep_time(inside, 1024)
+
+
+
+def test_flex_dispatcher_sends_a_token_once_to_each_gpu_holding_its_experts() -> None:
+    """Inside one NVLink domain (EP8, 32 of DeepSeek-V3's 256 experts per GPU) the alltoall
+    dispatcher sends each of a token's 8 routed copies; the flex one sends the token once to
+    each other GPU holding one of its experts, at DeepEP's share of NVLink (0.9, not 0.6)."""
+    from math import comb
+
+    c = cfg("deepseek-v3", tp=2, pp=8, ep=8, etp=1, sequence_parallel=True,
+            global_batch_size=1024, pipeline_layout=None, vpp=None)
+    plain, flex = _ep_time(c, 1024), _ep_time(c, 1024, moe_flex=True)
+    gpus_hit = 8 * (1 - comb(256 - 32, 8) / comb(256, 8))  # ~5.5 of 8 GPUs
+    assert flex / plain == pytest.approx(gpus_hit / 8 * 0.6 / 0.9, rel=1e-9)
+    # One expert per GPU: every routed copy goes to its own GPU, nothing to merge.
+    one = dataclasses.replace(c, num_experts=8)
+    assert _ep_time(one, 1024, moe_flex=True) / _ep_time(one, 1024) == pytest.approx(0.6 / 0.9)
 
 
 def test_selective_recompute_of_the_mlp_costs_its_forward() -> None:
