@@ -5,10 +5,10 @@ data sheets print the 2:4-sparsity figure first (marked "with sparsity"); dense 
 HBM capacity is what the driver reports as usable (GiB, the figure plan's memory check divides),
 bandwidth is the data sheet's. NVLink bandwidth is per GPU and per direction (the data sheets
 give the bidirectional total: 600 GB/s on A100, 900 GB/s on H100/H200, 1.8 TB/s on Blackwell).
-The host figures are those of the reference system (DGX A100/H100/H200/B200, GB200 NVL72), per GPU:
-its link to host memory, one direction (PCIe x16, or its share of Grace's NVLink-C2C), and its
-share of the host's memory bandwidth (all sockets' channels over the node's GPUs); they time
-activation and optimizer offload.
+The host figures are those of the reference system (DGX A100/H100/H200/B200/B300, GB200/GB300
+NVL72), per GPU: its link to host memory, one direction (PCIe x16, or its share of Grace's
+NVLink-C2C), and its share of the host's memory bandwidth (all sockets' channels over the node's
+GPUs); they time activation and optimizer offload.
 
 A site's `gpu = { model = "h100" }` takes every figure from here; keys it sets override
 (`slurmpod.model.site.Gpu`). Pure data, no imports beyond the standard library.
@@ -70,6 +70,22 @@ CATALOG: dict[str, GpuSpec] = {
                 "17 TB LPDDR5X at 18.4 TB/s over 36 Grace CPUs; NVLink-C2C 900 GB/s both ways "
                 "per Grace, shared by its two GPUs: 225 GB/s each way per GPU)",
                 host_link_gb_per_s=225.0, host_memory_gb_per_s=255.6),
+        # Blackwell Ultra: the dense BF16/FP8 tensor-core figures of B200 (HGX) and GB200 (NVL72);
+        # 288 GB of HBM3e (12-high stacks) at 8 TB/s; the same NVLink 5.
+        GpuSpec("b300", "B300 288GB (HGX/DGX B300, Blackwell Ultra)", 2250.0, 4500.0, 288.0, 8.0,
+                900.0, 8, "blackwell-ultra",
+                "https://www.nvidia.com/en-us/data-center/dgx-b300/ (72 PFLOPS FP8 training per "
+                "8 GPUs with sparsity; 2.3 TB HBM3e; NVLink 5 1.8 TB/s; 8 ConnectX-8 800 Gb/s; 2 "
+                "Xeon 6776P, 8 channels DDR5-6400 each: 2 x 409.6 GB/s over 8 GPUs); the Xeon's "
+                "PCIe Gen5 x16 (64 GB/s each way)",
+                host_link_gb_per_s=64.0, host_memory_gb_per_s=102.4),
+        GpuSpec("gb300", "B300 in GB300 NVL72 (Blackwell Ultra)", 2500.0, 5000.0, 288.0, 8.0, 900.0,
+                72, "blackwell-ultra",
+                "https://www.nvidia.com/en-us/data-center/gb300-nvl72/ (per 72 GPUs: BF16 360 / "
+                "FP8 720 PFLOPS with sparsity, up to 21 TB HBM3e at 576 TB/s, NVLink 130 TB/s; "
+                "up to 18 TB LPDDR5X at 14.3 TB/s over 36 Grace CPUs; NVLink-C2C 900 GB/s both "
+                "ways per Grace, shared by its two GPUs: 225 GB/s each way per GPU)",
+                host_link_gb_per_s=225.0, host_memory_gb_per_s=198.6),
         # The sandbox's CPU stand-in: `slurmpod sandbox up` measures its peak and writes it into
         # the site; these are placeholders for a site that names it without measuring.
         GpuSpec("emu", "emulated GPU (CPU matmul)", 0.05, None, 80.0, 0.02, 1.0, 8, "emulated",

@@ -34,10 +34,10 @@ PciBusId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA
 
 
 class Gpu(Strict, frozen=True, kw_only=True):
-    model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200")]
+    model: Annotated[SlurmName, Meta(description="gres Type, e.g. h100, h200, b200, gb200, gb300")]
     name: Annotated[str, Meta(description="marketing name, e.g. 'H100 SXM5 80GB'")] = ""
-    # A model in the GPU catalog (slurmpod.model.gpus: a100, h100, h200, b200, gb200, emu) fills
-    # in every figure left out here; a key set here overrides the catalog. 0 = not given.
+    # A model in the GPU catalog (slurmpod.model.gpus: a100, h100, h200, b200, gb200, b300, gb300,
+    # emu) fills in every figure left out here; a key set here overrides the catalog. 0 = not given.
     peak_tflops_bf16: Annotated[PosFloat, Meta(description="dense BF16 peak per GPU, TFLOP/s")] \
         = 0.0
     # FP8 runs report MFU against the BF16 peak (Megatron-Bridge's and most papers' convention)

@@ -62,7 +62,8 @@ MAX_SERIES_KEYS = 64
 # Board power limits (W): the most a GPU of the model can draw (SXM TDPs; NVIDIA data sheets).
 # A reading above its model's limit by more than POWER_SLACK is not a measurement.
 POWER_LIMIT_W: dict[str, float] = {"a100": 400.0, "h100": 700.0, "h200": 700.0,
-                                   "b200": 1000.0, "gb200": 1200.0, "emu": 700.0}
+                                   "b200": 1000.0, "gb200": 1200.0, "b300": 1100.0,
+                                   "gb300": 1400.0, "emu": 700.0}
 POWER_LIMIT_UNKNOWN_W = 1500.0  # no data-centre GPU draws more (GB300: 1,400 W)
 POWER_SLACK = 1.10  # transients and sensor error above the limit
 HBM_UNKNOWN_GIB = 512.0
