@@ -244,7 +244,7 @@ def test_hard_time_limit_before_the_warning_still_requeues(sandbox: Any) -> None
         # The trap requeues at once; should Slurm's signals end the shell's scontrol first, the
         # script's end requeues instead. Either way one requeue, none refused.
         log = log_of(run_dir)
-        assert ("time limit reached before the warning; requeued" in log
+        assert ("time limit reached before the warning; requeueing" in log
                 or "requeueing (timelimit, not counted as a failure)" in log), log
         assert "requeue failed" not in log, log
     finally:

@@ -310,7 +310,7 @@ def test_a_requeue_whose_reply_is_lost_counts_as_done(tmp_path: Path) -> None:
     # after slurmctld took the requeue, and asking again fails "Job is pending execution".
     proc, out, err = _hard_time_limit(tmp_path, STUB_REQUEUE_LOST="1")
     assert proc.returncode == 0 and "requeue failed" not in err, out + err
-    assert "time limit reached before the warning; requeued" in err
+    assert "time limit reached before the warning; requeueing" in err
     [end] = _ends(tmp_path)
     assert (end["end"], end["failures"]) == ("timelimit", 0)
 
