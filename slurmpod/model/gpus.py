@@ -71,16 +71,19 @@ CATALOG: dict[str, GpuSpec] = {
                 "per Grace, shared by its two GPUs: 225 GB/s each way per GPU)",
                 host_link_gb_per_s=225.0, host_memory_gb_per_s=255.6),
         # Blackwell Ultra: the dense BF16/FP8 tensor-core figures of B200 (HGX) and GB200 (NVL72);
-        # 288 GB of HBM3e (12-high stacks) at 8 TB/s; the same NVLink 5.
+        # 288 GB of HBM3e (12-high stacks) at 8 TB/s; the same NVLink 5. Fitted factors: the
+        # HGX B300 (1,100 W) runs Megatron-Bridge's presets as B200 does per peak (its seven rows
+        # within 10 % on Blackwell's factors, 11-17 % fast on GB300's), the 1,400 W GB300 faster
+        # than GB200 (1.2x at the same peaks): GB300 has factors of its own.
         GpuSpec("b300", "B300 288GB (HGX/DGX B300, Blackwell Ultra)", 2250.0, 4500.0, 288.0, 8.0,
-                900.0, 8, "blackwell-ultra",
+                900.0, 8, "blackwell",
                 "https://www.nvidia.com/en-us/data-center/dgx-b300/ (72 PFLOPS FP8 training per "
                 "8 GPUs with sparsity; 2.3 TB HBM3e; NVLink 5 1.8 TB/s; 8 ConnectX-8 800 Gb/s; 2 "
                 "Xeon 6776P, 8 channels DDR5-6400 each: 2 x 409.6 GB/s over 8 GPUs); the Xeon's "
                 "PCIe Gen5 x16 (64 GB/s each way)",
                 host_link_gb_per_s=64.0, host_memory_gb_per_s=102.4),
         GpuSpec("gb300", "B300 in GB300 NVL72 (Blackwell Ultra)", 2500.0, 5000.0, 288.0, 8.0, 900.0,
-                72, "blackwell-ultra",
+                72, "gb300",
                 "https://www.nvidia.com/en-us/data-center/gb300-nvl72/ (per 72 GPUs: BF16 360 / "
                 "FP8 720 PFLOPS with sparsity, up to 21 TB HBM3e at 576 TB/s, NVLink 130 TB/s; "
                 "up to 18 TB LPDDR5X at 14.3 TB/s over 36 Grace CPUs; NVLink-C2C 900 GB/s both "

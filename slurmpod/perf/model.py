@@ -184,8 +184,8 @@ FITTED: dict[str, Efficiency] = {
     "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
     "blackwell": Efficiency(0.6094, 0.5047, "bridge2511-gb200-llama31-405b-fp8, "
                                             "bridge2511-gb200-qwen3-235b-bf16"),
-    "blackwell-ultra": Efficiency(0.7622, 0.6208, "bridge2511-gb300-llama31-405b-fp8, "
-                                                  "bridge2511-gb300-qwen3-235b-bf16"),
+    "gb300": Efficiency(0.7622, 0.6208, "bridge2511-gb300-llama31-405b-fp8, "
+                                        "bridge2511-gb300-qwen3-235b-bf16"),
     "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
 }
 DEFAULT_EFFICIENCY = FITTED["hopper"]

@@ -21,7 +21,7 @@ def test_catalog_dense_peaks_are_half_the_sparse_data_sheet_figures() -> None:
     assert lookup("H100") is CATALOG["h100"] and lookup("mi300x") is None
 
 
-def test_blackwell_ultra_has_blackwells_dense_peaks_and_its_own_fitted_factors() -> None:
+def test_blackwell_ultra_has_blackwells_dense_peaks_and_gb300_its_own_fitted_factors() -> None:
     """GB300 NVL72: BF16 360 / FP8 720 PFLOPS with sparsity over 72 GPUs; DGX B300: 72 PFLOPS
     FP8 with sparsity over 8 GPUs. 288 GB of HBM3e each (12-high stacks), 8 TB/s."""
     gb300, b300 = CATALOG["gb300"], CATALOG["b300"]
@@ -29,8 +29,10 @@ def test_blackwell_ultra_has_blackwells_dense_peaks_and_its_own_fitted_factors()
     assert b300.peak_tflops_fp8 == 72_000 / 8 / 2 and b300.peak_tflops_bf16 == 2250
     assert gb300.hbm_gib == b300.hbm_gib == 288 and gb300.hbm_tb_per_s == 576 / 72
     assert (gb300.nvlink_domain_gpus, b300.nvlink_domain_gpus) == (72, 8)
-    # Same peaks as GB200/B200, yet not the same speed: a generation of its own.
-    assert gb300.generation == b300.generation == "blackwell-ultra" != CATALOG["gb200"].generation
+    # GB300 (1,400 W): GB200's peaks, not its speed: factors of its own. The HGX B300 (1,100 W)
+    # runs as B200 does per peak: Blackwell's.
+    assert gb300.generation == "gb300" != CATALOG["gb200"].generation
+    assert b300.generation == CATALOG["b200"].generation == "blackwell"
     # Grace as on GB200 (14.3 TB/s of LPDDR5X over 72 GPUs); DGX B300: 2 Xeon 6776P, each 8
     # channels of DDR5-6400, over 8 GPUs, on the Xeon's PCIe Gen5.
     assert gb300.host_link_gb_per_s == CATALOG["gb200"].host_link_gb_per_s
