@@ -478,10 +478,19 @@ def _flex_time(tokens: float, h: int, topk: float, gpus_hit: float, domains: int
     return max(fabric, inside) / FLEX_EFFICIENCY
 
 
-def _gpus_hit(experts: int, gpus: int, topk: int) -> float:
+def _gpus_hit(experts: int, gpus: int, topk: int, opts: RunOptions) -> float:
     """Expected number of the `gpus` expert-parallel ranks (experts / gpus experts each) that hold
     one of a token's top-k experts, the experts drawn uniformly (force-balanced routing, as the
-    published benchmarks run): what the flex dispatcher sends a token to, once each."""
+    published benchmarks run): what the flex dispatcher sends a token to, once each. Under
+    node-limited routing (`moe_router_group_topk` of `moe_router_num_groups` groups, each group
+    a contiguous block of experts, so of ranks) the picks lie in the chosen groups' ranks only."""
+    groups, chosen = opts.moe_num_groups or 0, opts.moe_group_topk or 0
+    if chosen and groups > chosen and experts % groups == 0 and (
+            groups % gpus == 0 or gpus % groups == 0):
+        if groups >= gpus:  # whole groups per rank: distinct ranks among the chosen groups
+            per = groups // gpus
+            return gpus * (1 - math.comb(groups - per, chosen) / math.comb(groups, chosen))
+        gpus, experts = chosen * gpus // groups, chosen * experts // groups
     per = max(1, experts // gpus)
     if experts - per < topk:
         return float(gpus)
@@ -719,8 +728,9 @@ def _ep_time(u: _Micro) -> float:
     """The MoE dispatcher's traffic, per MoE layer: 2 passes forward (dispatch, combine), 2
     backward (+2 recomputed), hidden in part by `overlap_moe_expert_parallel_comm`.
 
-    EP: the all-to-alls, over NVLink inside the domain, the rails outside it, or the flex
-    dispatcher's one copy per domain. ETP: after the all-to-all the dispatcher all-gathers the
+    EP: the all-to-alls, over NVLink inside the domain, the rails outside it; the flex
+    dispatcher's one copy per remote domain, and inside a domain one per GPU holding the
+    token's experts. ETP: after the all-to-all the dispatcher all-gathers the
     routed token copies over the expert-tensor group, and before the all-to-all back it
     reduce-scatters the experts' partial outputs (core 0.15 `MoEAlltoAllTokenDispatcher`
     dispatch_postprocess, combine_preprocess), each moving (etp - 1) times a GPU's routed
@@ -736,7 +746,7 @@ def _ep_time(u: _Micro) -> float:
     t_ep = 0.0
     if ep > 1:
         copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
-        hit = _gpus_hit(c.num_experts or 1, ep, c.moe_router_topk) * u.opts.moe_imbalance
+        hit = _gpus_hit(c.num_experts or 1, ep, c.moe_router_topk, u.opts) * u.opts.moe_imbalance
         if u.opts.moe_flex and span <= hw.domain_gpus:
             # One copy per other GPU holding one of the token's experts.
             t_ep = passes * (u.tok / c.tp) * hit * (ep - 1) / ep * h * 2 / u.nvl \

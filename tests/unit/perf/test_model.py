@@ -152,6 +152,13 @@ def test_options_read_megatron_argument_names() -> None:
     assert o.tp_comm_overlap and o.overlap_grad_reduce and not o.overlap_param_gather
 
 
+def _ep_time_on(c: ModelConfig, hw: Hardware, **opts: object) -> float:
+    c = on_config(c, opts)
+    p = predict(c, 1024, hw, FITTED["blackwell"], RunOptions(**opts))  # type: ignore[arg-type]
+    assert p is not None
+    return p.breakdown_s["ep"]
+
+
 def _ep_time(c: ModelConfig, world: int, **opts: object) -> float:
     c = on_config(c, opts)
     p = predict(c, world, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
@@ -187,6 +194,16 @@ def test_flex_dispatcher_sends_a_token_once_to_each_gpu_holding_its_experts() ->
     # One expert per GPU: every routed copy goes to its own GPU, nothing to merge.
     one = dataclasses.replace(c, num_experts=8)
     assert _ep_time(one, 1024, moe_flex=True) / _ep_time(one, 1024) == pytest.approx(0.6 / 0.9)
+    # DeepSeek-V3's node-limited routing, 4 of 8 groups of 32 experts: at EP8 a group is one
+    # GPU, so a token reaches exactly 4 GPUs; at EP32 a group spans 4 GPUs, and its 8 picks fall
+    # on the 16 GPUs of the 4 chosen groups (128 experts, 8 each).
+    limited = _ep_time(c, 1024, moe_flex=True, moe_num_groups=8, moe_group_topk=4)
+    assert limited / flex == pytest.approx(4 / gpus_hit, rel=1e-9)
+    c32 = dataclasses.replace(c, ep=32)
+    hit32 = 32 * (1 - comb(256 - 8, 8) / comb(256, 8))
+    limited32 = 16 * (1 - comb(128 - 8, 8) / comb(128, 8))
+    assert _ep_time_on(c32, GB200, moe_flex=True, moe_num_groups=8, moe_group_topk=4) / \
+        _ep_time_on(c32, GB200, moe_flex=True) == pytest.approx(limited32 / hit32, rel=1e-9)
 
 
 def test_selective_recompute_of_the_mlp_costs_its_forward() -> None:
