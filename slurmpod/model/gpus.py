@@ -73,7 +73,7 @@ CATALOG: dict[str, GpuSpec] = {
         # Blackwell Ultra: the dense BF16/FP8 tensor-core figures of B200 (HGX) and GB200 (NVL72);
         # 288 GB of HBM3e (12-high stacks) at 8 TB/s; the same NVLink 5. Fitted factors: the
         # HGX B300 (1,100 W) runs Megatron-Bridge's presets as B200 does per peak (its seven rows
-        # within 10 % on Blackwell's factors, 11-17 % fast on GB300's), the 1,400 W GB300 faster
+        # within 10 % on Blackwell's factors, up to 19 % fast on GB300's), the 1,400 W GB300 faster
         # than GB200 (1.2x at the same peaks): GB300 has factors of its own.
         GpuSpec("b300", "B300 288GB (HGX/DGX B300, Blackwell Ultra)", 2250.0, 4500.0, 288.0, 8.0,
                 900.0, 8, "blackwell",
