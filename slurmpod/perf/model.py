@@ -746,17 +746,19 @@ def _ep_time(u: _Micro) -> float:
     t_ep = 0.0
     if ep > 1:
         copies = routed * h * 2 * (ep - 1) / ep  # bytes one pass sends, all peers
-        hit = _gpus_hit(c.num_experts or 1, ep, c.moe_router_topk, u.opts) * u.opts.moe_imbalance
-        if u.opts.moe_flex and span <= hw.domain_gpus:
-            # One copy per other GPU holding one of the token's experts.
-            t_ep = passes * (u.tok / c.tp) * hit * (ep - 1) / ep * h * 2 / u.nvl \
-                / FLEX_EFFICIENCY
-        elif span <= hw.domain_gpus:
+        if not u.opts.moe_flex and span <= hw.domain_gpus:
             t_ep = passes * copies / u.nvl / ALLTOALL_EFFICIENCY
         elif u.opts.moe_flex:
-            t_ep = passes * _flex_time(u.tok / c.tp, h,
-                                       c.moe_router_topk * u.opts.moe_imbalance, hit,
-                                       span // hw.domain_gpus, u.opts, u.nvl, u.nic)
+            hit = _gpus_hit(c.num_experts or 1, ep, c.moe_router_topk, u.opts) \
+                * u.opts.moe_imbalance
+            if span <= hw.domain_gpus:
+                # One copy per other GPU holding one of the token's experts.
+                t_ep = passes * (u.tok / c.tp) * hit * (ep - 1) / ep * h * 2 / u.nvl \
+                    / FLEX_EFFICIENCY
+            else:
+                t_ep = passes * _flex_time(u.tok / c.tp, h,
+                                           c.moe_router_topk * u.opts.moe_imbalance, hit,
+                                           span // hw.domain_gpus, u.opts, u.nvl, u.nic)
         else:
             outside = 1 - hw.domain_gpus / span
             t_ep = passes * copies * max((1 - outside) / u.nvl, outside / u.nic) \

@@ -152,18 +152,15 @@ def test_options_read_megatron_argument_names() -> None:
     assert o.tp_comm_overlap and o.overlap_grad_reduce and not o.overlap_param_gather
 
 
-def _ep_time_on(c: ModelConfig, hw: Hardware, **opts: object) -> float:
+def _ep_time_on(c: ModelConfig, hw: Hardware, world: int = 1024, **opts: object) -> float:
     c = on_config(c, opts)
-    p = predict(c, 1024, hw, FITTED["blackwell"], RunOptions(**opts))  # type: ignore[arg-type]
+    p = predict(c, world, hw, FITTED[hw.generation], RunOptions(**opts))  # type: ignore[arg-type]
     assert p is not None
     return p.breakdown_s["ep"]
 
 
 def _ep_time(c: ModelConfig, world: int, **opts: object) -> float:
-    c = on_config(c, opts)
-    p = predict(c, world, H100, FITTED["hopper"], RunOptions(**opts))  # type: ignore[arg-type]
-    assert p is not None
-    return p.breakdown_s["ep"]
+    return _ep_time_on(c, H100, world, **opts)
 
 
 def test_flex_dispatcher_crosses_the_fabric_once_per_remote_domain() -> None:
