@@ -30,11 +30,13 @@ from slurmpod.perf.calibrate import (
     usable_bytes,
 )
 from slurmpod.perf.model import FITTED, RunOptions, hardware_from_site
+from slurmpod.perf.peaks import evaluate_peaks, load_peaks, markdown_peaks, peak_stats
 from slurmpod.perf.search import search
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "data" / "perf" / "published.toml"
 REPORT = ROOT / "tests" / "data" / "perf" / "validation.md"
+PEAKS = ROOT / "tests" / "data" / "perf" / "memory.toml"
 RECIPES = ROOT / "tests" / "data" / "recipes"
 
 
@@ -96,6 +98,11 @@ def main() -> None:
             print(f"  {p.id:<40} " + _rank_words(r))
         top5 = sum(1 for _, r in ranks if r.rank and r.rank <= 5)
         print(f"  in the top 5: {top5} of {len(ranks)}")
+    peaks = evaluate_peaks(load_peaks(PEAKS, TABLE))
+    ps = peak_stats(peaks)
+    print(f"\nmemory estimate against published peaks: n={ps['n']:.0f}  median {ps['median']:.1%}"
+          f"  max {ps['max']:.1%}; plan judges {ps['agree']:.0f} of {ps['rows']:.0f} runs as they "
+          "went (ran: fits; out of memory: refused)")
     print("\nsearch rank of each recipe in tests/data/recipes (its own settings):")
     for path in sorted(RECIPES.glob("*.toml")):
         print(f"  {path.stem:<40} " + _rank_words(_recipe_file_rank(path, points)))
@@ -103,7 +110,11 @@ def main() -> None:
         REPORT.write_text("# Performance model: published points, predicted, error\n\n"
                           "Written by `benchmarks/plan_search.py --write`; checked by "
                           "tests/unit/perf/test_validation.py.\n\n"
-                          + markdown_table(points, results), encoding="utf-8")
+                          + markdown_table(points, results)
+                          + "\n## Memory: published peaks against the estimate\n\n"
+                          "Rows of tests/data/perf/memory.toml; checked by "
+                          "tests/unit/perf/test_peaks.py.\n\n" + markdown_peaks(peaks),
+                          encoding="utf-8")
         print(f"\nwrote {REPORT.relative_to(ROOT)}")
 
 

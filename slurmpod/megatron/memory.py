@@ -289,7 +289,8 @@ def layer_activation_bytes(c: ModelConfig, moe: bool) -> float:
     or 1 byte under FP8: TE saves the quantized input for the weight gradient), two dropout
     masks of 1 byte (none when hidden_dropout = 0: PyTorch's dropout with p = 0 returns its
     input), Q, K, V and the attention output (flash attention saves them; under FP8 the output
-    projection also saves its FP8 copy), the activation-function input (bf16) and the FC2 input
+    projection also saves its FP8 copy), the query and key norms' inputs (bf16, `qk_layernorm`),
+    the activation-function input (bf16) and the FC2 input
     (bf16, or FP8). Outside the TP regions everything is divided by TP only with sequence
     parallel. Core-attention scores are never kept (fused/flash attention, Megatron's
     default). Selective `recompute_modules` drop what their module recomputes.
@@ -318,6 +319,11 @@ def layer_activation_bytes(c: ModelConfig, moe: bool) -> float:
         kv = c.num_query_groups * c.kv_channels
         attn = 2 * s * b * (q + 2 * kv) + 2 * s * b * q  # Q, K, V and the attention output
         attn += s * b * q if c.fp8 is not None else 0.0  # the output projection's FP8 input
+        if c.qk_layernorm:
+            # The per-head query and key norms keep their bf16 inputs (the QKV GEMM's output,
+            # before RoPE) for backward; no recompute module covers them (core 0.13-main
+            # `SelfAttention.get_query_key_value_tensors`).
+            attn += 2 * s * b * (q + kv)
     act_in = 2 if c.swiglu else 1  # the activation reads the (gate, up) output: 2 x ffn wide
 
     def mlp_bytes(tokens: float, width: int, act_recompute: bool) -> float:

@@ -359,6 +359,7 @@ class ModelConfig:
     fsdp_sharding: str = "no_shard"  # data_parallel_sharding_strategy
     optimizer_offload_fraction: float = 0.0  # optimizer_cpu_offload x fraction
     cpu_offloading_num_layers: int = 0
+    qk_layernorm: bool = False  # RMSNorm/LayerNorm on each head's query and key (Qwen3)
 
     def pipeline_split(self) -> Any:
         """Layers per (pipeline rank, virtual stage): slurmpod.megatron.pipeline.Split."""
@@ -463,6 +464,7 @@ class ModelConfig:
                 float(get("optimizer_offload_fraction", 1.0))
                 if megatron_flag(get("optimizer_cpu_offload", False)) else 0.0),
             cpu_offloading_num_layers=int(get("cpu_offloading_num_layers", 0)),
+            qk_layernorm=megatron_flag(get("qk_layernorm", False)),
         )
 
 

@@ -85,6 +85,47 @@ def _model_args(table: Mapping[str, Any], name: str) -> dict[str, Any]:
     return base | m
 
 
+def row_config(table: Mapping[str, Any], raw: Mapping[str, Any]
+               ) -> tuple[ModelConfig, RunOptions]:
+    """The Megatron config and run options of one row of a published table: its model's
+    arguments (`models`), the source's unprinted settings (`defaults`), the row's layout and
+    the settings it names."""
+    args = _model_args(table, raw["model"]) | dict(raw.get("model_args", {}))
+    args |= dict(table["defaults"][raw["defaults"]])
+    args |= {"tensor_model_parallel_size": raw.get("tp", 1),
+             "pipeline_model_parallel_size": raw.get("pp", 1),
+             "context_parallel_size": raw.get("cp", 1),
+             "expert_model_parallel_size": raw.get("ep", 1),
+             "expert_tensor_parallel_size": 1 if raw.get("ep", 1) > 1 else raw.get("tp", 1),
+             "virtual_pipeline_model_parallel_size": raw.get("vpp"),
+             "global_batch_size": raw["global_batch_size"],
+             "micro_batch_size": raw["micro_batch_size"]}
+    for key in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        args.pop(key, None)  # the recipe's own split is not published with the row
+    if "seq_length" in raw:
+        args["seq_length"] = raw["seq_length"]
+    for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "overlap_param_gather",
+                "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
+                "cuda_graph_impl", "cuda_graph_scope", "fp8_dot_product_attention",
+                "use_transformer_engine_op_fuser", "use_megatron_fsdp",
+                "cpu_offloading_num_layers"):
+        if key in raw:
+            args[key] = raw[key]
+    if raw.get("recompute") == "none":
+        # The recipe sets recompute_granularity None over its model's preset (TOML has no
+        # null): Megatron refuses activation offload with any recompute.
+        args.pop("recompute_granularity", None)
+        args.pop("recompute_modules", None)
+    if raw["precision"] == "fp8":
+        args["fp8"] = "hybrid"
+    return ModelConfig.from_args(args), RunOptions.from_args(args)
+
+
+def system_hardware(table: Mapping[str, Any], system: str) -> Hardware:
+    """A published table's system (`systems`) as the model's Hardware."""
+    return _hardware(table["systems"][system])
+
+
 def load_published(path: Path | str) -> list[Point]:
     """Every point of the published table, with its config resolved."""
     from slurmpod.config import read_toml  # lazy: start-up
@@ -92,43 +133,14 @@ def load_published(path: Path | str) -> list[Point]:
     table = read_toml(Path(path))
     out: list[Point] = []
     for raw in table["points"]:
-        hw = _hardware(table["systems"][raw["system"]])
+        hw = system_hardware(table, raw["system"])
         if raw["role"] == "excluded":
             out.append(Point(raw["id"], "excluded", raw["source"], raw["system"],
                              raw["precision"], raw["gpus"], None, RunOptions(), hw, None, raw))
             continue
-        args = _model_args(table, raw["model"]) | dict(raw.get("model_args", {}))
-        args |= dict(table["defaults"][raw["defaults"]])
-        args |= {"tensor_model_parallel_size": raw.get("tp", 1),
-                 "pipeline_model_parallel_size": raw.get("pp", 1),
-                 "context_parallel_size": raw.get("cp", 1),
-                 "expert_model_parallel_size": raw.get("ep", 1),
-                 "expert_tensor_parallel_size": 1 if raw.get("ep", 1) > 1 else raw.get("tp", 1),
-                 "virtual_pipeline_model_parallel_size": raw.get("vpp"),
-                 "global_batch_size": raw["global_batch_size"],
-                 "micro_batch_size": raw["micro_batch_size"]}
-        for key in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
-            args.pop(key, None)  # the recipe's own split is not published with the row
-        if "seq_length" in raw:
-            args["seq_length"] = raw["seq_length"]
-        for key in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "overlap_param_gather",
-                    "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
-                    "cuda_graph_impl", "cuda_graph_scope", "fp8_dot_product_attention",
-                    "use_transformer_engine_op_fuser", "use_megatron_fsdp",
-                    "cpu_offloading_num_layers"):
-            if key in raw:
-                args[key] = raw[key]
-        if raw.get("recompute") == "none":
-            # The recipe sets recompute_granularity None over its model's preset (TOML has no
-            # null): Megatron refuses activation offload with any recompute.
-            args.pop("recompute_granularity", None)
-            args.pop("recompute_modules", None)
-        if raw["precision"] == "fp8":
-            args["fp8"] = "hybrid"
-        c = ModelConfig.from_args(args)
+        c, opts = row_config(table, raw)
         out.append(Point(raw["id"], raw["role"], raw["source"], raw["system"], raw["precision"],
-                         raw["gpus"], c, RunOptions.from_args(args), hw,
-                         published_seconds(raw, c), raw))
+                         raw["gpus"], c, opts, hw, published_seconds(raw, c), raw))
     return out
 
 

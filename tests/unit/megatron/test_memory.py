@@ -208,3 +208,15 @@ def test_moe_activation_scales_with_topk_and_cp_splits_sequence():
     cp2 = ModelConfig.from_args(dict(GPT_MHA, context_parallel_size=2))
     assert layer_activation_bytes(cp2, False) == pytest.approx(
         layer_activation_bytes(dense, False) / 2)
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (2, True), (4, True)])
+def test_qk_layernorm_keeps_the_query_and_key_norm_inputs(tp, sp):
+    """Qwen3's per-head query and key norms save their bf16 inputs: per layer 2 bytes x
+    s x b x (heads + query groups) x head dim, split over TP with the heads; in FP8 too (the
+    QKV GEMM's output is bf16). Qwen3-30B-A3B at MBS 1: 2 x 4096 x (32 + 4) x 128 = 37.7 MB."""
+    for fp8 in (None, "hybrid"):
+        over = dict(tensor_model_parallel_size=tp, sequence_parallel=sp, fp8=fp8)
+        without = layer_activation_bytes(cfg("qwen3-30b-a3b", qk_layernorm=False, **over), True)
+        with_norms = layer_activation_bytes(cfg("qwen3-30b-a3b", **over), True)
+        assert with_norms - without == pytest.approx(2 * 4096 * 1 * (32 + 4) * 128 / tp)
