@@ -2,7 +2,8 @@
 
 Layers apply in order, later ones replacing earlier values: `base` (every Megatron job) ->
 the fabric preset (`infiniband`, `roce` or `efa`) -> `sharp` (only where the fabric has SHARP)
--> `site` overrides -> `run` overrides -> `debug` (only when asked). An override whose value is
+-> `memory` (PyTorch's allocator, as the run's arguments allow) -> `site` overrides -> `run`
+overrides -> `debug` (only when asked). An override whose value is
 None removes the variable. Every variable carries the layer it came from and why it is set, so
 the rendered script and `docs/nccl-env.md` can say both. Pure: no files, no environment.
 """
@@ -38,6 +39,14 @@ class FabricFacts:
     socket_ifnames: tuple[str, ...] = ()
     topo_file: str | None = None
     nccl_version: NcclVersion | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What the `memory` layer needs to know about the run's Megatron arguments."""
+
+    cuda_graphs: bool = False  # any CUDA graph capture (cuda_graph_impl, enable/external)
+    nccl_ub: bool = False  # NCCL user-buffer registration (`--nccl-ub`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,27 @@ def _sharp(f: FabricFacts) -> list[_Var]:
     ]
 
 
+def _memory(r: RunFacts) -> list[_Var]:
+    # The usable HBM `plan` counts leaves 4 % for the allocator's fragmentation
+    # (megatron.memory.FRAGMENTATION_FRACTION). Without expandable segments a Llama 3 70B FP8
+    # run on 32 H100 ran out of memory at a 58.8 GB peak, from fragmentation alone
+    # (Megatron-Bridge skills/nemo-mbridge-perf-memory-tuning, "Measured Results").
+    if r.nccl_ub:
+        # Megatron refuses expandable segments with NCCL user buffers (torch.cuda.MemPool;
+        # DistributedDataParallelConfig, core 0.15-main, before PyTorch 2.11).
+        return []
+    out = [_Var("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
+                "PyTorch's allocator grows mapped segments instead of caching fixed blocks, "
+                "so fragmentation stays within the share of HBM `plan` keeps for it; "
+                "Megatron-Bridge's performance runs set it too")]
+    if r.cuda_graphs:
+        out.append(_Var("NCCL_GRAPH_REGISTER", "0",
+                        "CUDA graphs with expandable segments need NCCL's graph buffer "
+                        "registration off (illegal memory access otherwise; Megatron asserts it, "
+                        "core 0.15-main transformer/cuda_graphs.py)"))
+    return out
+
+
 FABRIC_PRESETS = {"infiniband": _infiniband, "roce": _roce, "efa": _efa}
 
 
@@ -188,6 +218,7 @@ def build_env(
     site_overrides: Mapping[str, str | None] | None = None,
     run_overrides: Mapping[str, str | None] | None = None,
     debug: Mapping[str, str] | None = None,
+    run: RunFacts | None = None,
 ) -> EnvPlan:
     """Resolve the layers into one ordered environment (first-set order is kept)."""
     preset = FABRIC_PRESETS.get(facts.kind)
@@ -197,6 +228,7 @@ def build_env(
     layers: list[tuple[str, Sequence[_Var]]] = [("base", _base(facts)), (facts.kind, preset(facts))]
     if facts.sharp:
         layers.append(("sharp", _sharp(facts)))
+    layers.append(("memory", _memory(run or RunFacts())))
     env: dict[str, EnvVar] = {}
     gated: list[str] = []
     for layer, variables in layers:

@@ -27,6 +27,7 @@ from slurmpod.render.nccl_env import (
     EnvPlan,
     EnvVar,
     FabricFacts,
+    RunFacts,
     build_env,
     debug_vars,
     parse_nccl_version,
@@ -333,7 +334,7 @@ def build_context(run: RunSpec, site: Site, plan: PlanFacts, opts: RenderOptions
     pairs = [*_job_directives(run.job, plan, nt, opts, paths, timing), *placement,
              *_chain_directives(opts), ("comment", comment)]
     directives = tuple(line for k, v in pairs if (line := sbatch_line(k, v)) is not None)
-    env_plan = _nccl_environment(site, nt_name, nt, run.job, opts)
+    env_plan = _nccl_environment(site, nt_name, nt, run, opts)
     lc = _launch(run, nt, plan, opts, paths, timing)
     train_iters = run.megatron.explicit().get("train_iters")
     hcas = tuple(h.device for h in nt.compute_hcas)
@@ -459,9 +460,20 @@ def _chain_directives(opts: RenderOptions) -> list[tuple[str, object]]:
     return d
 
 
-def _nccl_environment(site: Site, nt_name: str, nt: NodeType, job: JobSpec,
+def _run_facts(args: Mapping[str, Any]) -> RunFacts:
+    from slurmpod.megatron.runspec import megatron_flag  # lazy: start-up
+
+    impl = str(args.get("cuda_graph_impl") or "none").strip().lower()
+    graphs = (impl != "none" or megatron_flag(args.get("enable_cuda_graph"))
+              or megatron_flag(args.get("external_cuda_graph")))
+    return RunFacts(cuda_graphs=graphs, nccl_ub=megatron_flag(args.get("nccl_ub")))
+
+
+def _nccl_environment(site: Site, nt_name: str, nt: NodeType, run: RunSpec,
                       opts: RenderOptions) -> EnvPlan:
-    """The fabric's NCCL variables, then the site's, the run's and the debug layer."""
+    """The fabric's NCCL variables, the allocator's for the run's arguments, then the site's,
+    the run's and the debug layer."""
+    job = run.job
     hcas = tuple(h.device for h in nt.compute_hcas)
     mgmt = [h.netdev for h in nt.hcas if h.role == "management" and h.netdev]
     rail0 = [h.netdev for h in nt.compute_hcas[:1] if h.netdev]
@@ -473,7 +485,8 @@ def _nccl_environment(site: Site, nt_name: str, nt: NodeType, job: JobSpec,
     )
     run_env = {**dict(job.env), **dict(opts.run_env)}
     return build_env(facts, site_overrides=opts.site_env, run_overrides=run_env,
-                     debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto))
+                     debug=debug_vars(opts.nccl_debug, opts.nccl_algo, opts.nccl_proto),
+                     run=_run_facts(run.megatron.values()))
 
 
 def _launch(run: RunSpec, nt: NodeType, plan: PlanFacts, opts: RenderOptions, paths: _Paths,

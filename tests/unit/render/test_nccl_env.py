@@ -9,7 +9,13 @@ import pytest
 
 from slurmpod.config import builtin_site_path
 from slurmpod.errors import ConfigError
-from slurmpod.render.nccl_env import FabricFacts, build_env, debug_vars, parse_nccl_version
+from slurmpod.render.nccl_env import (
+    FabricFacts,
+    RunFacts,
+    build_env,
+    debug_vars,
+    parse_nccl_version,
+)
 
 DEBUG_KNOBS = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_ALGO", "NCCL_PROTO"}
 SHARP_VARS = {"NCCL_COLLNET_ENABLE", "SHARP_COLL_ENABLE_SAT"}
@@ -123,3 +129,30 @@ def test_rendered_example_sites_follow_their_fabric(site_name: str) -> None:
     assert ("NCCL_IB_GID_INDEX" in names) is (site.fabric.kind == "roce")
     assert (names >= ALL_SHARP_VARS) is site.fabric.sharp
     assert not (ALL_SHARP_VARS & names) or site.fabric.sharp
+
+
+@pytest.mark.parametrize(("run", "alloc", "graph_register"), [
+    (None, "expandable_segments:True", None),
+    (RunFacts(), "expandable_segments:True", None),
+    (RunFacts(cuda_graphs=True), "expandable_segments:True", "0"),
+    (RunFacts(nccl_ub=True), None, None),  # Megatron refuses both together
+    (RunFacts(cuda_graphs=True, nccl_ub=True), None, None),
+])
+def test_the_allocator_layer_follows_the_run(run: RunFacts | None, alloc: str | None,
+                                             graph_register: str | None) -> None:
+    """Expandable segments keep fragmentation within the share `plan` leaves for it; Megatron
+    asserts NCCL_GRAPH_REGISTER=0 with CUDA graphs and refuses them with NCCL user buffers."""
+    plan = build_env(FabricFacts("infiniband"), run=run)
+    env = plan.as_dict()
+    assert env.get("PYTORCH_CUDA_ALLOC_CONF") == alloc
+    assert env.get("NCCL_GRAPH_REGISTER") == graph_register
+    assert all(v.layer == "memory" for v in plan.variables
+               if v.name in ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER"))
+
+
+def test_site_and_run_overrides_win_over_the_allocator_layer() -> None:
+    site = build_env(FabricFacts("infiniband"),
+                     site_overrides={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+    assert site.as_dict()["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    removed = build_env(FabricFacts("infiniband"), run_overrides={"PYTORCH_CUDA_ALLOC_CONF": None})
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in removed.as_dict()

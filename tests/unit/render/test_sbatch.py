@@ -438,3 +438,19 @@ def test_site_template_dir_overrides_a_block(tmp_path: Path) -> None:
     assert "#SBATCH --exclusive" in text
     with pytest.raises(ConfigError, match="not found"):
         render_script(ctx, template="sbatch/nope.j2")
+
+
+@pytest.mark.parametrize(("megatron", "alloc", "graph_register"), [
+    ({}, "expandable_segments:True", None),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn"]},
+     "expandable_segments:True", "0"),
+    ({"cuda_graph_impl": "none"}, "expandable_segments:True", None),
+    ({"enable_cuda_graph": True}, "expandable_segments:True", "0"),
+    ({"nccl_ub": True}, None, None),
+])
+def test_the_script_sets_the_allocator_the_run_allows(megatron: dict[str, Any], alloc: str | None,
+                                                      graph_register: str | None) -> None:
+    ctx = build_context(run_spec(**megatron), sandbox(), facts(2), RenderOptions(run_dir="/r"))
+    env = {v.name: v.value for v in ctx.env}
+    assert env.get("PYTORCH_CUDA_ALLOC_CONF") == alloc
+    assert env.get("NCCL_GRAPH_REGISTER") == graph_register
