@@ -82,6 +82,7 @@ def test_two_su_job_runs_8_tasks_per_node_with_nccl_env(sandbox: Any, tmp_path: 
         assert "NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7" in env
         assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in env
         assert "NCCL_SOCKET_IFNAME==ibp24s0" in env
+        assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env
     assert sorted(per_node.values()) == [8] * 8
     assert sus_of(sandbox, sorted(per_node)) == sus_of(sandbox, sandbox.nodes_of(jid))
     assert "training complete" in log

@@ -723,7 +723,8 @@ def timer_block(timers: dict[str, list[float]], option: str) -> str:
 
 
 def report_env(dist: Dist, out: TextIO) -> None:
-    keys = sorted(k for k in os.environ if k.startswith(("NCCL_", "CUDA_", "UCX_", "FI_")))
+    keys = sorted(k for k in os.environ
+                  if k.startswith(("NCCL_", "CUDA_", "UCX_", "FI_", "PYTORCH_", "TORCH_")))
     env = " ".join(f"{k}={os.environ[k]}" for k in keys)
     node = os.environ.get("SLURMD_NODENAME", os.uname().nodename)
     print(f"megatron_emu: rank {dist.rank}/{dist.world_size} node {node} local_rank "
