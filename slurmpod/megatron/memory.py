@@ -201,7 +201,9 @@ def _rank_weight_bytes(c: ModelConfig, p: ParamCounts, rank: int,
     nonexpert = (rp.linear + rp.embedding) / c.tp + rp.replicated
     expert = rp.expert / (c.etp * c.ep)
     w_lin = _linear_weight_bytes(c)
-    opt = 12.0 * (1.0 - c.optimizer_offload_fraction)  # fp32 master, Adam m and v
+    # fp32 master, Adam m and v (or the precision-aware optimizer's dtypes), less the share
+    # offloaded to the host.
+    opt = c.optimizer_state_bytes * (1.0 - c.optimizer_offload_fraction)
     # Sharding of (weights, grads, optimizer) over the data-parallel ranks: the distributed
     # optimizer shards the optimizer over DP x CP (megatron-core's data-parallel group with
     # context parallel); Megatron-FSDP also shards grads and/or weights.

@@ -112,6 +112,10 @@ NonNegDim = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 # Megatron-FSDP's `--data-parallel-sharding-strategy` choices (Megatron-LM core 0.14+).
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 FSDP_SHARDING: tuple[str, ...] = get_args(ShardingStrategy)
+# The precision-aware optimizer's state dtypes (`--main-params-dtype`, `--exp-avg-dtype`,
+# `--exp-avg-sq-dtype`; training/arguments.py, core 0.11-main).
+MainParamsDtype = Literal["fp32", "fp16"]
+MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 
 
 class MegatronArgs(Strict, frozen=True, kw_only=True):
@@ -175,6 +179,10 @@ class MegatronArgs(Strict, frozen=True, kw_only=True):
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: ShardingStrategy | None = None
     optimizer_cpu_offload: bool = False
+    use_precision_aware_optimizer: bool = False
+    main_params_dtype: MainParamsDtype | None = None
+    exp_avg_dtype: MomentDtype | None = None
+    exp_avg_sq_dtype: MomentDtype | None = None
     optimizer_offload_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     cpu_offloading_num_layers: Annotated[int, Meta(ge=0, le=MAX_LAYERS)] | None = None
     global_batch_size: Dim | None = None
@@ -360,6 +368,7 @@ class ModelConfig:
     optimizer_offload_fraction: float = 0.0  # optimizer_cpu_offload x fraction
     cpu_offloading_num_layers: int = 0
     qk_layernorm: bool = False  # RMSNorm/LayerNorm on each head's query and key (Qwen3)
+    optimizer_state_bytes: float = 12.0  # per parameter: main params + Adam moments
 
     def pipeline_split(self) -> Any:
         """Layers per (pipeline rank, virtual stage): slurmpod.megatron.pipeline.Split."""
@@ -465,6 +474,7 @@ class ModelConfig:
                 if megatron_flag(get("optimizer_cpu_offload", False)) else 0.0),
             cpu_offloading_num_layers=int(get("cpu_offloading_num_layers", 0)),
             qk_layernorm=megatron_flag(get("qk_layernorm", False)),
+            optimizer_state_bytes=optimizer_state_bytes(a),
         )
 
 
@@ -560,6 +570,41 @@ def grad_reduce_bytes(a: Mapping[str, Any]) -> int:
     bf16 = (megatron_flag(a.get("grad_reduce_in_bf16", False))
             or a.get("accumulate_allreduce_grads_in_fp32") in (False, "False"))
     return 2 if bf16 else 4
+
+
+# Bytes per element of the precision-aware optimizer's state dtypes (MainParamsDtype,
+# MomentDtype), as a command line spells them and as a log's argument dump prints them after
+# Megatron maps them to torch dtypes (fp8: torch.uint8).
+_STATE_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+_TORCH_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
+                 "torch.uint8": "fp8"}
+OPTIMIZER_STATE_CHOICES: dict[str, tuple[str, ...]] = {
+    "main_params_dtype": get_args(MainParamsDtype), "exp_avg_dtype": get_args(MomentDtype),
+    "exp_avg_sq_dtype": get_args(MomentDtype)}
+FP32_ADAM_STATE_BYTES = 12.0  # fp32 main parameters, Adam's m and v
+
+
+def state_dtype_name(value: Any) -> str:
+    """An optimizer-state dtype as Megatron's command line names it (`bf16`), from either
+    spelling; None (not set) is Megatron's default, fp32."""
+    name = str(value if value is not None else "fp32").strip().lower()
+    return _TORCH_DTYPES.get(name, name)
+
+
+def optimizer_state_bytes(a: Mapping[str, Any]) -> float:
+    """Bytes per parameter of the optimizer's state: fp32 main parameters and Adam's two
+    moments, or with `--use-precision-aware-optimizer` (Transformer Engine's FusedAdam) the
+    dtypes `--main-params-dtype`, `--exp-avg-dtype` and `--exp-avg-sq-dtype` name."""
+    if not megatron_flag(a.get("use_precision_aware_optimizer", False)):
+        return FP32_ADAM_STATE_BYTES
+    total = 0
+    for key, choices in OPTIMIZER_STATE_CHOICES.items():
+        name = state_dtype_name(a.get(key))
+        if name not in choices:  # a dump's value is the job's: never echoed
+            raise ConfigError(f"{key} is not one of Megatron's choices ({', '.join(choices)})",
+                              key=key)
+        total += _STATE_DTYPES[name]
+    return float(total)
 
 
 def _recompute_granularity(a: Mapping[str, Any]) -> str | None:

@@ -16,7 +16,13 @@ from typing import Any
 
 from slurmpod.megatron.memory import peak_memory
 from slurmpod.megatron.pipeline import balanced_layout
-from slurmpod.megatron.runspec import FSDP_SHARDING, ModelConfig
+from slurmpod.megatron.runspec import (
+    FSDP_SHARDING,
+    OPTIMIZER_STATE_CHOICES,
+    ModelConfig,
+    megatron_flag,
+    state_dtype_name,
+)
 from slurmpod.model.explain import short_value
 
 
@@ -376,5 +382,10 @@ def check_dump_args(args: Mapping[str, Any]) -> str | None:
     if sharding is not None and sharding not in FSDP_SHARDING:
         return (f"data_parallel_sharding_strategy = {short_value(sharding)}: not one of "
                 f"{', '.join(FSDP_SHARDING)}")
+    if megatron_flag(args.get("use_precision_aware_optimizer", False)):
+        for key, choices in OPTIMIZER_STATE_CHOICES.items():
+            v = args.get(key)
+            if state_dtype_name(v) not in choices:
+                return f"{key} = {short_value(v)}: not one of {', '.join(choices)}"
     return None
 

@@ -158,3 +158,13 @@ def test_memory_reports_in_text_and_json(capsys: pytest.CaptureFixture[str],
     mem = json.loads(out)["memory"]
     assert mem["rank"] == 3 and mem["alloc_retries"] == 2
     assert mem["max_allocated_mib"] == pytest.approx(53.687e9 / 2**20)
+
+
+def test_a_precision_aware_dtype_megatron_cannot_print_is_refused_without_its_text() -> None:
+    aware = GOOD | {"use_precision_aware_optimizer": True}
+    assert check_dump_args(aware | {"exp_avg_dtype": "torch.bfloat16"}) is None
+    assert check_dump_args(GOOD | {"exp_avg_dtype": "anything"}) is None  # unused without the flag
+    msg = check_dump_args(aware | {"exp_avg_sq_dtype": "bf16\x1b[31m\nFAKE job 1 OK" + "x" * 500})
+    assert msg is not None and msg.startswith("exp_avg_sq_dtype = ")
+    assert "\n" not in msg and "\x1b" not in msg and len(msg) < 160
+    assert "fp8" in msg  # the fix: the dtypes Megatron accepts

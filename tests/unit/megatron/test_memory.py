@@ -220,3 +220,17 @@ def test_qk_layernorm_keeps_the_query_and_key_norm_inputs(tp, sp):
         without = layer_activation_bytes(cfg("qwen3-30b-a3b", qk_layernorm=False, **over), True)
         with_norms = layer_activation_bytes(cfg("qwen3-30b-a3b", **over), True)
         assert with_norms - without == pytest.approx(2 * 4096 * 1 * (32 + 4) * 128 / tp)
+
+
+def test_the_precision_aware_optimizer_keeps_the_dtypes_it_names() -> None:
+    """With `--use-precision-aware-optimizer` the distributed optimizer's shard keeps fp32 main
+    parameters (4) and bf16 moments (2 + 2): 4 bytes less per parameter of the shard than
+    Adam's fp32 state, and nothing changes without the flag."""
+    over = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                use_distributed_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    world = 8
+    plain = weight_and_optimizer_bytes(cfg("llama3-8b", **over), world)
+    aware = weight_and_optimizer_bytes(
+        cfg("llama3-8b", use_precision_aware_optimizer=True, **over), world)
+    assert plain.bytes_per_gpu - aware.bytes_per_gpu == pytest.approx(
+        plain.nonexpert_params_per_gpu / world * 4)

@@ -12,6 +12,7 @@ from slurmpod.megatron.runspec import (
     fp8_format,
     grad_reduce_bytes,
     moe_layer_pattern,
+    optimizer_state_bytes,
     padded_vocab_size,
     run_from_dict,
     to_toml,
@@ -109,3 +110,28 @@ def test_fp8_format_reads_spec_and_dump_alike(value, want):
 def test_grad_reduce_bytes_one_reading_for_memory_and_speed(args, want):
     assert grad_reduce_bytes(args) == want
     assert ModelConfig.from_args({**MIN, **args}).grad_bytes == want
+
+
+@pytest.mark.parametrize(("args", "state"), [
+    ({}, 12.0),
+    ({"exp_avg_dtype": "bf16"}, 12.0),  # without the flag Megatron ignores the dtypes
+    ({"use_precision_aware_optimizer": True}, 12.0),  # its defaults are fp32
+    ({"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
+      "exp_avg_sq_dtype": "bf16"}, 8.0),
+    ({"use_precision_aware_optimizer": True, "main_params_dtype": "fp16",
+      "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp8"}, 4.0),
+    # A log's argument dump prints them as the torch dtypes Megatron maps them to.
+    ({"use_precision_aware_optimizer": True, "main_params_dtype": "torch.float32",
+      "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.uint8"}, 7.0),
+])
+def test_optimizer_state_bytes_follow_the_precision_aware_dtypes(args, state):
+    assert optimizer_state_bytes(args) == state
+
+
+def test_an_optimizer_state_dtype_megatron_refuses_names_its_key_not_its_text():
+    forged = "bf16\x1b[31m\nFAKE"
+    with pytest.raises(ConfigError) as exc:
+        optimizer_state_bytes({"use_precision_aware_optimizer": True, "exp_avg_dtype": forged})
+    assert exc.value.key == "exp_avg_dtype" and "FAKE" not in str(exc.value)
+    with pytest.raises(ConfigError):  # Megatron allows no fp8 main parameters
+        optimizer_state_bytes({"use_precision_aware_optimizer": True, "main_params_dtype": "fp8"})
