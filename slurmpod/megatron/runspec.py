@@ -615,10 +615,12 @@ def _recompute_granularity(a: Mapping[str, Any]) -> str | None:
 
 
 def _recompute_modules(a: Mapping[str, Any]) -> tuple[str, ...]:
+    """Megatron's default (`core_attn`) when unset; an explicit empty list recomputes nothing
+    (TransformerConfig replaces only None, core 0.13-main)."""
     modules = a.get("recompute_modules")
     if isinstance(modules, str):
-        modules = modules.split()
-    return tuple(modules) if modules else ("core_attn",)
+        modules = modules.split() or None
+    return ("core_attn",) if modules is None else tuple(modules)
 
 
 def megatron_flag(v: Any) -> bool:

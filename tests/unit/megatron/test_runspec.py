@@ -135,3 +135,13 @@ def test_an_optimizer_state_dtype_megatron_refuses_names_its_key_not_its_text():
     assert exc.value.key == "exp_avg_dtype" and "FAKE" not in str(exc.value)
     with pytest.raises(ConfigError):  # Megatron allows no fp8 main parameters
         optimizer_state_bytes({"use_precision_aware_optimizer": True, "main_params_dtype": "fp8"})
+
+
+def test_an_empty_recompute_module_list_recomputes_nothing():
+    """Megatron replaces only an unset list with `core_attn` (TransformerConfig, core
+    0.13-main); `recompute_modules = []` is the explicit no-recompute control."""
+    sel = dict(MIN, recompute_granularity="selective")
+    assert ModelConfig.from_args(sel).recompute_modules == ("core_attn",)
+    assert ModelConfig.from_args(dict(sel, recompute_modules=[])).recompute_modules == ()
+    assert ModelConfig.from_args(dict(sel, recompute_modules=["moe_act"])).recompute_modules == (
+        "moe_act",)
