@@ -145,3 +145,18 @@ def test_an_empty_recompute_module_list_recomputes_nothing():
     assert ModelConfig.from_args(dict(sel, recompute_modules=[])).recompute_modules == ()
     assert ModelConfig.from_args(dict(sel, recompute_modules=["moe_act"])).recompute_modules == (
         "moe_act",)
+
+
+def test_a_run_spec_takes_the_optimizer_state_dtypes_megatron_takes():
+    """The precision-aware optimizer's dtypes are typed with Megatron's choices: a wrong one is
+    one line naming the file, the key and the choices."""
+    aware = MIN | {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
+                   "exp_avg_sq_dtype": "bf16"}
+    run = run_from_dict({"megatron": aware}, "r.toml")
+    assert ModelConfig.from_args(run.megatron).optimizer_state_bytes == 8.0
+    with pytest.raises(ConfigError, match=r"^r.toml: megatron.exp_avg_dtype: must be one of "
+                                          r"'fp32', 'fp16', 'bf16', 'fp8' \(got 'int4'\)"):
+        run_from_dict({"megatron": aware | {"exp_avg_dtype": "int4"}}, "r.toml")
+    with pytest.raises(ConfigError, match=r"megatron.main_params_dtype: must be one of 'fp32', "
+                                          r"'fp16'"):
+        run_from_dict({"megatron": aware | {"main_params_dtype": "bf16"}}, "r.toml")
