@@ -591,20 +591,27 @@ def state_dtype_name(value: Any) -> str:
     return _TORCH_DTYPES.get(name, name)
 
 
+def bad_optimizer_state_dtype(a: Mapping[str, Any]) -> str | None:
+    """The first optimizer-state dtype key whose value Megatron's choices do not hold, with
+    `--use-precision-aware-optimizer` (without it Megatron ignores them); else None."""
+    if not megatron_flag(a.get("use_precision_aware_optimizer", False)):
+        return None
+    return next((key for key, choices in OPTIMIZER_STATE_CHOICES.items()
+                 if state_dtype_name(a.get(key)) not in choices), None)
+
+
 def optimizer_state_bytes(a: Mapping[str, Any]) -> float:
     """Bytes per parameter of the optimizer's state: fp32 main parameters and Adam's two
     moments, or with `--use-precision-aware-optimizer` (Transformer Engine's FusedAdam) the
     dtypes `--main-params-dtype`, `--exp-avg-dtype` and `--exp-avg-sq-dtype` name."""
     if not megatron_flag(a.get("use_precision_aware_optimizer", False)):
         return FP32_ADAM_STATE_BYTES
-    total = 0
-    for key, choices in OPTIMIZER_STATE_CHOICES.items():
-        name = state_dtype_name(a.get(key))
-        if name not in choices:  # a dump's value is the job's: never echoed
-            raise ConfigError(f"{key} is not one of Megatron's choices ({', '.join(choices)})",
-                              key=key)
-        total += _STATE_DTYPES[name]
-    return float(total)
+    bad = bad_optimizer_state_dtype(a)
+    if bad is not None:  # a dump's value is the job's: never echoed
+        raise ConfigError(f"{bad} is not one of Megatron's choices "
+                          f"({', '.join(OPTIMIZER_STATE_CHOICES[bad])})", key=bad)
+    return float(sum(_STATE_DTYPES[state_dtype_name(a.get(key))]
+                     for key in OPTIMIZER_STATE_CHOICES))
 
 
 def _recompute_granularity(a: Mapping[str, Any]) -> str | None:

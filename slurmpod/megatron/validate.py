@@ -20,8 +20,7 @@ from slurmpod.megatron.runspec import (
     FSDP_SHARDING,
     OPTIMIZER_STATE_CHOICES,
     ModelConfig,
-    megatron_flag,
-    state_dtype_name,
+    bad_optimizer_state_dtype,
 )
 from slurmpod.model.explain import short_value
 
@@ -382,10 +381,9 @@ def check_dump_args(args: Mapping[str, Any]) -> str | None:
     if sharding is not None and sharding not in FSDP_SHARDING:
         return (f"data_parallel_sharding_strategy = {short_value(sharding)}: not one of "
                 f"{', '.join(FSDP_SHARDING)}")
-    if megatron_flag(args.get("use_precision_aware_optimizer", False)):
-        for key, choices in OPTIMIZER_STATE_CHOICES.items():
-            v = args.get(key)
-            if state_dtype_name(v) not in choices:
-                return f"{key} = {short_value(v)}: not one of {', '.join(choices)}"
+    bad = bad_optimizer_state_dtype(args)
+    if bad is not None:
+        return (f"{bad} = {short_value(args.get(bad))}: not one of "
+                f"{', '.join(OPTIMIZER_STATE_CHOICES[bad])}")
     return None
 
