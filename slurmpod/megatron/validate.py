@@ -21,6 +21,7 @@ from slurmpod.megatron.runspec import (
     OPTIMIZER_STATE_CHOICES,
     ModelConfig,
     bad_optimizer_state_dtype,
+    megatron_flag,
 )
 from slurmpod.model.explain import short_value
 
@@ -130,6 +131,63 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
     return errs
 
 
+# `overlap_moe_expert_parallel_comm` hides the EP all-to-all under the combined 1F1B schedule.
+# TransformerConfig.__post_init__ refuses it with these layouts and recompute settings at
+# start-up, on the nodes (core 0.14 to main; 'moe' in recompute_modules from core 0.17; a VPP
+# of 1 is no virtual pipeline, arguments.py).
+EP_OVERLAP = "overlap_moe_expert_parallel_comm"
+
+
+def ep_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
+    """(key, why, fix) for each reason Megatron refuses the EP overlap with `c`'s layout and
+    recompute; empty when it accepts it."""
+    off = f"or {EP_OVERLAP} = false"
+    out: list[tuple[str, str, str]] = []
+    if c.ep <= 1:
+        out.append(("expert_model_parallel_size",
+                    f"{EP_OVERLAP} needs expert parallelism (EP={c.ep})",
+                    f"EP > 1, {off}"))
+    if c.pp > 1 and c.vpp is None:
+        out.append(("virtual_pipeline_model_parallel_size",
+                    f"{EP_OVERLAP} with PP={c.pp} needs a virtual pipeline",
+                    f"virtual_pipeline_model_parallel_size > 1, {off}"))
+    if c.recompute_granularity == "full":
+        out.append(("recompute_granularity", f"{EP_OVERLAP} excludes full recompute",
+                    f"recompute_granularity = 'selective' or none, {off}"))
+    elif c.recompute_granularity == "selective" and "moe" in c.recompute_modules:
+        out.append(("recompute_modules", f"{EP_OVERLAP} excludes 'moe' in recompute_modules",
+                    f"recompute_modules without 'moe' (e.g. ['moe_act']), {off}"))
+    if c.mtp_num_layers > 1:
+        out.append(("mtp_num_layers", f"{EP_OVERLAP} allows at most one MTP layer "
+                                      f"(mtp_num_layers={c.mtp_num_layers})",
+                    f"mtp_num_layers = 1, {off}"))
+    return out
+
+
+def ep_overlap_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
+    """`plan`'s errors for a run whose EP overlap Megatron would refuse (the layout's reasons,
+    `ep_overlap_conflicts`; the dispatcher; the shared-expert overlap), or whose
+    `delay_wgrad_compute` lacks it: one line each, with the fix."""
+    errors: list[str] = []
+    if megatron_flag(args.get("delay_wgrad_compute")) and not megatron_flag(args.get(EP_OVERLAP)):
+        errors.append(f"megatron.delay_wgrad_compute: needs {EP_OVERLAP}: use "
+                      f"{EP_OVERLAP} = true, or delay_wgrad_compute = false")
+    if not megatron_flag(args.get(EP_OVERLAP)):
+        return errors
+    for key, why, fix in ep_overlap_conflicts(c):
+        errors.append(f"megatron.{key}: {why}: use {fix}")
+    # Megatron's default dispatcher is allgather (TransformerConfig, core 0.14 to main).
+    dispatcher = str(args.get("moe_token_dispatcher_type") or "allgather")
+    if dispatcher not in ("alltoall", "flex"):
+        errors.append(f"megatron.moe_token_dispatcher_type: {EP_OVERLAP} needs the alltoall or "
+                      f"flex dispatcher, not {short_value(dispatcher)}: use "
+                      f"moe_token_dispatcher_type = 'alltoall', or {EP_OVERLAP} = false")
+    if megatron_flag(args.get("moe_shared_expert_overlap")):
+        errors.append(f"megatron.moe_shared_expert_overlap: {EP_OVERLAP} excludes it: use "
+                      f"moe_shared_expert_overlap = false, or {EP_OVERLAP} = false")
+    return errors
+
+
 def layout_warnings(c: ModelConfig, world: int, shape: SiteShape) -> list[str]:
     out: list[str] = []
     if c.sequence_parallel and c.tp == 1:
@@ -164,9 +222,11 @@ def memory_bytes(c: ModelConfig, world: int) -> float:
 
 
 def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
-                   require_fit: bool = True) -> str | None:
+                   require_fit: bool = True, ep_overlap: bool = False) -> str | None:
     """The nearest (TP, PP) layout, with the same CP/EP, that satisfies every equation and fits;
-    falls back to turning on the distributed optimizer, then full recompute. None if nothing."""
+    falls back to turning on the distributed optimizer, then full recompute. None if nothing.
+    `ep_overlap`: the run asks for the EP overlap, which the fix turns off where Megatron
+    refuses it (`ep_overlap_conflicts`)."""
     base_tp, base_pp = c.tp, c.pp
     variants = [c]
     if not c.use_distributed_optimizer:
@@ -236,6 +296,8 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
                 changes.append("recompute_granularity = 'full' (uniform, 1 layer)")
             if cand.sequence_parallel and not c.sequence_parallel:
                 changes.append("sequence_parallel = true")
+            if ep_overlap and ep_overlap_conflicts(cand):
+                changes.append(f"{EP_OVERLAP} = false")
             return ", ".join(changes) or "the current layout"
     return None
 

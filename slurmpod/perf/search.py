@@ -9,7 +9,9 @@ batch. A PP x VPP the layers do not divide gets the split Megatron accepts for i
 (`account_for_embedding/loss_in_pipeline_split`, else a balanced
 `pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
 kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
-grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys); recompute climbs
+grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys), but for the EP
+overlap where Megatron refuses it (EP 1, PP without VPP, full recompute: the candidate runs and
+is written without it, `switches_off`); recompute climbs
 a ladder, the run's own setting included, from none to full, and the first rung that fits is
 kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
 (slurmpod.megatron.memory.peak_memory, what `plan` checks), weights computed once per layout.
@@ -25,6 +27,7 @@ from typing import Any
 from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
+from slurmpod.megatron.validate import EP_OVERLAP, ep_overlap_conflicts
 from slurmpod.perf.model import (
     DEFAULT_EFFICIENCY,
     FITTED,
@@ -54,6 +57,9 @@ class Candidate:
     memory_bytes: float
     fits: bool
     prediction: Prediction
+    # The run asks for the EP overlap and Megatron refuses it with this layout or recompute
+    # (slurmpod.megatron.validate.ep_overlap_conflicts): predicted, and written, without it.
+    ep_overlap_off: bool = False
 
     def layout(self) -> dict[str, Any]:
         c = self.config
@@ -84,6 +90,9 @@ class Candidate:
         keys["account_for_loss_in_pipeline_split"] = c.account_for_loss or None
         keys["decoder_first_pipeline_num_layers"] = c.first_stage_layers
         keys["decoder_last_pipeline_num_layers"] = c.last_stage_layers
+        if self.ep_overlap_off:
+            keys[EP_OVERLAP] = False
+            keys["delay_wgrad_compute"] = None  # Megatron refuses it without the overlap
         return keys
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +101,7 @@ class Candidate:
                 "recompute_granularity": c.recompute_granularity, "fits": self.fits,
                 "memory_bytes_per_gpu": self.memory_bytes,
                 "pipeline_split": _split_name(c),
+                "switches_off": [EP_OVERLAP] if self.ep_overlap_off else [],
                 "prediction": self.prediction.to_json()}
 
 
@@ -295,6 +305,9 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     # its memory is never computed.
     best: list[float] = []
     ladder = _recompute_ladder(base)
+    # Megatron refuses the EP overlap with some layouts and recompute rungs: those run without.
+    no_overlap = (dataclasses.replace(opts, ep_overlap=False)
+                  if opts is not None and opts.ep_overlap else None)
     n = 0
     loss_layers = _loss_layers(base, hw, eff)
     for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
@@ -326,8 +339,10 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                 c = _with(lay, micro_batch_size=mbs, **rung)
                 if offload and c.recompute_granularity is not None:
                     c = _with(c, cpu_offloading_num_layers=0)
+                overlap_off = no_overlap is not None and bool(ep_overlap_conflicts(c))
+                o = no_overlap if overlap_off else opts
                 if i == 0 and top is not None and fitting:
-                    bound = predict(c, world, hw, eff, opts, weights=wmax)
+                    bound = predict(c, world, hw, eff, o, weights=wmax)
                     if bound is None:
                         break
                     if len(best) >= top and bound.step_time_s >= -best[0]:
@@ -340,10 +355,10 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                 if not fits and fitting:
                     continue
                 pred = bound if bound is not None and i == 0 else predict(
-                    c, world, hw, eff, opts, weights=wmax)
+                    c, world, hw, eff, o, weights=wmax)
                 if pred is None:
                     break
-                cand = Candidate(c, mem, fits, pred)
+                cand = Candidate(c, mem, fits, pred, overlap_off)
                 if fits:
                     fitting.append(cand)
                     if top is not None:

@@ -12,6 +12,8 @@ from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.megatron.validate import (
     LAYOUT_KEYS,
     SiteShape,
+    ep_overlap_conflicts,
+    ep_overlap_errors,
     layout_errors,
     layout_warnings,
     memory_bytes,
@@ -79,6 +81,77 @@ def test_each_activation_offload_error_has_its_own_fix():
              if k == "cpu_offloading_num_layers"]
     assert fixes == ["cpu_offloading_num_layers <= 31", "PP=1, or no cpu_offloading_num_layers",
                      "no recompute_granularity, or no cpu_offloading_num_layers"]
+
+
+MOE = dict(num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1408,
+           expert_model_parallel_size=8)
+OVERLAP = {"overlap_moe_expert_parallel_comm": True, "moe_token_dispatcher_type": "alltoall"}
+
+
+def test_the_ep_overlap_is_accepted_where_megatron_accepts_it():
+    """EP > 1, a virtual pipeline with PP > 1, selective recompute without 'moe', one MTP
+    layer at most (TransformerConfig, core 0.14 to main)."""
+    for over in (dict(), dict(pipeline_model_parallel_size=2,
+                              virtual_pipeline_model_parallel_size=4),
+                 dict(recompute_granularity="selective", recompute_modules=["moe_act"]),
+                 dict(mtp_num_layers=1)):
+        cfg = c(**MOE, **over)
+        assert ep_overlap_conflicts(cfg) == []
+        assert ep_overlap_errors(cfg, OVERLAP) == []
+
+
+@pytest.mark.parametrize(("over", "key", "text"), [
+    (dict(expert_model_parallel_size=1), "expert_model_parallel_size",
+     "needs expert parallelism (EP=1)"),
+    (dict(pipeline_model_parallel_size=2), "virtual_pipeline_model_parallel_size",
+     "with PP=2 needs a virtual pipeline"),
+    # Megatron's VPP of 1 is no virtual pipeline (arguments.py).
+    (dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1),
+     "virtual_pipeline_model_parallel_size", "needs a virtual pipeline"),
+    (dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+     "recompute_granularity", "excludes full recompute"),
+    (dict(recompute_granularity="selective", recompute_modules=["moe"]), "recompute_modules",
+     "excludes 'moe'"),
+    (dict(mtp_num_layers=2), "mtp_num_layers", "at most one MTP layer"),
+])
+def test_megatron_refuses_the_ep_overlap_here_and_plan_says_how_to_fix_it(over, key, text):
+    cfg = c(**(MOE | over))
+    assert [k for k, _, _ in ep_overlap_conflicts(cfg)] == [key]
+    (line,) = ep_overlap_errors(cfg, OVERLAP)
+    assert line.startswith(f"megatron.{key}: ") and text in line
+    assert line.endswith("or overlap_moe_expert_parallel_comm = false")
+    # Without the overlap the same layout is Megatron's to run.
+    assert ep_overlap_errors(cfg, {**OVERLAP, "overlap_moe_expert_parallel_comm": False}) == []
+
+
+def test_the_ep_overlap_needs_its_dispatcher_and_no_shared_expert_overlap():
+    cfg = c(**MOE)
+    # Megatron's default dispatcher is allgather; a log's dump gives the flag as "True".
+    (line,) = ep_overlap_errors(cfg, {"overlap_moe_expert_parallel_comm": "True"})
+    assert line.startswith("megatron.moe_token_dispatcher_type: ") and "'allgather'" in line
+    assert ep_overlap_errors(cfg, {**OVERLAP, "moe_token_dispatcher_type": "flex"}) == []
+    (line,) = ep_overlap_errors(cfg, {**OVERLAP, "moe_shared_expert_overlap": True})
+    assert line.startswith("megatron.moe_shared_expert_overlap: ")
+    (line,) = ep_overlap_errors(cfg, {"delay_wgrad_compute": True})
+    assert line.startswith("megatron.delay_wgrad_compute: needs overlap_moe_expert_parallel_comm")
+    # A hostile dispatcher value is escaped and cut short, never echoed raw.
+    hostile = {**OVERLAP, "moe_token_dispatcher_type": "\x1b[2J" + "x" * 500}
+    (line,) = ep_overlap_errors(cfg, hostile)
+    assert "\x1b" not in line and "\\x1b" in line and len(line) < 400
+
+
+def test_a_fix_that_leaves_the_ep_overlap_refused_turns_it_off():
+    """PP=3 does not divide 16 GPUs: the fix PP=2 has no virtual pipeline, with which Megatron
+    runs no EP overlap, so a run that asks for it is told to turn it off."""
+    cfg = c(**MOE, pipeline_model_parallel_size=3)
+    assert suggest_layout(cfg, 16, DGX) == "TP=1, PP=2"
+    assert suggest_layout(cfg, 16, DGX, ep_overlap=True) == (
+        "TP=1, PP=2, overlap_moe_expert_parallel_comm = false")
+    # A fix Megatron runs the overlap with adds nothing.
+    pp2 = c(**MOE, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
+            tensor_model_parallel_size=16)
+    fix = suggest_layout(pp2, 16, DGX, ep_overlap=True)
+    assert fix is not None and "overlap" not in fix
 
 
 @pytest.mark.parametrize(("over", "world", "key", "text"), VIOLATIONS)

@@ -287,3 +287,50 @@ def test_plan_names_the_hosts_wait_and_what_removes_it(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     shorter = json.loads(r.stdout)["prediction"]["breakdown_s"]["host"]
     assert 0 < shorter < waits["breakdown_s"]["host"]
+
+
+def test_candidates_keep_the_ep_overlap_only_where_megatron_accepts_it() -> None:
+    """A run with `overlap_moe_expert_parallel_comm` (and delayed wgrad) keeps it on layouts
+    Megatron runs it with; on the others (EP 1, PP without VPP, full recompute) the candidate
+    is predicted without it and its written keys turn it off, so every candidate's spec is one
+    Megatron starts."""
+    from slurmpod.megatron.validate import ep_overlap_conflicts, ep_overlap_errors
+    from slurmpod.perf.model import RunOptions, predict
+
+    run = load_run(preset_path("qwen3-30b-a3b"))
+    args = run.megatron.values() | {"overlap_moe_expert_parallel_comm": True,
+                                    "delay_wgrad_compute": True}
+    base = ModelConfig.from_args(args)
+    opts = RunOptions.from_args(args)
+    cands, _ = search(base, 32, H100, USABLE, opts=opts, top=None)
+    off = [x for x in cands if x.ep_overlap_off]
+    assert off and len(off) < len(cands)
+    assert any(x.config.recompute_granularity == "full" for x in off)
+    assert any(x.config.pp > 1 and x.config.vpp is None for x in off)
+    for x in cands:
+        assert x.ep_overlap_off == bool(ep_overlap_conflicts(x.config))
+        keys = x.megatron_keys()
+        written = {k: v for k, v in (args | keys).items() if v is not None}
+        assert ep_overlap_errors(ModelConfig.from_args(written), written) == []
+        assert x.to_json()["switches_off"] == (
+            ["overlap_moe_expert_parallel_comm"] if x.ep_overlap_off else [])
+    # Predicted as it will run: without the overlap's hidden all-to-all.
+    x = next(x for x in off if x.config.ep > 1)
+    without = predict(x.config, 32, H100, opts=dataclasses.replace(opts, ep_overlap=False))
+    with_ = predict(x.config, 32, H100, opts=opts)
+    assert without is not None and with_ is not None
+    assert x.prediction.step_time_s == without.step_time_s > with_.step_time_s
+
+
+def test_plan_refuses_an_ep_overlap_megatron_refuses(tmp_path: Path) -> None:
+    spec = tmp_path / "run.toml"
+    spec.write_text(preset_path("qwen3-30b-a3b").read_text(encoding="utf-8").replace(
+        "[megatron]\n", "[megatron]\noverlap_moe_expert_parallel_comm = true\n", 1).replace(
+        'recompute_granularity = "selective"', 'recompute_granularity = "full"\n'
+        'recompute_method = "uniform"\nrecompute_num_layers = 1'), encoding="utf-8")
+    r = slurmpod("plan", str(spec))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert ("megatron.recompute_granularity: overlap_moe_expert_parallel_comm excludes full "
+            "recompute: use recompute_granularity = 'selective' or none, or "
+            "overlap_moe_expert_parallel_comm = false") in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
