@@ -290,16 +290,17 @@ def _render_candidates(candidates: list[Any], evaluated: int) -> str:
                      lay["virtual_pipeline_model_parallel_size"] or "-",
                      lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
                      cand.config.micro_batch_size,
-                     f"{cand.config.recompute_granularity}{'*' if cand.ep_overlap_off else ''}",
+                     f"{cand.config.recompute_granularity}{'*' if cand.switches_off else ''}",
                      _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
                      f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"]
     out.extend("  " + line for line in table(
         ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
          "step s", "vs best", "MFU"], rows).splitlines())
-    if any(c.ep_overlap_off for c in candidates):
-        out.append("  * without overlap_moe_expert_parallel_comm: Megatron refuses it with this "
-                   "layout or recompute (--write-spec turns it off)")
+    off = sorted({s for c in candidates for s in c.switches_off})
+    if off:
+        out.append(f"  * without {' or '.join(off)}: Megatron refuses it with this layout or "
+                   "recompute (--write-spec turns it off)")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

@@ -20,18 +20,18 @@ from slurmpod.megatron.memory import (
     peak_memory,
     runtime_reserve,
 )
-from slurmpod.megatron.runspec import ModelConfig, RunSpec, megatron_flag
+from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
-    EP_OVERLAP,
     LAYOUT_KEYS,
     SiteShape,
-    ep_overlap_errors,
     layout_errors,
     layout_warnings,
     min_nodes_that_fit,
     specific_fix,
     split_fix,
     suggest_layout,
+    switch_errors,
+    switches_on,
     with_fix,
 )
 from slurmpod.model.slurm_time import limit_minutes
@@ -226,9 +226,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     tokens = c.global_batch_size * c.seq_length if c.global_batch_size else None
 
     args = run.megatron.values()
-    errors, fit_fix = _layout_errors(c, world, shape, sa, fits,
-                                     megatron_flag(args.get(EP_OVERLAP)))
-    errors.extend(ep_overlap_errors(c, args))
+    errors, fit_fix = _layout_errors(c, world, shape, sa, fits, switches_on(args))
+    errors.extend(switch_errors(c, args))
     if n_nodes > len(sa.domain):
         errors.append(f"job.nodes: {n_nodes} nodes requested but site {sa.site_name} has "
                       f"{len(sa.domain)}: use at most {len(sa.domain)}")
@@ -264,18 +263,18 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
 
 
 def _layout_errors(c: ModelConfig, world: int, shape: SiteShape, sa: _SiteArrays,
-                   fits: bool, ep_overlap: bool) -> tuple[list[str], str | None]:
+                   fits: bool, switches: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The layout's structural errors, each with its fix; and the layout that fits, if any."""
     structural = layout_errors(c, world, shape)
     split_errs = set(c.pipeline_split().errors)
     errors: list[str] = []
     fit_fix: str | None = None
     if structural or not fits:
-        fit_fix = suggest_layout(c, world, shape, ep_overlap=ep_overlap)
+        fit_fix = suggest_layout(c, world, shape, switches=switches)
     # A valid layout that still does not fit beats no fix for a structural error.
     fix = fit_fix
     if structural and fix is None:
-        fix = suggest_layout(c, world, shape, require_fit=False, ep_overlap=ep_overlap)
+        fix = suggest_layout(c, world, shape, require_fit=False, switches=switches)
     for key, msg in structural:
         if "world" in msg:
             mp = math.lcm(c.tp * c.cp * c.pp, c.etp * c.ep * c.pp if c.is_moe else 1)

@@ -136,6 +136,24 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
 # start-up, on the nodes (core 0.14 to main; 'moe' in recompute_modules from core 0.17; a VPP
 # of 1 is no virtual pipeline, arguments.py).
 EP_OVERLAP = "overlap_moe_expert_parallel_comm"
+# `tp_comm_overlap` (Transformer Engine's userbuffer overlap of the TP collectives) needs
+# sequence parallelism, which `validate_args` turns off with TP 1 (arguments.py, core 0.14 to
+# main: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism
+# is enabled").
+TP_COMM_OVERLAP = "tp_comm_overlap"
+
+
+def tp_comm_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
+    """(key, why, fix) when Megatron refuses the TP communication overlap with `c`'s layout."""
+    off = f"or {TP_COMM_OVERLAP} = false"
+    if c.tp == 1:
+        return [("tensor_model_parallel_size",
+                 f"{TP_COMM_OVERLAP} needs sequence parallelism, which Megatron turns off "
+                 "with TP=1", f"TP > 1 with sequence_parallel = true, {off}")]
+    if not c.sequence_parallel:
+        return [("sequence_parallel", f"{TP_COMM_OVERLAP} needs sequence parallelism",
+                 f"sequence_parallel = true, {off}")]
+    return []
 
 
 def ep_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
@@ -164,18 +182,34 @@ def ep_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def ep_overlap_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
-    """`plan`'s errors for a run whose EP overlap Megatron would refuse (the layout's reasons,
-    `ep_overlap_conflicts`; the dispatcher; the shared-expert overlap), or whose
-    `delay_wgrad_compute` lacks it: one line each, with the fix."""
+# The run's switches whose Megatron rules depend on the layout and recompute.
+_SWITCH_CONFLICTS = {EP_OVERLAP: ep_overlap_conflicts, TP_COMM_OVERLAP: tp_comm_overlap_conflicts}
+
+
+def refused_switches(c: ModelConfig, on: tuple[str, ...]) -> tuple[str, ...]:
+    """Of the switches `on` (EP_OVERLAP, TP_COMM_OVERLAP), those Megatron refuses with `c`'s
+    layout and recompute."""
+    return tuple(s for s in on if _SWITCH_CONFLICTS[s](c))
+
+
+def switches_on(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """The layout-bound switches (`refused_switches`) a run's arguments turn on."""
+    return tuple(s for s in _SWITCH_CONFLICTS if megatron_flag(args.get(s)))
+
+
+def switch_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
+    """`plan`'s errors for a run whose EP overlap or TP communication overlap Megatron would
+    refuse (the layout's reasons; for the EP overlap also the dispatcher and the shared-expert
+    overlap), or whose `delay_wgrad_compute` lacks the EP overlap: one line each, with the fix."""
     errors: list[str] = []
     if megatron_flag(args.get("delay_wgrad_compute")) and not megatron_flag(args.get(EP_OVERLAP)):
         errors.append(f"megatron.delay_wgrad_compute: needs {EP_OVERLAP}: use "
                       f"{EP_OVERLAP} = true, or delay_wgrad_compute = false")
+    for switch in switches_on(args):
+        for key, why, fix in _SWITCH_CONFLICTS[switch](c):
+            errors.append(f"megatron.{key}: {why}: use {fix}")
     if not megatron_flag(args.get(EP_OVERLAP)):
         return errors
-    for key, why, fix in ep_overlap_conflicts(c):
-        errors.append(f"megatron.{key}: {why}: use {fix}")
     # Megatron's default dispatcher is allgather (TransformerConfig, core 0.14 to main).
     dispatcher = str(args.get("moe_token_dispatcher_type") or "allgather")
     if dispatcher not in ("alltoall", "flex"):
@@ -222,11 +256,11 @@ def memory_bytes(c: ModelConfig, world: int) -> float:
 
 
 def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
-                   require_fit: bool = True, ep_overlap: bool = False) -> str | None:
+                   require_fit: bool = True, switches: tuple[str, ...] = ()) -> str | None:
     """The nearest (TP, PP) layout, with the same CP/EP, that satisfies every equation and fits;
     falls back to turning on the distributed optimizer, then full recompute. None if nothing.
-    `ep_overlap`: the run asks for the EP overlap, which the fix turns off where Megatron
-    refuses it (`ep_overlap_conflicts`)."""
+    `switches`: the layout-bound switches the run turns on (`switches_on`); the fix turns off
+    those Megatron refuses with the layout it proposes (`refused_switches`)."""
     base_tp, base_pp = c.tp, c.pp
     variants = [c]
     if not c.use_distributed_optimizer:
@@ -296,8 +330,7 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
                 changes.append("recompute_granularity = 'full' (uniform, 1 layer)")
             if cand.sequence_parallel and not c.sequence_parallel:
                 changes.append("sequence_parallel = true")
-            if ep_overlap and ep_overlap_conflicts(cand):
-                changes.append(f"{EP_OVERLAP} = false")
+            changes.extend(f"{s} = false" for s in refused_switches(cand, switches))
             return ", ".join(changes) or "the current layout"
     return None
 

@@ -10,8 +10,9 @@ batch. A PP x VPP the layers do not divide gets the split Megatron accepts for i
 `pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
 kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
 grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys), but for the EP
-overlap where Megatron refuses it (EP 1, PP without VPP, full recompute: the candidate runs and
-is written without it, `switches_off`); recompute climbs
+overlap and the TP communication overlap where Megatron refuses them (EP 1, PP without VPP,
+full recompute; TP 1): the candidate runs and is written without them, `switches_off`);
+recompute climbs
 a ladder, the run's own setting included, from none to full, and the first rung that fits is
 kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
 (slurmpod.megatron.memory.peak_memory, what `plan` checks), weights computed once per layout.
@@ -27,7 +28,7 @@ from typing import Any
 from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
-from slurmpod.megatron.validate import EP_OVERLAP, ep_overlap_conflicts
+from slurmpod.megatron.validate import EP_OVERLAP, TP_COMM_OVERLAP, refused_switches
 from slurmpod.perf.model import (
     DEFAULT_EFFICIENCY,
     FITTED,
@@ -57,9 +58,10 @@ class Candidate:
     memory_bytes: float
     fits: bool
     prediction: Prediction
-    # The run asks for the EP overlap and Megatron refuses it with this layout or recompute
-    # (slurmpod.megatron.validate.ep_overlap_conflicts): predicted, and written, without it.
-    ep_overlap_off: bool = False
+    # The run's switches Megatron refuses with this layout or recompute (the EP overlap, the
+    # TP communication overlap: slurmpod.megatron.validate.refused_switches): predicted, and
+    # written, without them.
+    switches_off: tuple[str, ...] = ()
 
     def layout(self) -> dict[str, Any]:
         c = self.config
@@ -90,8 +92,9 @@ class Candidate:
         keys["account_for_loss_in_pipeline_split"] = c.account_for_loss or None
         keys["decoder_first_pipeline_num_layers"] = c.first_stage_layers
         keys["decoder_last_pipeline_num_layers"] = c.last_stage_layers
-        if self.ep_overlap_off:
-            keys[EP_OVERLAP] = False
+        for switch in self.switches_off:
+            keys[switch] = False
+        if EP_OVERLAP in self.switches_off:
             keys["delay_wgrad_compute"] = None  # Megatron refuses it without the overlap
         return keys
 
@@ -101,7 +104,7 @@ class Candidate:
                 "recompute_granularity": c.recompute_granularity, "fits": self.fits,
                 "memory_bytes_per_gpu": self.memory_bytes,
                 "pipeline_split": _split_name(c),
-                "switches_off": [EP_OVERLAP] if self.ep_overlap_off else [],
+                "switches_off": list(self.switches_off),
                 "prediction": self.prediction.to_json()}
 
 
@@ -269,6 +272,16 @@ def _layouts(base: ModelConfig, world: int, domain_gpus: int, loss_layers: float
     return out
 
 
+# The RunOptions field of each layout-bound switch (slurmpod.megatron.validate).
+_SWITCH_FIELDS = {EP_OVERLAP: "ep_overlap", TP_COMM_OVERLAP: "tp_comm_overlap"}
+
+
+def _switches_on(opts: RunOptions | None) -> tuple[str, ...]:
+    if opts is None:
+        return ()
+    return tuple(s for s, f in _SWITCH_FIELDS.items() if getattr(opts, f))
+
+
 def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
     """Recompute settings from the least to the most recompute, the run's own among them."""
     none = {"recompute_granularity": None, "recompute_method": None,
@@ -305,9 +318,10 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     # its memory is never computed.
     best: list[float] = []
     ladder = _recompute_ladder(base)
-    # Megatron refuses the EP overlap with some layouts and recompute rungs: those run without.
-    no_overlap = (dataclasses.replace(opts, ep_overlap=False)
-                  if opts is not None and opts.ep_overlap else None)
+    # Megatron refuses some of the run's switches with some layouts and recompute rungs: those
+    # candidates run without them.
+    on = _switches_on(opts)
+    variants: dict[tuple[str, ...], RunOptions | None] = {(): opts}
     n = 0
     loss_layers = _loss_layers(base, hw, eff)
     for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
@@ -339,8 +353,11 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                 c = _with(lay, micro_batch_size=mbs, **rung)
                 if offload and c.recompute_granularity is not None:
                     c = _with(c, cpu_offloading_num_layers=0)
-                overlap_off = no_overlap is not None and bool(ep_overlap_conflicts(c))
-                o = no_overlap if overlap_off else opts
+                off = refused_switches(c, on) if on else ()
+                if off not in variants and opts is not None:
+                    variants[off] = dataclasses.replace(
+                        opts, **{_SWITCH_FIELDS[s]: False for s in off})
+                o = variants[off]
                 if i == 0 and top is not None and fitting:
                     bound = predict(c, world, hw, eff, o, weights=wmax)
                     if bound is None:
@@ -358,7 +375,7 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     c, world, hw, eff, o, weights=wmax)
                 if pred is None:
                     break
-                cand = Candidate(c, mem, fits, pred, overlap_off)
+                cand = Candidate(c, mem, fits, pred, off)
                 if fits:
                     fitting.append(cand)
                     if top is not None:

@@ -10,15 +10,16 @@ from hypothesis import strategies as st
 
 from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.megatron.validate import (
+    EP_OVERLAP,
     LAYOUT_KEYS,
     SiteShape,
     ep_overlap_conflicts,
-    ep_overlap_errors,
     layout_errors,
     layout_warnings,
     memory_bytes,
     specific_fix,
     suggest_layout,
+    switch_errors,
 )
 
 DGX = SiteShape("dgx-h100", 8, 8, 72 * 1024**3, 128)
@@ -97,7 +98,7 @@ def test_the_ep_overlap_is_accepted_where_megatron_accepts_it():
                  dict(mtp_num_layers=1)):
         cfg = c(**MOE, **over)
         assert ep_overlap_conflicts(cfg) == []
-        assert ep_overlap_errors(cfg, OVERLAP) == []
+        assert switch_errors(cfg, OVERLAP) == []
 
 
 @pytest.mark.parametrize(("over", "key", "text"), [
@@ -117,26 +118,26 @@ def test_the_ep_overlap_is_accepted_where_megatron_accepts_it():
 def test_megatron_refuses_the_ep_overlap_here_and_plan_says_how_to_fix_it(over, key, text):
     cfg = c(**(MOE | over))
     assert [k for k, _, _ in ep_overlap_conflicts(cfg)] == [key]
-    (line,) = ep_overlap_errors(cfg, OVERLAP)
+    (line,) = switch_errors(cfg, OVERLAP)
     assert line.startswith(f"megatron.{key}: ") and text in line
     assert line.endswith("or overlap_moe_expert_parallel_comm = false")
     # Without the overlap the same layout is Megatron's to run.
-    assert ep_overlap_errors(cfg, {**OVERLAP, "overlap_moe_expert_parallel_comm": False}) == []
+    assert switch_errors(cfg, {**OVERLAP, "overlap_moe_expert_parallel_comm": False}) == []
 
 
 def test_the_ep_overlap_needs_its_dispatcher_and_no_shared_expert_overlap():
     cfg = c(**MOE)
     # Megatron's default dispatcher is allgather; a log's dump gives the flag as "True".
-    (line,) = ep_overlap_errors(cfg, {"overlap_moe_expert_parallel_comm": "True"})
+    (line,) = switch_errors(cfg, {"overlap_moe_expert_parallel_comm": "True"})
     assert line.startswith("megatron.moe_token_dispatcher_type: ") and "'allgather'" in line
-    assert ep_overlap_errors(cfg, {**OVERLAP, "moe_token_dispatcher_type": "flex"}) == []
-    (line,) = ep_overlap_errors(cfg, {**OVERLAP, "moe_shared_expert_overlap": True})
+    assert switch_errors(cfg, {**OVERLAP, "moe_token_dispatcher_type": "flex"}) == []
+    (line,) = switch_errors(cfg, {**OVERLAP, "moe_shared_expert_overlap": True})
     assert line.startswith("megatron.moe_shared_expert_overlap: ")
-    (line,) = ep_overlap_errors(cfg, {"delay_wgrad_compute": True})
+    (line,) = switch_errors(cfg, {"delay_wgrad_compute": True})
     assert line.startswith("megatron.delay_wgrad_compute: needs overlap_moe_expert_parallel_comm")
     # A hostile dispatcher value is escaped and cut short, never echoed raw.
     hostile = {**OVERLAP, "moe_token_dispatcher_type": "\x1b[2J" + "x" * 500}
-    (line,) = ep_overlap_errors(cfg, hostile)
+    (line,) = switch_errors(cfg, hostile)
     assert "\x1b" not in line and "\\x1b" in line and len(line) < 400
 
 
@@ -145,13 +146,32 @@ def test_a_fix_that_leaves_the_ep_overlap_refused_turns_it_off():
     runs no EP overlap, so a run that asks for it is told to turn it off."""
     cfg = c(**MOE, pipeline_model_parallel_size=3)
     assert suggest_layout(cfg, 16, DGX) == "TP=1, PP=2"
-    assert suggest_layout(cfg, 16, DGX, ep_overlap=True) == (
+    assert suggest_layout(cfg, 16, DGX, switches=(EP_OVERLAP,)) == (
         "TP=1, PP=2, overlap_moe_expert_parallel_comm = false")
     # A fix Megatron runs the overlap with adds nothing.
     pp2 = c(**MOE, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
             tensor_model_parallel_size=16)
-    fix = suggest_layout(pp2, 16, DGX, ep_overlap=True)
+    fix = suggest_layout(pp2, 16, DGX, switches=(EP_OVERLAP,))
     assert fix is not None and "overlap" not in fix
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism():
+    """validate_args turns sequence parallelism off with TP 1 and then refuses the TP
+    communication overlap (arguments.py, core 0.14 to main)."""
+    on = {"tp_comm_overlap": True}
+    assert switch_errors(c(tensor_model_parallel_size=2), on) == []
+    (line,) = switch_errors(c(), on)
+    assert line == ("megatron.tensor_model_parallel_size: tp_comm_overlap needs sequence "
+                    "parallelism, which Megatron turns off with TP=1: use TP > 1 with "
+                    "sequence_parallel = true, or tp_comm_overlap = false")
+    (line,) = switch_errors(c(tensor_model_parallel_size=2, sequence_parallel=False), on)
+    assert line.startswith("megatron.sequence_parallel: tp_comm_overlap needs sequence")
+    assert switch_errors(c(), {"tp_comm_overlap": False}) == []
+    # PP=3 does not divide 16 GPUs: a fix that stays at TP 1 turns it off, one at TP 2 not.
+    tp1 = suggest_layout(c(pipeline_model_parallel_size=3), 16, DGX, switches=("tp_comm_overlap",))
+    assert tp1 == "TP=1, PP=4, tp_comm_overlap = false"
+    assert suggest_layout(c(tensor_model_parallel_size=2, pipeline_model_parallel_size=3), 16,
+                          DGX, switches=("tp_comm_overlap",)) == "TP=2, PP=4"
 
 
 @pytest.mark.parametrize(("over", "world", "key", "text"), VIOLATIONS)

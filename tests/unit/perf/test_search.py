@@ -294,7 +294,7 @@ def test_candidates_keep_the_ep_overlap_only_where_megatron_accepts_it() -> None
     Megatron runs it with; on the others (EP 1, PP without VPP, full recompute) the candidate
     is predicted without it and its written keys turn it off, so every candidate's spec is one
     Megatron starts."""
-    from slurmpod.megatron.validate import ep_overlap_conflicts, ep_overlap_errors
+    from slurmpod.megatron.validate import ep_overlap_conflicts, switch_errors
     from slurmpod.perf.model import RunOptions, predict
 
     run = load_run(preset_path("qwen3-30b-a3b"))
@@ -303,17 +303,17 @@ def test_candidates_keep_the_ep_overlap_only_where_megatron_accepts_it() -> None
     base = ModelConfig.from_args(args)
     opts = RunOptions.from_args(args)
     cands, _ = search(base, 32, H100, USABLE, opts=opts, top=None)
-    off = [x for x in cands if x.ep_overlap_off]
+    off = [x for x in cands if x.switches_off]
     assert off and len(off) < len(cands)
     assert any(x.config.recompute_granularity == "full" for x in off)
     assert any(x.config.pp > 1 and x.config.vpp is None for x in off)
     for x in cands:
-        assert x.ep_overlap_off == bool(ep_overlap_conflicts(x.config))
+        assert x.switches_off == (
+            ("overlap_moe_expert_parallel_comm",) if ep_overlap_conflicts(x.config) else ())
         keys = x.megatron_keys()
         written = {k: v for k, v in (args | keys).items() if v is not None}
-        assert ep_overlap_errors(ModelConfig.from_args(written), written) == []
-        assert x.to_json()["switches_off"] == (
-            ["overlap_moe_expert_parallel_comm"] if x.ep_overlap_off else [])
+        assert switch_errors(ModelConfig.from_args(written), written) == []
+        assert x.to_json()["switches_off"] == list(x.switches_off)
     # Predicted as it will run: without the overlap's hidden all-to-all.
     x = next(x for x in off if x.config.ep > 1)
     without = predict(x.config, 32, H100, opts=dataclasses.replace(opts, ep_overlap=False))
@@ -334,3 +334,22 @@ def test_plan_refuses_an_ep_overlap_megatron_refuses(tmp_path: Path) -> None:
             "recompute: use recompute_granularity = 'selective' or none, or "
             "overlap_moe_expert_parallel_comm = false") in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_candidates_at_tp_1_run_without_the_tp_comm_overlap(tmp_path: Path) -> None:
+    """A recipe with `tp_comm_overlap` (NVIDIA's Llama 3 70B FP8 recipe): its TP 1 candidates
+    are written with it off (Megatron refuses it without sequence parallelism), and the
+    written spec of every listed candidate plans without errors."""
+    from slurmpod.megatron.validate import switch_errors
+    from slurmpod.perf.model import RunOptions
+
+    run = load_run(ROOT / "tests" / "data" / "recipes" / "llama3-70b-h100-fp8cs-64gpu.toml")
+    args = run.megatron.values()
+    assert args["tp_comm_overlap"] is True
+    base = ModelConfig.from_args(args)
+    cands, _ = search(base, 64, H100, USABLE, opts=RunOptions.from_args(args), top=None)
+    assert any(x.config.tp == 1 for x in cands)
+    for x in cands:
+        assert x.switches_off == (("tp_comm_overlap",) if x.config.tp == 1 else ())
+        written = {k: v for k, v in (args | x.megatron_keys()).items() if v is not None}
+        assert switch_errors(ModelConfig.from_args(written), written) == []
