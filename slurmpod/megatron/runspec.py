@@ -42,7 +42,7 @@ KNOWN_MEGATRON_KEYS: frozenset[str] = frozenset({
     "pipeline_model_parallel_layout", "fp8", "fp8_param_gather", "grad_reduce_in_bf16",
     "hidden_dropout", "recompute_modules", "use_megatron_fsdp",
     "data_parallel_sharding_strategy", "optimizer_cpu_offload", "optimizer_offload_fraction",
-    "cpu_offloading_num_layers",
+    "cpu_offloading_num_layers", "microbatch_group_size_per_vp_stage",
 })
 
 # Other real Megatron argument names that must never be mistaken for a typo of a known key.
@@ -157,6 +157,9 @@ class MegatronArgs(Strict, frozen=True, kw_only=True):
     virtual_pipeline_model_parallel_size: Dim | None = None
     num_layers_per_virtual_pipeline_stage: Dim | None = None
     num_virtual_stages_per_pipeline_rank: Dim | None = None
+    # The interleaved schedule's microbatch group (`--microbatch-group-size-per-virtual-
+    # pipeline-stage`, ModelParallelConfig); None: PP, Megatron's default.
+    microbatch_group_size_per_vp_stage: Dim | None = None
     context_parallel_size: Dim = 1
     expert_model_parallel_size: Dim = 1
     expert_tensor_parallel_size: Dim | None = None
@@ -356,6 +359,7 @@ class ModelConfig:
     account_for_loss: bool = False  # account_for_loss_in_pipeline_split
     pipeline_layout: str | None = None  # pipeline_model_parallel_layout
     vpp_given: int | None = None  # the VPP the arguments stated (checked against a layout)
+    microbatch_group: int | None = None  # microbatch_group_size_per_vp_stage; None: PP
     fp8: str | None = None  # Megatron's dest `fp8`: "e4m3" / "hybrid", None for BF16
     fp8_param_gather: bool = False
     grad_bytes: int = 4  # main-gradient bytes: fp32, or 2 with grad_reduce_in_bf16
@@ -460,7 +464,9 @@ class ModelConfig:
             last_stage_layers=optional_int(a.get("decoder_last_pipeline_num_layers")),
             account_for_embedding=vp.account_for_embedding,
             account_for_loss=vp.account_for_loss, pipeline_layout=vp.layout,
-            vpp_given=vp.vpp_given, fp8=fp8_format(a),
+            vpp_given=vp.vpp_given,
+            microbatch_group=optional_int(a.get("microbatch_group_size_per_vp_stage")),
+            fp8=fp8_format(a),
             fp8_param_gather=megatron_flag(get("fp8_param_gather", False)),
             grad_bytes=grad_reduce_bytes(a),
             hidden_dropout=float(get("hidden_dropout", 0.1)),

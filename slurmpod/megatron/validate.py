@@ -128,7 +128,34 @@ def layout_errors(c: ModelConfig, world: int, shape: SiteShape) -> list[tuple[st
             errs.append(("global_batch_size",
                          f"global_batch_size={c.global_batch_size} is not divisible by "
                          f"micro_batch_size×DP = {c.micro_batch_size}×{dp}"))
+        elif c.vpp:
+            why = interleave_error(c, c.global_batch_size // (c.micro_batch_size * dp))
+            if why:
+                errs.append((MICROBATCH_GROUP, why))
     return errs
+
+
+# The interleaved (VPP) schedule runs the microbatches in groups of N per virtual stage
+# (`microbatch_group_size_per_vp_stage`, default PP): it raises at the first step unless
+# PP <= N <= M and the last group is whole or holds at least PP (schedules.py
+# `forward_backward_pipelining_with_interleaving`, core 0.10 to main; core 0.9: M divisible by
+# PP). With the default that is: M a multiple of PP.
+MICROBATCH_GROUP = "microbatch_group_size_per_vp_stage"
+
+
+def interleave_error(c: ModelConfig, m: int) -> str | None:
+    """Why Megatron's interleaved schedule refuses `m` microbatches of `c`, or None."""
+    pp = c.pp
+    n = c.microbatch_group or pp
+    if not pp <= n <= m:
+        return (f"the interleaved schedule needs PP={pp} <= microbatch group N={n} <= "
+                f"microbatches M={m}")
+    rest = m % n
+    if 0 < rest < pp:
+        return (f"the interleaved schedule runs microbatches in groups of {n} "
+                f"({MICROBATCH_GROUP}, default PP): {m} microbatches leave a last group of "
+                f"{rest}, fewer than PP={pp}")
+    return None
 
 
 # `overlap_moe_expert_parallel_comm` hides the EP all-to-all under the combined 1F1B schedule.
@@ -295,7 +322,7 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
                 cand = replace(cand, vpp=None)
             # Only what TP/PP decide disqualifies a candidate; other errors get their own fix.
             if any((k in LAYOUT_KEYS and k != "global_batch_size") or "folding" in m
-                   or k == "virtual_pipeline_model_parallel_size"
+                   or k in ("virtual_pipeline_model_parallel_size", MICROBATCH_GROUP)
                    for k, m in layout_errors(cand, world, shape)):
                 continue
             dp = world // (tp * c.cp * pp)
@@ -310,8 +337,10 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
         for _score, tp, pp, etp, vpp, gbs_ok, layout in ranked:
             dp = world // (tp * c.cp * pp)
             mult = c.micro_batch_size * dp
+            # With VPP, microbatches the interleaved schedule accepts (a multiple of PP).
+            step = mult * (pp if vpp else 1)
             gbs = (c.global_batch_size if gbs_ok
-                   else max(mult, round((c.global_batch_size or mult) / mult) * mult))
+                   else max(step, round((c.global_batch_size or step) / step) * step))
             # Memory with the batch the fix proposes (micro batches in flight depend on it).
             cand = replace(v, tp=tp, pp=pp, etp=etp, vpp=vpp, global_batch_size=gbs,
                            pipeline_layout=layout, vpp_given=None,
@@ -323,7 +352,7 @@ def suggest_layout(c: ModelConfig, world: int, shape: SiteShape,
                 changes.append(f"TP={tp}, PP={pp}" + (f", VPP={vpp}" if vpp else ""))
             if not gbs_ok:
                 changes.append(f"global_batch_size={gbs} (a multiple of micro_batch_size×DP"
-                               f" = {mult})")
+                               + (f"×PP = {step})" if vpp else f" = {mult})"))
             if v.use_distributed_optimizer and not c.use_distributed_optimizer:
                 changes.append("use_distributed_optimizer = true")
             if v.recompute_granularity == "full" and c.recompute_granularity != "full":
@@ -404,8 +433,16 @@ def specific_fix(key: str, msg: str, c: ModelConfig, world: int) -> str | None:
         return "group_query_attention = false"
     if key == "recompute_method":
         return "recompute_method = 'uniform' and recompute_num_layers = 1"
+    if key == MICROBATCH_GROUP:
+        mult = c.micro_batch_size * dp * c.pp
+        gbs = max(mult, round((c.global_batch_size or mult) / mult) * mult)
+        default = "" if c.microbatch_group is None else f" and no {MICROBATCH_GROUP}"
+        return (f"global_batch_size = {gbs} ({gbs // (c.micro_batch_size * dp)} microbatches, "
+                f"a multiple of PP={c.pp}){default}, or no virtual pipeline")
     if key == "global_batch_size":
-        return f"global_batch_size = {c.micro_batch_size * dp * 8} (8 microbatches per DP rank)"
+        m = math.lcm(8, c.pp) if c.vpp else 8  # the interleaved schedule's: a multiple of PP
+        return (f"global_batch_size = {c.micro_batch_size * dp * m} ({m} microbatches per DP "
+                "rank)")
     if key == "cpu_offloading_num_layers":
         if "fewer layers" in msg:
             return f"cpu_offloading_num_layers <= {c.num_layers - 1}"
@@ -432,6 +469,7 @@ _DUMP_BOUNDS: dict[str, int] = {
     "tensor_model_parallel_size": 1 << 16, "pipeline_model_parallel_size": 1 << 16,
     "context_parallel_size": 1 << 16, "expert_model_parallel_size": 1 << 16,
     "virtual_pipeline_model_parallel_size": 1 << 16, "make_vocab_size_divisible_by": 1 << 20,
+    "microbatch_group_size_per_vp_stage": 1 << 26,
     "log_interval": 1 << 40, "train_iters": 1 << 50,
 }
 # Present in every dump of a model that slurmpod can count FLOPs for.

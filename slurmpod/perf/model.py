@@ -409,6 +409,7 @@ _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "etp": 1,
                     "micro_batch_size": 1, "first_stage_layers": None,
                     "last_stage_layers": None}
 _RUN_FIELDS = {"account_for_embedding", "account_for_loss", "pipeline_layout", "vpp_given",
+               "microbatch_group",
                "fp8", "fp8_param_gather", "grad_bytes", "hidden_dropout", "recompute_modules",
                "megatron_fsdp", "fsdp_sharding", "optimizer_offload_fraction",
                "cpu_offloading_num_layers"}

@@ -5,7 +5,8 @@ The space: TP dividing the NVLink domain (and the heads, query groups and FFN), 
 two dividing seq_length / 2, PP dividing world / (TP x CP) and at most the layers, VPP whose
 chunks hold at least one layer, EP dividing the experts with EP x ETP inside the NVLink domain
 or a whole number of domains, micro-batch sizes whose DP x micro-batch divides the global
-batch. A PP x VPP the layers do not divide gets the split Megatron accepts for it
+batch (with VPP, into microbatches the interleaved schedule accepts: a multiple of PP). A
+PP x VPP the layers do not divide gets the split Megatron accepts for it
 (`account_for_embedding/loss_in_pipeline_split`, else a balanced
 `pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
 kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
@@ -28,7 +29,12 @@ from typing import Any
 from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
-from slurmpod.megatron.validate import EP_OVERLAP, TP_COMM_OVERLAP, refused_switches
+from slurmpod.megatron.validate import (
+    EP_OVERLAP,
+    TP_COMM_OVERLAP,
+    interleave_error,
+    refused_switches,
+)
 from slurmpod.perf.model import (
     DEFAULT_EFFICIENCY,
     FITTED,
@@ -341,7 +347,7 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
             if gbs % (mbs * dp):
                 continue
             nmb = gbs // (mbs * dp)
-            if vpp and nmb < pp:
+            if vpp and interleave_error(lay, nmb):
                 continue
             if weights is None:
                 weights = rank_weight_bytes(lay, world)

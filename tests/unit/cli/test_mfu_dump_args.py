@@ -43,7 +43,9 @@ def test_check_dump_args_accepts_a_real_model_and_names_the_bad_argument() -> No
             ("num_layers", 1e12, "whole number"), ("hidden_size", 0, "at least 1"),
             ("seq_length", None, "whole number"), ("seq_length", "2048x", "whole number"),
             ("global_batch_size", True, "whole number"), ("num_experts", -8, "at least 1"),
-            ("num_query_groups", 64, "more than num_attention_heads")]:
+            ("num_query_groups", 64, "more than num_attention_heads"),
+            ("microbatch_group_size_per_vp_stage", "4; x", "whole number"),
+            ("microbatch_group_size_per_vp_stage", 0, "at least 1")]:
         msg = check_dump_args(GOOD | {key: value})
         assert msg is not None and msg.startswith(f"{key} = ") and words in msg, (key, msg)
         assert "\n" not in msg

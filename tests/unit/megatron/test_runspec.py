@@ -137,6 +137,17 @@ def test_an_optimizer_state_dtype_megatron_refuses_names_its_key_not_its_text():
         optimizer_state_bytes({"use_precision_aware_optimizer": True, "main_params_dtype": "fp8"})
 
 
+def test_the_interleaved_schedules_microbatch_group_is_typed():
+    run = run_from_dict({"megatron": MIN | {"microbatch_group_size_per_vp_stage": 4}}, "r.toml")
+    assert ModelConfig.from_args(run.megatron).microbatch_group == 4
+    assert ModelConfig.from_args(MIN).microbatch_group is None  # Megatron's default: PP
+    for bad in (0, "four", 2.5):
+        with pytest.raises(ConfigError,
+                           match=r"^r.toml: megatron.microbatch_group_size_per_vp_stage: "):
+            run_from_dict({"megatron": MIN | {"microbatch_group_size_per_vp_stage": bad}},
+                          "r.toml")
+
+
 def test_an_empty_recompute_module_list_recomputes_nothing():
     """Megatron replaces only an unset list with `core_attn` (TransformerConfig, core
     0.13-main); `recompute_modules = []` is the explicit no-recompute control."""

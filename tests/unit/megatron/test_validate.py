@@ -61,6 +61,14 @@ VIOLATIONS = [
     (dict(expert_model_parallel_size=2), 16, "expert_model_parallel_size", "needs num_experts"),
     (dict(recompute_granularity="full"), 16, "recompute_method", "recompute_method"),
     (dict(global_batch_size=None), 16, "global_batch_size", "required"),
+    # The interleaved schedule's microbatches: 10 at PP=4 leave a last group of 2 (schedules.py,
+    # core 0.10 to main); a group Megatron's range refuses.
+    (dict(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+          global_batch_size=60), 24, "microbatch_group_size_per_vp_stage",
+     "10 microbatches leave a last group of 2, fewer than PP=4"),
+    (dict(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+          global_batch_size=60, microbatch_group_size_per_vp_stage=3), 24,
+     "microbatch_group_size_per_vp_stage", "needs PP=4 <= microbatch group N=3 <= microbatches"),
     # Megatron's TransformerConfig refuses activation offload beside these (core 0.12 to main).
     (dict(cpu_offloading_num_layers=32), 16, "cpu_offloading_num_layers",
      "fewer layers than num_layers=32"),
@@ -180,6 +188,18 @@ def test_violation_named(over, world, key, text):
     assert any(k == key and text in m for k, m in errs), errs
 
 
+def test_the_interleaved_schedule_accepts_a_group_that_divides_the_microbatches():
+    pp4 = dict(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2)
+    assert layout_errors(c(**pp4, global_batch_size=48), 24, DGX) == []  # 8 microbatches
+    # 10 microbatches in groups of 5: whole groups.
+    assert layout_errors(c(**pp4, global_batch_size=60, microbatch_group_size_per_vp_stage=5),
+                         24, DGX) == []
+    bad = c(**pp4, global_batch_size=60)
+    ((key, msg),) = layout_errors(bad, 24, DGX)
+    assert specific_fix(key, msg, bad, 24) == (
+        "global_batch_size = 48 (8 microbatches, a multiple of PP=4), or no virtual pipeline")
+
+
 def test_tp_beyond_domain_fix_keeps_model_parallel_size():
     cfg = c(tensor_model_parallel_size=16)
     fix = suggest_layout(cfg, 16, DGX)
@@ -249,6 +269,9 @@ def _equations_hold(cfg: ModelConfig, world: int) -> bool:
           and cfg.num_layers % (cfg.pp * (cfg.vpp or 1)) == 0 and (cfg.vpp is None or cfg.pp > 1)
           and cfg.global_batch_size % (cfg.micro_batch_size * dp) == 0
           and cfg.seq_length % (2 * cfg.cp) == 0)
+    if ok and cfg.vpp:
+        # The interleaved schedule's microbatches: a multiple of PP (its default group).
+        ok = (cfg.global_batch_size // (cfg.micro_batch_size * dp)) % cfg.pp == 0
     if cfg.num_experts is not None:
         edp, rem = divmod(world, cfg.etp * cfg.ep * cfg.pp)
         ok = ok and rem == 0 and cfg.etp * cfg.ep * cfg.pp * edp == world

@@ -353,3 +353,19 @@ def test_candidates_at_tp_1_run_without_the_tp_comm_overlap(tmp_path: Path) -> N
         assert x.switches_off == (("tp_comm_overlap",) if x.config.tp == 1 else ())
         written = {k: v for k, v in (args | x.megatron_keys()).items() if v is not None}
         assert switch_errors(ModelConfig.from_args(written), written) == []
+
+
+def test_interleaved_candidates_have_microbatches_the_schedule_accepts() -> None:
+    """At 96 GPUs and GBS 288 many PP x VPP layouts would leave a last group of microbatches
+    shorter than PP, which Megatron's interleaved schedule refuses at the first step."""
+    from slurmpod.megatron.validate import interleave_error
+
+    c = dataclasses.replace(ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron),
+                            global_batch_size=288)
+    cands, _ = search(c, 96, H100, USABLE, top=None)
+    assert any(x.config.vpp for x in cands)
+    for x in cands:
+        k = x.config
+        if k.vpp:
+            m = 288 // (k.micro_batch_size * (96 // (k.tp * k.cp * k.pp)))
+            assert m % k.pp == 0 and interleave_error(k, m) is None
