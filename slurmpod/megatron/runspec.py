@@ -643,6 +643,13 @@ def megatron_flag(v: Any) -> bool:
     return bool(v)
 
 
+def flex_dispatcher_needs_peers(a: Mapping[str, Any]) -> bool:
+    """The run's MoE dispatcher is flex with a backend that asserts expert-parallel peers
+    (DeepEP, Megatron's default, or NCCL EP; not HybridEP): slurmpod.megatron.validate."""
+    return (str(a.get("moe_token_dispatcher_type") or "").lower() == "flex"
+            and str(a.get("moe_flex_dispatcher_backend") or "deepep").lower() != "hybridep")
+
+
 def optional_int(v: Any) -> int | None:
     """An optional integer argument as a run spec or a log's dump gives it ("None": unset)."""
     return None if v in (None, "None", "") else int(v)

@@ -21,6 +21,7 @@ from slurmpod.megatron.runspec import (
     OPTIMIZER_STATE_CHOICES,
     ModelConfig,
     bad_optimizer_state_dtype,
+    flex_dispatcher_needs_peers,
     megatron_flag,
 )
 from slurmpod.model.explain import short_value
@@ -168,6 +169,19 @@ EP_OVERLAP = "overlap_moe_expert_parallel_comm"
 # main: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism
 # is enabled").
 TP_COMM_OVERLAP = "tp_comm_overlap"
+# The flex dispatcher asserts expert-parallel peers to send to, "Flex token dispatcher requires
+# TPxEP > 1" over the expert-tensor and expert groups (token_dispatcher.py, core 0.12 to 0.15;
+# main: its deepep and ncclep backends, deepep the default, not hybridep).
+FLEX_DISPATCHER = "moe_token_dispatcher_type=flex"
+
+
+def flex_dispatcher_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
+    """(key, why, fix) when Megatron's flex dispatcher has no expert-parallel peer in `c`."""
+    if c.is_moe and c.ep * c.etp <= 1:
+        return [("expert_model_parallel_size",
+                 "the flex dispatcher (DeepEP) needs expert parallelism (EP×ETP = 1)",
+                 "EP > 1, or moe_token_dispatcher_type = 'alltoall'")]
+    return []
 
 
 def tp_comm_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
@@ -210,24 +224,29 @@ def ep_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
 
 
 # The run's switches whose Megatron rules depend on the layout and recompute.
-_SWITCH_CONFLICTS = {EP_OVERLAP: ep_overlap_conflicts, TP_COMM_OVERLAP: tp_comm_overlap_conflicts}
+_SWITCH_CONFLICTS = {EP_OVERLAP: ep_overlap_conflicts, TP_COMM_OVERLAP: tp_comm_overlap_conflicts,
+                     FLEX_DISPATCHER: flex_dispatcher_conflicts}
 
 
 def refused_switches(c: ModelConfig, on: tuple[str, ...]) -> tuple[str, ...]:
-    """Of the switches `on` (EP_OVERLAP, TP_COMM_OVERLAP), those Megatron refuses with `c`'s
-    layout and recompute."""
+    """Of the switches `on` (EP_OVERLAP, TP_COMM_OVERLAP, FLEX_DISPATCHER), those Megatron
+    refuses with `c`'s layout and recompute."""
     return tuple(s for s in on if _SWITCH_CONFLICTS[s](c))
 
 
 def switches_on(args: Mapping[str, Any]) -> tuple[str, ...]:
     """The layout-bound switches (`refused_switches`) a run's arguments turn on."""
-    return tuple(s for s in _SWITCH_CONFLICTS if megatron_flag(args.get(s)))
+    on = [s for s in (EP_OVERLAP, TP_COMM_OVERLAP) if megatron_flag(args.get(s))]
+    if flex_dispatcher_needs_peers(args):
+        on.append(FLEX_DISPATCHER)
+    return tuple(on)
 
 
 def switch_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
-    """`plan`'s errors for a run whose EP overlap or TP communication overlap Megatron would
-    refuse (the layout's reasons; for the EP overlap also the dispatcher and the shared-expert
-    overlap), or whose `delay_wgrad_compute` lacks the EP overlap: one line each, with the fix."""
+    """`plan`'s errors for a run whose EP overlap, TP communication overlap or flex dispatcher
+    Megatron would refuse (the layout's reasons; for the EP overlap also the dispatcher and the
+    shared-expert overlap), or whose `delay_wgrad_compute` lacks the EP overlap: one line each,
+    with the fix."""
     errors: list[str] = []
     if megatron_flag(args.get("delay_wgrad_compute")) and not megatron_flag(args.get(EP_OVERLAP)):
         errors.append(f"megatron.delay_wgrad_compute: needs {EP_OVERLAP}: use "

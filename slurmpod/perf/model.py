@@ -45,6 +45,7 @@ from slurmpod.megatron.memory import (
 from slurmpod.megatron.runspec import (
     FP32_ADAM_STATE_BYTES,
     ModelConfig,
+    flex_dispatcher_needs_peers,
     megatron_flag,
     optional_int,
 )
@@ -287,6 +288,9 @@ class RunOptions:
     ep_overlap: bool = False
     moe_imbalance: float = MOE_IMBALANCE
     moe_flex: bool = False  # moe_token_dispatcher_type = "flex" (DeepEP / HybridEP)
+    # the flex dispatcher's backend that needs expert-parallel peers (DeepEP, Megatron's
+    # default; NCCL EP), not HybridEP: slurmpod.megatron.validate.FLEX_DISPATCHER
+    moe_flex_needs_peers: bool = False
     # Node-limited routing (moe_router_num_groups with moe_router_group_topk): a token's experts
     # sit in at most this many expert groups (DeepSeek-V3: 4 of 8).
     moe_group_topk: int | None = None
@@ -318,6 +322,7 @@ class RunOptions:
             ep_overlap=megatron_flag(args.get("overlap_moe_expert_parallel_comm")),
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
+            moe_flex_needs_peers=flex_dispatcher_needs_peers(args),
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
             moe_num_groups=optional_int(args.get("moe_router_num_groups")),
             graphed_iteration=iteration,

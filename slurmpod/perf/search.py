@@ -11,9 +11,9 @@ PP x VPP the layers do not divide gets the split Megatron accepts for it
 `pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
 kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
 grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys), but for the EP
-overlap and the TP communication overlap where Megatron refuses them (EP 1, PP without VPP,
-full recompute; TP 1): the candidate runs and is written without them, `switches_off`);
-recompute climbs
+overlap, the TP communication overlap and DeepEP where Megatron refuses them (EP 1, PP without
+VPP, full recompute; TP 1; EP x ETP 1): the candidate runs and is written without them (the
+alltoall dispatcher for DeepEP), `switches_off`); recompute climbs
 a ladder, the run's own setting included, from none to full, and the first rung that fits is
 kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
 (slurmpod.megatron.memory.peak_memory, what `plan` checks), weights computed once per layout.
@@ -31,6 +31,7 @@ from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
 from slurmpod.megatron.validate import (
     EP_OVERLAP,
+    FLEX_DISPATCHER,
     TP_COMM_OVERLAP,
     interleave_error,
     refused_switches,
@@ -99,9 +100,7 @@ class Candidate:
         keys["decoder_first_pipeline_num_layers"] = c.first_stage_layers
         keys["decoder_last_pipeline_num_layers"] = c.last_stage_layers
         for switch in self.switches_off:
-            keys[switch] = False
-        if EP_OVERLAP in self.switches_off:
-            keys["delay_wgrad_compute"] = None  # Megatron refuses it without the overlap
+            keys |= _SWITCHED_OFF[switch]
         return keys
 
     def to_json(self) -> dict[str, Any]:
@@ -278,8 +277,16 @@ def _layouts(base: ModelConfig, world: int, domain_gpus: int, loss_layers: float
     return out
 
 
-# The RunOptions field of each layout-bound switch (slurmpod.megatron.validate).
-_SWITCH_FIELDS = {EP_OVERLAP: "ep_overlap", TP_COMM_OVERLAP: "tp_comm_overlap"}
+# The RunOptions field of each layout-bound switch (slurmpod.megatron.validate), and the
+# `[megatron]` keys a candidate without it is written with (None: left out).
+_SWITCH_FIELDS = {EP_OVERLAP: "ep_overlap", TP_COMM_OVERLAP: "tp_comm_overlap",
+                  FLEX_DISPATCHER: "moe_flex_needs_peers"}
+_SWITCHED_OFF: dict[str, dict[str, Any]] = {
+    EP_OVERLAP: {EP_OVERLAP: False, "delay_wgrad_compute": None},  # which needs the overlap
+    TP_COMM_OVERLAP: {TP_COMM_OVERLAP: False},
+    FLEX_DISPATCHER: {"moe_token_dispatcher_type": "alltoall",
+                      "moe_flex_dispatcher_backend": None},
+}
 
 
 def _switches_on(opts: RunOptions | None) -> tuple[str, ...]:
@@ -361,8 +368,10 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     c = _with(c, cpu_offloading_num_layers=0)
                 off = refused_switches(c, on) if on else ()
                 if off not in variants and opts is not None:
-                    variants[off] = dataclasses.replace(
-                        opts, **{_SWITCH_FIELDS[s]: False for s in off})
+                    fields = {_SWITCH_FIELDS[s]: False for s in off}
+                    if FLEX_DISPATCHER in off:
+                        fields["moe_flex"] = False
+                    variants[off] = dataclasses.replace(opts, **fields)
                 o = variants[off]
                 if i == 0 and top is not None and fitting:
                     bound = predict(c, world, hw, eff, o, weights=wmax)

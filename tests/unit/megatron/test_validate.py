@@ -149,6 +149,20 @@ def test_the_ep_overlap_needs_its_dispatcher_and_no_shared_expert_overlap():
     assert "\x1b" not in line and "\\x1b" in line and len(line) < 400
 
 
+def test_the_flex_dispatcher_needs_expert_parallel_peers_unless_hybridep():
+    """token_dispatcher.py asserts TP×EP > 1 over the expert groups (core 0.12 to main; on
+    main for its DeepEP, the default, and NCCL EP backends)."""
+    flex = {"moe_token_dispatcher_type": "flex"}
+    (line,) = switch_errors(c(**(MOE | dict(expert_model_parallel_size=1))), flex)
+    assert line == ("megatron.expert_model_parallel_size: the flex dispatcher (DeepEP) needs "
+                    "expert parallelism (EP×ETP = 1): use EP > 1, or moe_token_dispatcher_type "
+                    "= 'alltoall'")
+    assert switch_errors(c(**MOE), flex) == []
+    assert switch_errors(c(**(MOE | dict(expert_model_parallel_size=1))),
+                         flex | {"moe_flex_dispatcher_backend": "hybridep"}) == []
+    assert switch_errors(c(), flex) == []  # no experts, no dispatcher
+
+
 def test_a_fix_that_leaves_the_ep_overlap_refused_turns_it_off():
     """PP=3 does not divide 16 GPUs: the fix PP=2 has no virtual pipeline, with which Megatron
     runs no EP overlap, so a run that asks for it is told to turn it off."""

@@ -369,3 +369,22 @@ def test_interleaved_candidates_have_microbatches_the_schedule_accepts() -> None
         if k.vpp:
             m = 288 // (k.micro_batch_size * (96 // (k.tp * k.cp * k.pp)))
             assert m % k.pp == 0 and interleave_error(k, m) is None
+
+
+def test_candidates_without_expert_parallelism_leave_deepep() -> None:
+    """A run on the flex dispatcher (DeepEP, Megatron's default backend): candidates with
+    EP x ETP 1 are written with the alltoall dispatcher, which Megatron runs there."""
+    from slurmpod.megatron.validate import switch_errors
+    from slurmpod.perf.model import RunOptions
+
+    args = load_run(preset_path("qwen3-30b-a3b")).megatron.values() | {
+        "moe_token_dispatcher_type": "flex"}
+    base = ModelConfig.from_args(args)
+    cands, _ = search(base, 16, H100, USABLE, opts=RunOptions.from_args(args), top=None)
+    assert any(x.config.ep * x.config.etp == 1 for x in cands)
+    for x in cands:
+        alone = x.config.ep * x.config.etp == 1
+        assert x.switches_off == (("moe_token_dispatcher_type=flex",) if alone else ())
+        written = {k: v for k, v in (args | x.megatron_keys()).items() if v is not None}
+        assert written["moe_token_dispatcher_type"] == ("alltoall" if alone else "flex")
+        assert switch_errors(ModelConfig.from_args(written), written) == []
