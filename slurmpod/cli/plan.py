@@ -152,6 +152,9 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
                    "--write-spec then writes the fastest.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Candidates --search shows.")
+@click.option("--pick", type=click.IntRange(1, 10_000), default=None, metavar="N",
+              help="With --search and --write-spec: write the N-th candidate shown, not the "
+                   "fastest (e.g. the next one to try within the model's error).")
 @click.option("--history", "history_paths", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="attempts.jsonl, a run directory or a directory of runs: the fleet's "
@@ -164,12 +167,17 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 @click.pass_context
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
-         as_json: bool, do_search: bool, top: int, history_paths: tuple[Path, ...],
-         checkpoint_log: Path | None, restart_s: float | None) -> None:
+         as_json: bool, do_search: bool, top: int, pick: int | None,
+         history_paths: tuple[Path, ...], checkpoint_log: Path | None,
+         restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
     from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
     from slurmpod.megatron.plan import make_plan  # lazy: start-up
 
+    if pick is not None and not (do_search and write_spec):
+        raise click.UsageError("--pick needs --search and --write-spec")
+    if pick is not None and pick > top:
+        raise click.UsageError(f"--pick {pick} is beyond the {top} candidates --top shows")
     site_path = resolve_site_path(site_name, default="dgx-h100-superpod")
     site = load_site(site_path)
     spec, source = load_run_input(run, preset, megatron_args, nodes, site)
@@ -202,7 +210,11 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
                                      checkpoint_log, restart_s)
     if write_spec:
-        extra = candidates[0].megatron_keys() if do_search else None
+        if do_search and pick is not None and pick > len(candidates):
+            raise ConfigError(f"--pick {pick}: only {len(candidates)} layouts of "
+                              f"{spec.job.name} fit on {result.nodes} nodes",
+                              hint=f"--pick {len(candidates)} or less")
+        extra = candidates[(pick or 1) - 1].megatron_keys() if do_search else None
         _write_spec(spec, result.nodes, Path(write_spec), extra)
     if as_json:
 

@@ -388,3 +388,28 @@ def test_candidates_without_expert_parallelism_leave_deepep() -> None:
         written = {k: v for k, v in (args | x.megatron_keys()).items() if v is not None}
         assert written["moe_token_dispatcher_type"] == ("alltoall" if alone else "flex")
         assert switch_errors(ModelConfig.from_args(written), written) == []
+
+
+def test_pick_writes_the_chosen_candidate(tmp_path: Path) -> None:
+    """`--pick N` writes the N-th candidate shown (the next to try when the model cannot order
+    them), and refuses what it cannot pick with one line and no file."""
+    out = tmp_path / "second.toml"
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--top", "3",
+                 "--json", "--pick", "2", "--write-spec", str(out))
+    assert r.returncode == 0, r.stderr
+    second = json.loads(r.stdout)["candidates"][1]
+    again = json.loads(slurmpod("plan", str(out), "--json").stdout)
+    assert again["layout"] == second["layout"]
+    assert again["micro_batch_size"] == second["micro_batch_size"]
+    for args, code in ((["--pick", "4", "--top", "3"], 2), (["--pick", "1"], 2)):
+        bad = tmp_path / "bad.toml"
+        extra = ["--search", "--write-spec", str(bad)] if args[1] == "4" else []
+        r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", *args, *extra)
+        assert r.returncode == code and "--pick" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not bad.exists()
+    # 21 layouts of Llama 3 70B fit on 3 nodes: a 30th cannot be picked.
+    bad = tmp_path / "bad.toml"
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "3", "--search", "--top", "50",
+                 "--pick", "30", "--write-spec", str(bad))
+    assert r.returncode == 3 and "--pick 30: only 21 layouts" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not bad.exists()
