@@ -13,6 +13,7 @@ padded vocabulary, VPP from `num_layers_per_virtual_pipeline_stage`.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -648,6 +649,29 @@ def flex_dispatcher_needs_peers(a: Mapping[str, Any]) -> bool:
     (DeepEP, Megatron's default, or NCCL EP; not HybridEP): slurmpod.megatron.validate."""
     return (str(a.get("moe_token_dispatcher_type") or "").lower() == "flex"
             and str(a.get("moe_flex_dispatcher_backend") or "deepep").lower() != "hybridep")
+
+
+def cuda_graph_scopes(args: Mapping[str, Any]) -> set[str]:
+    """The words of a run's CUDA graph scope, in each release's spelling: core 0.15's string,
+    core 0.16's list (a dump prints `[<CudaGraphScope.attn: 1>, ...]`), main's
+    `cuda_graph_modules`."""
+    words: set[str] = set()
+    for key in ("cuda_graph_scope", "cuda_graph_modules"):
+        v = args.get(key)
+        parts = v if isinstance(v, (list, tuple)) else [v]
+        for part in parts:
+            words.update(re.findall(r"[a-z_]+", str(part or "").lower()))
+    return words
+
+
+def per_layer_cuda_graphs(args: Mapping[str, Any]) -> bool:
+    """The run captures CUDA graphs per layer (`cuda_graph_impl` transformer_engine or local),
+    not the whole iteration (main's `full_iteration`, core 0.15's local with a full_iteration
+    scope)."""
+    impl = str(args.get("cuda_graph_impl") or "").strip().lower()
+    if impl not in ("transformer_engine", "local"):
+        return False
+    return not (impl == "local" and "full_iteration" in cuda_graph_scopes(args))
 
 
 def optional_int(v: Any) -> int | None:

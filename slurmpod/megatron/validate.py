@@ -23,6 +23,7 @@ from slurmpod.megatron.runspec import (
     bad_optimizer_state_dtype,
     flex_dispatcher_needs_peers,
     megatron_flag,
+    per_layer_cuda_graphs,
 )
 from slurmpod.model.explain import short_value
 
@@ -173,6 +174,20 @@ TP_COMM_OVERLAP = "tp_comm_overlap"
 # TPxEP > 1" over the expert-tensor and expert groups (token_dispatcher.py, core 0.12 to 0.15;
 # main: its deepep and ncclep backends, deepep the default, not hybridep).
 FLEX_DISPATCHER = "moe_token_dispatcher_type=flex"
+# CUDA graphs per layer (`cuda_graph_impl` transformer_engine or local) exclude full recompute:
+# "full recompute is only supported with full iteration CUDA graph" (TransformerConfig, core
+# 0.16 to main; core 0.12-0.14 have no cuda_graph_impl).
+LAYER_GRAPHS = "cuda_graph_impl"
+
+
+def layer_graphs_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
+    """(key, why, fix) when Megatron refuses per-layer CUDA graphs with `c`'s recompute."""
+    if c.recompute_granularity == "full":
+        return [("recompute_granularity",
+                 "CUDA graphs per layer (cuda_graph_impl transformer_engine or local) exclude "
+                 "full recompute", "recompute_granularity = 'selective' or none, or "
+                 "cuda_graph_impl = 'full_iteration' or 'none'")]
+    return []
 
 
 def flex_dispatcher_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
@@ -225,12 +240,13 @@ def ep_overlap_conflicts(c: ModelConfig) -> list[tuple[str, str, str]]:
 
 # The run's switches whose Megatron rules depend on the layout and recompute.
 _SWITCH_CONFLICTS = {EP_OVERLAP: ep_overlap_conflicts, TP_COMM_OVERLAP: tp_comm_overlap_conflicts,
-                     FLEX_DISPATCHER: flex_dispatcher_conflicts}
+                     FLEX_DISPATCHER: flex_dispatcher_conflicts,
+                     LAYER_GRAPHS: layer_graphs_conflicts}
 
 
 def refused_switches(c: ModelConfig, on: tuple[str, ...]) -> tuple[str, ...]:
-    """Of the switches `on` (EP_OVERLAP, TP_COMM_OVERLAP, FLEX_DISPATCHER), those Megatron
-    refuses with `c`'s layout and recompute."""
+    """Of the switches `on` (EP_OVERLAP, TP_COMM_OVERLAP, FLEX_DISPATCHER, LAYER_GRAPHS), those
+    Megatron refuses with `c`'s layout and recompute."""
     return tuple(s for s in on if _SWITCH_CONFLICTS[s](c))
 
 
@@ -239,14 +255,16 @@ def switches_on(args: Mapping[str, Any]) -> tuple[str, ...]:
     on = [s for s in (EP_OVERLAP, TP_COMM_OVERLAP) if megatron_flag(args.get(s))]
     if flex_dispatcher_needs_peers(args):
         on.append(FLEX_DISPATCHER)
+    if per_layer_cuda_graphs(args):
+        on.append(LAYER_GRAPHS)
     return tuple(on)
 
 
 def switch_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
-    """`plan`'s errors for a run whose EP overlap, TP communication overlap or flex dispatcher
-    Megatron would refuse (the layout's reasons; for the EP overlap also the dispatcher and the
-    shared-expert overlap), or whose `delay_wgrad_compute` lacks the EP overlap: one line each,
-    with the fix."""
+    """`plan`'s errors for a run whose EP overlap, TP communication overlap, flex dispatcher or
+    per-layer CUDA graphs Megatron would refuse (the layout's and recompute's reasons; for the
+    EP overlap also the dispatcher and the shared-expert overlap), or whose
+    `delay_wgrad_compute` lacks the EP overlap: one line each, with the fix."""
     errors: list[str] = []
     if megatron_flag(args.get("delay_wgrad_compute")) and not megatron_flag(args.get(EP_OVERLAP)):
         errors.append(f"megatron.delay_wgrad_compute: needs {EP_OVERLAP}: use "

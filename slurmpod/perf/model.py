@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,9 +44,11 @@ from slurmpod.megatron.memory import (
 from slurmpod.megatron.runspec import (
     FP32_ADAM_STATE_BYTES,
     ModelConfig,
+    cuda_graph_scopes,
     flex_dispatcher_needs_peers,
     megatron_flag,
     optional_int,
+    per_layer_cuda_graphs,
 )
 from slurmpod.model.gpus import DGX_H100_HOST_MEMORY_GB_S, PCIE_GEN5_X16_GB_S, lookup
 
@@ -246,19 +247,6 @@ def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
     )
 
 
-def _graph_scopes(args: Mapping[str, Any]) -> set[str]:
-    """The words of a run's CUDA graph scope, in each release's spelling: core 0.15's string,
-    core 0.16's list (a dump prints `[<CudaGraphScope.attn: 1>, ...]`), main's
-    `cuda_graph_modules`."""
-    words: set[str] = set()
-    for key in ("cuda_graph_scope", "cuda_graph_modules"):
-        v = args.get(key)
-        parts = v if isinstance(v, (list, tuple)) else [v]
-        for part in parts:
-            words.update(re.findall(r"[a-z_]+", str(part or "").lower()))
-    return words
-
-
 def _graphs(args: Mapping[str, Any]) -> tuple[bool, bool]:
     """(whether the iteration replays as one CUDA graph; whether each layer's attention does).
 
@@ -272,7 +260,7 @@ def _graphs(args: Mapping[str, Any]) -> tuple[bool, bool]:
     legacy = megatron_flag(args.get("enable_cuda_graph"))
     if impl not in ("transformer_engine", "local") and not legacy:
         return False, False
-    scopes = _graph_scopes(args)
+    scopes = cuda_graph_scopes(args)
     return (impl == "local" or legacy) and "full_iteration" in scopes, "attn" in scopes
 
 
@@ -291,6 +279,9 @@ class RunOptions:
     # the flex dispatcher's backend that needs expert-parallel peers (DeepEP, Megatron's
     # default; NCCL EP), not HybridEP: slurmpod.megatron.validate.FLEX_DISPATCHER
     moe_flex_needs_peers: bool = False
+    # CUDA graphs captured per layer (cuda_graph_impl transformer_engine or local), whatever
+    # their scope: slurmpod.megatron.validate.LAYER_GRAPHS
+    per_layer_graphs: bool = False
     # Node-limited routing (moe_router_num_groups with moe_router_group_topk): a token's experts
     # sit in at most this many expert groups (DeepSeek-V3: 4 of 8).
     moe_group_topk: int | None = None
@@ -323,6 +314,7 @@ class RunOptions:
             moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
             moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
             moe_flex_needs_peers=flex_dispatcher_needs_peers(args),
+            per_layer_graphs=per_layer_cuda_graphs(args),
             moe_group_topk=optional_int(args.get("moe_router_group_topk")),
             moe_num_groups=optional_int(args.get("moe_router_num_groups")),
             graphed_iteration=iteration,

@@ -11,9 +11,10 @@ PP x VPP the layers do not divide gets the split Megatron accepts for it
 `pipeline_model_parallel_layout`, slurmpod.megatron.validate.split_fix); the run's own split is
 kept for its own PP x VPP. Each candidate carries the run's precision and recipe settings (FP8,
 grad_reduce_in_bf16, dropout, overlap flags: everything but the layout keys), but for the EP
-overlap, the TP communication overlap and DeepEP where Megatron refuses them (EP 1, PP without
-VPP, full recompute; TP 1; EP x ETP 1): the candidate runs and is written without them (the
-alltoall dispatcher for DeepEP), `switches_off`); recompute climbs
+overlap, the TP communication overlap, DeepEP and per-layer CUDA graphs where Megatron refuses
+them (EP 1, PP without VPP, full recompute; TP 1; EP x ETP 1; full recompute): the candidate
+runs and is written without them (the alltoall dispatcher for DeepEP), `switches_off`);
+recompute climbs
 a ladder, the run's own setting included, from none to full, and the first rung that fits is
 kept (a later rung is never faster). Memory is slurmpod's per-rank estimate
 (slurmpod.megatron.memory.peak_memory, what `plan` checks), weights computed once per layout.
@@ -32,6 +33,7 @@ from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
 from slurmpod.megatron.validate import (
     EP_OVERLAP,
     FLEX_DISPATCHER,
+    LAYER_GRAPHS,
     TP_COMM_OVERLAP,
     interleave_error,
     refused_switches,
@@ -280,12 +282,14 @@ def _layouts(base: ModelConfig, world: int, domain_gpus: int, loss_layers: float
 # The RunOptions field of each layout-bound switch (slurmpod.megatron.validate), and the
 # `[megatron]` keys a candidate without it is written with (None: left out).
 _SWITCH_FIELDS = {EP_OVERLAP: "ep_overlap", TP_COMM_OVERLAP: "tp_comm_overlap",
-                  FLEX_DISPATCHER: "moe_flex_needs_peers"}
+                  FLEX_DISPATCHER: "moe_flex_needs_peers", LAYER_GRAPHS: "per_layer_graphs"}
 _SWITCHED_OFF: dict[str, dict[str, Any]] = {
     EP_OVERLAP: {EP_OVERLAP: False, "delay_wgrad_compute": None},  # which needs the overlap
     TP_COMM_OVERLAP: {TP_COMM_OVERLAP: False},
     FLEX_DISPATCHER: {"moe_token_dispatcher_type": "alltoall",
                       "moe_flex_dispatcher_backend": None},
+    LAYER_GRAPHS: {"cuda_graph_impl": None, "cuda_graph_scope": None,
+                   "cuda_graph_modules": None},
 }
 
 
@@ -371,6 +375,8 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     fields = {_SWITCH_FIELDS[s]: False for s in off}
                     if FLEX_DISPATCHER in off:
                         fields["moe_flex"] = False
+                    if LAYER_GRAPHS in off:
+                        fields["graphed_attention"] = False
                     variants[off] = dataclasses.replace(opts, **fields)
                 o = variants[off]
                 if i == 0 and top is not None and fitting:

@@ -163,6 +163,22 @@ def test_the_flex_dispatcher_needs_expert_parallel_peers_unless_hybridep():
     assert switch_errors(c(), flex) == []  # no experts, no dispatcher
 
 
+def test_cuda_graphs_per_layer_exclude_full_recompute():
+    """TransformerConfig (core 0.16 to main): full recompute only with the whole iteration
+    captured; core 0.15's spelling of that (impl local, scope full_iteration) counts too."""
+    full = c(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    for graphs in ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": "attn"},
+                   {"cuda_graph_impl": "local", "cuda_graph_modules": ["mlp"]}):
+        (line,) = switch_errors(full, graphs)
+        assert line.startswith("megatron.recompute_granularity: CUDA graphs per layer ")
+        assert line.endswith("or cuda_graph_impl = 'full_iteration' or 'none'")
+        assert switch_errors(c(recompute_granularity="selective"), graphs) == []
+    for whole in ({"cuda_graph_impl": "full_iteration"},
+                  {"cuda_graph_impl": "local", "cuda_graph_scope": "full_iteration"},
+                  {"cuda_graph_impl": "none"}, {}):
+        assert switch_errors(full, whole) == []
+
+
 def test_a_fix_that_leaves_the_ep_overlap_refused_turns_it_off():
     """PP=3 does not divide 16 GPUs: the fix PP=2 has no virtual pipeline, with which Megatron
     runs no EP overlap, so a run that asks for it is told to turn it off."""

@@ -413,3 +413,30 @@ def test_pick_writes_the_chosen_candidate(tmp_path: Path) -> None:
                  "--pick", "30", "--write-spec", str(bad))
     assert r.returncode == 3 and "--pick 30: only 21 layouts" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not bad.exists()
+
+
+def test_full_recompute_candidates_run_without_per_layer_cuda_graphs() -> None:
+    """A recipe with Transformer Engine's per-layer CUDA graphs of the attention: its
+    full-recompute candidates are predicted and written without graphs, which Megatron
+    requires (full recompute only with the whole iteration captured)."""
+    from slurmpod.megatron.validate import switch_errors
+    from slurmpod.perf.model import RunOptions, predict
+
+    args = load_run(ROOT / "tests" / "data" / "recipes" / "llama3-70b-h100-fp8cs-64gpu.toml"
+                    ).megatron.values() | {"cuda_graph_impl": "transformer_engine",
+                                           "cuda_graph_scope": ["attn"]}
+    base = ModelConfig.from_args(args)
+    opts = RunOptions.from_args(args)
+    assert opts.graphed_attention and opts.per_layer_graphs
+    cands, _ = search(base, 32, H100, USABLE, opts=opts, top=None)
+    full = [x for x in cands if x.config.recompute_granularity == "full"]
+    assert full and len(full) < len(cands)
+    for x in cands:
+        assert ("cuda_graph_impl" in x.switches_off) == (x in full)
+        written = {k: v for k, v in (args | x.megatron_keys()).items() if v is not None}
+        assert switch_errors(ModelConfig.from_args(written), written) == []
+    x = full[0]
+    bare = dataclasses.replace(opts, graphed_attention=False, per_layer_graphs=False,
+                               tp_comm_overlap=opts.tp_comm_overlap and x.config.tp > 1)
+    want = predict(x.config, 32, H100, opts=bare)
+    assert want is not None and x.prediction.step_time_s == want.step_time_s
