@@ -21,6 +21,7 @@ from slurmpod.megatron.runspec import (
     OPTIMIZER_STATE_CHOICES,
     ModelConfig,
     bad_optimizer_state_dtype,
+    cuda_graph_scopes,
     flex_dispatcher_needs_peers,
     megatron_flag,
     per_layer_cuda_graphs,
@@ -283,6 +284,13 @@ def switch_errors(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
     if megatron_flag(args.get("moe_shared_expert_overlap")):
         errors.append(f"megatron.moe_shared_expert_overlap: {EP_OVERLAP} excludes it: use "
                       f"moe_shared_expert_overlap = false, or {EP_OVERLAP} = false")
+    # Transformer Engine's graphs of the MLP or the experts (TransformerConfig, core 0.16 to
+    # main).
+    if (str(args.get("cuda_graph_impl") or "").strip().lower() == "transformer_engine"
+            and cuda_graph_scopes(args) & {"moe", "mlp"}):
+        errors.append(f"megatron.cuda_graph_scope: {EP_OVERLAP} excludes Transformer Engine's "
+                      "CUDA graphs of 'moe' and 'mlp': use a scope without them (e.g. "
+                      f"['attn']), or {EP_OVERLAP} = false")
     return errors
 
 

@@ -179,6 +179,17 @@ def test_cuda_graphs_per_layer_exclude_full_recompute():
         assert switch_errors(full, whole) == []
 
 
+def test_the_ep_overlap_excludes_transformer_engine_graphs_of_the_experts():
+    cfg = c(**MOE)
+    for scope in (["moe"], "mlp", ["attn", "moe_router", "moe"]):
+        te = {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": scope}
+        (line,) = switch_errors(cfg, OVERLAP | te)
+        assert line.startswith("megatron.cuda_graph_scope: overlap_moe_expert_parallel_comm ")
+        assert switch_errors(cfg, te) == []  # without the overlap
+    ok = {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn", "moe_router"]}
+    assert switch_errors(cfg, OVERLAP | ok) == []
+
+
 def test_a_fix_that_leaves_the_ep_overlap_refused_turns_it_off():
     """PP=3 does not divide 16 GPUs: the fix PP=2 has no virtual pipeline, with which Megatron
     runs no EP overlap, so a run that asks for it is told to turn it off."""
