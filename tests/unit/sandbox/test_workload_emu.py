@@ -10,7 +10,9 @@ import re
 import signal
 import subprocess
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,14 +147,30 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 def test_a_save_is_left_out_of_the_next_iterations_time(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """As Megatron's save_checkpoint_and_time stops the interval timer: the save shows as a gap
-    in the iteration lines' clock, which the report counts as a checkpoint stall."""
+    in the iteration lines' clock, which the report counts as a checkpoint stall. The save
+    moves the emulator's clocks (monotonic and the lines' timestamps) ten minutes on instead of
+    sleeping, so the test depends on no machine's speed."""
+    save_s = 600.0
+    shift = [0.0]
+
+    class Clock:  # the emulator's `time`: its monotonic clock runs `shift` ahead
+        monotonic = staticmethod(lambda: time.monotonic() + shift[0])
+        sleep = staticmethod(time.sleep)
+
+    class Stamp(datetime):  # the emulator's `datetime`: its timestamps too
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz) + timedelta(seconds=shift[0])
+
     save = emu.Trainer.save
-    save_s = 0.2
 
-    def slow_save(self: emu.Trainer, path: Path) -> None:
-        save(self, path)
-        time.sleep(save_s)  # the save's duration, not a synchronisation
+    def slow_save(self: emu.Trainer, path: Path) -> Path:
+        done = save(self, path)
+        shift[0] += save_s  # the save's duration
+        return done
 
+    monkeypatch.setattr(emu, "time", Clock)
+    monkeypatch.setattr(emu, "datetime", Stamp)
     monkeypatch.setattr(emu.Trainer, "save", slow_save)
     out, _ = run_emu([*TINY, "--train-iters", "4", "--save", str(tmp_path / "c"),
                       "--save-interval", "2"])
@@ -271,7 +289,7 @@ def test_a_hold_pauses_every_rank_until_released_and_is_not_timed(tmp_path: Path
     head = read_until(procs[0], r"holding after iteration 3 until")
     assert re.findall(r"iteration\s+(\d+)/", head) == ["1", "2", "3"]
     assert all(p.poll() is None for p in procs)  # both ranks wait, neither has finished
-    held_s = 0.5
+    held_s = 2.0  # ten times an iteration of these ranks on a loaded 2-core machine
     deadline = time.monotonic() + held_s
     while time.monotonic() < deadline:  # the pause to leave out of the times, not a sync
         assert all(p.poll() is None for p in procs)
