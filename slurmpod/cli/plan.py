@@ -232,7 +232,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         if prediction is not None:
             head, _, tail = text.rpartition("\nplan: ")
             named = ", ".join(switches(spec)) or (
-                "none (Megatron's defaults: no overlap, the alltoall dispatcher, no CUDA graphs)")
+                "none (Megatron's defaults: no overlap, no CUDA graphs; a MoE dispatcher timed as "
+                "alltoall)")
             host = host_line(prediction)
             text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {named}"
                     + (f"\n  host       {host}" if host else "") + f"\nplan: {tail}")

@@ -24,6 +24,7 @@ from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.megatron.validate import (
     LAYOUT_KEYS,
     SiteShape,
+    dispatcher_warnings,
     layout_errors,
     layout_warnings,
     min_nodes_that_fit,
@@ -236,6 +237,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     part_errors, part_warnings = _partition_findings(run, n_nodes, site)
     errors.extend(part_errors)
     warnings = layout_warnings(c, world, shape)
+    warnings.extend(dispatcher_warnings(c, args))
     warnings.extend(part_warnings)
     where: Placement | None = None
     if placement and world % dense_mp == 0 and world % (c.etp * c.ep * c.pp) == 0:

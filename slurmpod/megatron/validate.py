@@ -322,6 +322,17 @@ def layout_warnings(c: ModelConfig, world: int, shape: SiteShape) -> list[str]:
     return out
 
 
+def dispatcher_warnings(c: ModelConfig, args: Mapping[str, Any]) -> list[str]:
+    """A MoE run with expert parallelism that leaves `moe_token_dispatcher_type` to Megatron's
+    default, allgather (TransformerConfig, core 0.12 to main), which gathers every token on
+    every rank of the expert group; slurmpod times it as the alltoall dispatcher."""
+    if not (c.is_moe and c.ep * c.etp > 1) or args.get("moe_token_dispatcher_type"):
+        return []
+    return ["moe_token_dispatcher_type is unset: Megatron's default, allgather, gathers every "
+            "token on every expert-parallel rank, where the prediction counts alltoall's "
+            "routed copies; set moe_token_dispatcher_type = 'alltoall' (or 'flex')"]
+
+
 def memory_bytes(c: ModelConfig, world: int) -> float:
     """Bytes per GPU on the pipeline rank that needs the most."""
     return peak_memory(c, world).bytes_per_gpu

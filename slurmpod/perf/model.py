@@ -327,7 +327,7 @@ class RunOptions:
     def switches(self, config: ModelConfig) -> list[str]:
         """The Megatron settings of a run (these and its `config`'s precision, gradient bytes
         and Megatron-FSDP sharding) that change the prediction, by Megatron's names (empty:
-        Megatron's defaults, no overlap, the alltoall dispatcher, no CUDA graphs)."""
+        Megatron's defaults: no overlap, no CUDA graphs, a MoE dispatcher timed as alltoall)."""
         on = [name for name, set_ in (
             ("fp8", config.fp8 is not None), ("tp_comm_overlap", self.tp_comm_overlap),
             ("overlap_grad_reduce", self.overlap_grad_reduce),

@@ -362,3 +362,15 @@ def test_suggested_fix_is_valid_and_fits(d):
     left = {k for k, _ in layout_errors(new, world, DGX)}
     assert left <= base_other, (fix, layout_errors(new, world, DGX))
     assert memory_bytes(new, world) <= DGX.usable_hbm_bytes
+
+
+def test_a_moe_run_that_leaves_the_dispatcher_to_megatron_is_warned():
+    """Megatron's default dispatcher is allgather; the prediction counts alltoall."""
+    from slurmpod.megatron.validate import dispatcher_warnings
+
+    (line,) = dispatcher_warnings(c(**MOE), {})
+    assert line.startswith("moe_token_dispatcher_type is unset: Megatron's default, allgather")
+    for dispatcher in ("alltoall", "flex", "allgather"):
+        assert dispatcher_warnings(c(**MOE), {"moe_token_dispatcher_type": dispatcher}) == []
+    assert dispatcher_warnings(c(**(MOE | dict(expert_model_parallel_size=1))), {}) == []
+    assert dispatcher_warnings(c(), {}) == []  # dense
