@@ -279,10 +279,12 @@ def _layouts(base: ModelConfig, world: int, domain_gpus: int, loss_layers: float
     return out
 
 
-# The RunOptions field of each layout-bound switch (slurmpod.megatron.validate), and the
-# `[megatron]` keys a candidate without it is written with (None: left out).
-_SWITCH_FIELDS = {EP_OVERLAP: "ep_overlap", TP_COMM_OVERLAP: "tp_comm_overlap",
-                  FLEX_DISPATCHER: "moe_flex_needs_peers", LAYER_GRAPHS: "per_layer_graphs"}
+# The RunOptions fields of each layout-bound switch (slurmpod.megatron.validate), the first
+# saying whether the run has it on, all off without it; and the `[megatron]` keys a candidate
+# without it is written with (None: left out).
+_SWITCH_FIELDS = {EP_OVERLAP: ("ep_overlap",), TP_COMM_OVERLAP: ("tp_comm_overlap",),
+                  FLEX_DISPATCHER: ("moe_flex_needs_peers", "moe_flex"),
+                  LAYER_GRAPHS: ("per_layer_graphs", "graphed_attention")}
 _SWITCHED_OFF: dict[str, dict[str, Any]] = {
     EP_OVERLAP: {EP_OVERLAP: False, "delay_wgrad_compute": None},  # which needs the overlap
     TP_COMM_OVERLAP: {TP_COMM_OVERLAP: False},
@@ -296,7 +298,7 @@ _SWITCHED_OFF: dict[str, dict[str, Any]] = {
 def _switches_on(opts: RunOptions | None) -> tuple[str, ...]:
     if opts is None:
         return ()
-    return tuple(s for s, f in _SWITCH_FIELDS.items() if getattr(opts, f))
+    return tuple(s for s, fields in _SWITCH_FIELDS.items() if getattr(opts, fields[0]))
 
 
 def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
@@ -372,12 +374,8 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     c = _with(c, cpu_offloading_num_layers=0)
                 off = refused_switches(c, on) if on else ()
                 if off not in variants and opts is not None:
-                    fields = {_SWITCH_FIELDS[s]: False for s in off}
-                    if FLEX_DISPATCHER in off:
-                        fields["moe_flex"] = False
-                    if LAYER_GRAPHS in off:
-                        fields["graphed_attention"] = False
-                    variants[off] = dataclasses.replace(opts, **fields)
+                    variants[off] = dataclasses.replace(
+                        opts, **{f: False for s in off for f in _SWITCH_FIELDS[s]})
                 o = variants[off]
                 if i == 0 and top is not None and fitting:
                     bound = predict(c, world, hw, eff, o, weights=wmax)
