@@ -29,7 +29,9 @@ from slurmpod.perf.calibrate import (
     recipe_rank,
     usable_bytes,
 )
-from slurmpod.perf.model import FITTED, RunOptions, hardware_from_site
+from slurmpod.perf.fitted import FITTED
+from slurmpod.perf.hardware import hardware_from_site
+from slurmpod.perf.options import RunOptions
 from slurmpod.perf.peaks import evaluate_peaks, load_peaks, markdown_peaks, peak_stats
 from slurmpod.perf.search import search
 

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from slurmpod.megatron.memory import MeasuredReserve
     from slurmpod.model.site import Site
     from slurmpod.perf.calibrate import Achieved
-    from slurmpod.perf.model import Efficiency, Hardware
+    from slurmpod.perf.fitted import Efficiency
+    from slurmpod.perf.hardware import Hardware
     from slurmpod.perf.reserve import MemoryPoint
     from slurmpod.report.model import LogHints
     from slurmpod.report.sacct import SacctJob
@@ -73,9 +74,8 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
                          "accounting: they go with --since, not with LOG files")
     from slurmpod.config import data_dir, load_site, resolve_site_path  # lazy: start-up
     from slurmpod.perf import calibrate as cal  # lazy: start-up
-
-    # lazy: start-up
-    from slurmpod.perf.model import DEFAULT_EFFICIENCY, FITTED, hardware_from_site
+    from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED  # lazy: start-up
+    from slurmpod.perf.hardware import hardware_from_site  # lazy: start-up
 
     site_path = Path(resolve_site_path(site_name, default="dgx-h100-superpod"))
     site = load_site(site_path)
@@ -241,7 +241,7 @@ def _from_logs(logs: tuple[Path, ...], hw: Hardware, warmup_iters: int,
     from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
     from slurmpod.megatron.validate import check_dump_args  # lazy: start-up
     from slurmpod.perf.calibrate import Achieved  # lazy: start-up
-    from slurmpod.perf.model import RunOptions  # lazy: start-up
+    from slurmpod.perf.options import RunOptions  # lazy: start-up
 
     jobs: list[Achieved] = []
     for log in logs:

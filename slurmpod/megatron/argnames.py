@@ -57,7 +57,7 @@ def flag_for(dest: str) -> str:
 # it from --num-virtual-stages-per-pipeline-rank (megatron/training/arguments.py).
 RENDERED_AS = {"virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank"}
 
-# `[megatron]` keys only slurmpod's performance model reads (perf/model.py RunOptions): Megatron
+# `[megatron]` keys only slurmpod's performance model reads (perf/options.py RunOptions): Megatron
 # has no argument for them, so they are never rendered onto its command line.
 MODEL_ONLY = frozenset({"moe_imbalance"})
 

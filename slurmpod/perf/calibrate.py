@@ -24,16 +24,10 @@ from slurmpod.errors import SlurmpodError
 from slurmpod.megatron.memory import GIB, MeasuredReserve, peak_memory, runtime_reserve
 from slurmpod.megatron.runspec import ModelConfig, preset_path
 from slurmpod.model.gpus import CATALOG
-from slurmpod.perf.model import (
-    FITTED,
-    MOE_FP8_HOST_FORWARD_S,
-    Efficiency,
-    Hardware,
-    Prediction,
-    RunOptions,
-    hardware_from_site,
-    predict,
-)
+from slurmpod.perf.fitted import FITTED, MOE_FP8_HOST_FORWARD_S, Efficiency
+from slurmpod.perf.hardware import Hardware, hardware_from_site
+from slurmpod.perf.model import Prediction, predict
+from slurmpod.perf.options import RunOptions
 
 if TYPE_CHECKING:
     from slurmpod.model.jobs import JobRecord

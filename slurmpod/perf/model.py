@@ -22,18 +22,18 @@ microbatch and layer it counts, on one GPU:
 - offload: activation copies to and from host memory beyond the compute they run under
   (breakdown `offload`), and the optimizer's offloaded share stepped on the host.
 
-Every coefficient is named below. `FITTED` holds the only fitted ones (two per GPU generation
-at most, each with the published point it was fitted on, `slurmpod.perf.calibrate`); all other
-constants are chosen from hardware behaviour and are not tuned to the validation table.
+Every chosen coefficient is named below; the fitted ones (two per GPU generation at most, each
+with the published point it was fitted on) live in `slurmpod.perf.fitted`. What the model reads
+from the site is `slurmpod.perf.hardware.Hardware`; from the run's switches,
+`slurmpod.perf.options.RunOptions`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurmpod.megatron.flops import attention_fmas_per_token, flops_per_token, mlp_fmas_per_token
 from slurmpod.megatron.memory import (
@@ -41,19 +41,10 @@ from slurmpod.megatron.memory import (
     layer_activation_bytes,
     weight_and_optimizer_bytes,
 )
-from slurmpod.megatron.runspec import (
-    FP32_ADAM_STATE_BYTES,
-    ModelConfig,
-    cuda_graph_scopes,
-    flex_dispatcher_needs_peers,
-    megatron_flag,
-    optional_int,
-    per_layer_cuda_graphs,
-)
-from slurmpod.model.gpus import DGX_H100_HOST_MEMORY_GB_S, PCIE_GEN5_X16_GB_S, lookup
-
-if TYPE_CHECKING:
-    from slurmpod.model.site import Site
+from slurmpod.megatron.runspec import FP32_ADAM_STATE_BYTES, ModelConfig
+from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
+from slurmpod.perf.hardware import Hardware
+from slurmpod.perf.options import RunOptions
 
 # --- chosen constants (not fitted) ---------------------------------------------------------------
 # A GEMM whose smallest per-GPU dimension is d runs at d / (d + GEMM_HALF_DIM) of the large-GEMM
@@ -139,24 +130,8 @@ DENSE_LAYER_KERNELS = 70
 ATTENTION_LAYER_KERNELS = 28
 MOE_LAYER_KERNELS = 60
 CP_STEP_KERNELS = 8
-# MoE load imbalance: busiest expert's tokens / mean. 1.0 = force-balanced routing (how NVIDIA's
-# published MoE benchmarks run); real aux-loss-balanced runs sit above it.
-MOE_IMBALANCE = 1.0
 
 
-# Host time to launch one MoE layer's forward in FP8 (Transformer Engine), seconds per
-# microbatch, without CUDA graphs. The alltoall and flex dispatchers copy the token counts to
-# the host once per MoE layer forward (Megatron core 0.15 `_maybe_dtoh_and_synchronize`: the
-# all-to-all splits and the grouped GEMM's m_splits are host lists), so the host cannot run
-# ahead of the GPU across layers, and a te.Linear takes the host over twice as long to launch
-# in FP8 as in BF16 (quantizers, scale bookkeeping; TransformerEngine issue 761: an FP8
-# forward 140 ms against 77 ms in BF16, the GPU idle, the backward not). Such a forward takes
-# at least this long. Fitted (`slurmpod.perf.calibrate.fit_host_forward`) on the row marked
-# `fits = "host"` in tests/data/perf/published.toml; BF16 MoE rows show no such floor (Qwen3
-# 235B BF16 on GB200 runs a whole MoE layer-microbatch in 8.6 ms). The figure is for that row's
-# layer, standard attention and routed experts: ATTENTION_FP8_MODULES + EXPERT_FP8_MODULES.
-MOE_FP8_HOST_FORWARD_S = 5.0428e-3
-HOST_FORWARD_FITTED_ON = "bridge2606-h100-qwen3-30b-fp8"
 # The host's forward is taken per FP8 Transformer Engine module it launches, each at the same
 # cost (TransformerEngine issue 761 puts the FP8 overhead per module): the attention's QKV and
 # output projection, or MLA's five (Q down and up, KV down and up, output; core 0.15
@@ -170,186 +145,6 @@ EXPERT_FP8_MODULES = 2
 # A predicted step that waits on the host (breakdown `host`) at least this share of it is
 # host-bound: `plan` says so, and `slurmpod calibrate` fits the host's figure on such jobs.
 HOST_BOUND_SHARE = 0.10
-
-
-@dataclass(frozen=True, slots=True)
-class Efficiency:
-    """Fitted per GPU generation: share of the dense peak large GEMMs reach; and (one figure
-    for all generations, the host's) the FP8 MoE forward's launch time, for a layer of standard
-    attention and routed experts (MOE_FP8_HOST_FORWARD_S)."""
-
-    gemm: float  # BF16/FP16 GEMMs, share of the BF16 peak
-    fp8: float  # FP8 GEMMs (Transformer Engine), share of the FP8 peak
-    fitted_on: str = ""
-    moe_fp8_host_forward_s: float = MOE_FP8_HOST_FORWARD_S
-
-
-# Fitted by `slurmpod.perf.calibrate.fit_generation` on the rows marked `calibration` in
-# tests/data/perf/published.toml (at most two per generation); tests/unit/perf/test_validation.py
-# refits them and checks these values.
-FITTED: dict[str, Efficiency] = {
-    "ampere": Efficiency(0.6912, 0.6912, "narayanan2021-t1-145_6b"),
-    "hopper": Efficiency(0.6238, 0.6238, "bridge2511-h100-llama3-70b-fp8"),
-    "blackwell": Efficiency(0.6094, 0.5047, "bridge2511-gb200-llama31-405b-fp8, "
-                                            "bridge2511-gb200-qwen3-235b-bf16"),
-    "gb300": Efficiency(0.7622, 0.6208, "bridge2511-gb300-llama31-405b-fp8, "
-                                        "bridge2511-gb300-qwen3-235b-bf16"),
-    "emulated": Efficiency(1.0, 1.0, "the sandbox's measured matmul peak"),
-}
-DEFAULT_EFFICIENCY = FITTED["hopper"]
-
-
-@dataclass(frozen=True, slots=True)
-class Hardware:
-    """What the model reads from the site: one GPU kind and the fabric."""
-
-    gpu_model: str
-    generation: str
-    peak_bf16: float  # TFLOP/s, dense
-    peak_fp8: float | None
-    hbm_tb_s: float
-    nvlink_gb_s: float  # per GPU, one direction
-    domain_gpus: int
-    gpus_per_node: int
-    nic_gb_s: float  # per GPU, one direction (rails x link / GPUs per node)
-    sharp: bool = False
-    oversubscription: float = 1.0
-    nodes_per_su: int = 1_000_000
-    # Per GPU: its link to host memory, one direction, and its share of the host's memory
-    # bandwidth (GB/s; the catalog's reference systems: slurmpod.model.gpus).
-    host_link_gb_s: float = PCIE_GEN5_X16_GB_S
-    host_memory_gb_s: float = DGX_H100_HOST_MEMORY_GB_S
-
-
-def hardware_from_site(site: Site, node_type: str | None = None) -> Hardware:
-    """The Hardware of `node_type` (default: the first SU group's) on `site`."""
-
-    name = node_type or site.su_groups[0].node_type
-    nt = site.node_types[name]
-    g = nt.gpu
-    spec = lookup(g.model)
-    # An uncatalogued GPU: bandwidths in H100 proportion to its peak.
-    hbm = g.hbm_tb_per_s or (spec.hbm_tb_per_s if spec else g.peak_tflops_bf16 * 3.35 / 989)
-    nvl = g.nvlink_gb_per_s or (spec.nvlink_gb_per_s if spec else g.peak_tflops_bf16 * 450 / 989)
-    # ... and its host: PCIe Gen5 x16, the DGX H100's memory per GPU.
-    host_link = g.host_link_gb_per_s or PCIE_GEN5_X16_GB_S
-    host_mem = g.host_memory_gb_per_s or DGX_H100_HOST_MEMORY_GB_S
-    fab = site.fabric
-    n_hca = len(nt.compute_hcas) or fab.rails
-    nic = fab.link_gbps / 8 * n_hca / nt.gpus
-    grp = next(gr for gr in site.su_groups if gr.node_type == name)
-    return Hardware(
-        gpu_model=g.model, generation=spec.generation if spec else "hopper",
-        peak_bf16=g.peak_tflops_bf16, peak_fp8=g.peak_tflops_fp8, hbm_tb_s=hbm, nvlink_gb_s=nvl,
-        domain_gpus=nt.domain_gpus, gpus_per_node=nt.gpus, nic_gb_s=nic, sharp=fab.sharp,
-        oversubscription=fab.oversubscription, nodes_per_su=grp.nodes_per_su,
-        host_link_gb_s=host_link, host_memory_gb_s=host_mem,
-    )
-
-
-def _graphs(args: Mapping[str, Any]) -> tuple[bool, bool]:
-    """(whether the iteration replays as one CUDA graph; whether each layer's attention does).
-
-    The whole iteration, in each release's spelling: main's `--cuda-graph-impl full_iteration`;
-    core 0.15's `--cuda-graph-impl local` and core 0.13-0.14's `--enable-cuda-graph`, each with
-    `--cuda-graph-scope full_iteration` (what Megatron-Bridge 25.11's Llama 3 8B presets set).
-    The attention: impl transformer_engine or local with `attn` in the scope."""
-    impl = str(args.get("cuda_graph_impl") or "").strip().lower()
-    if impl == "full_iteration":
-        return True, False
-    legacy = megatron_flag(args.get("enable_cuda_graph"))
-    if impl not in ("transformer_engine", "local") and not legacy:
-        return False, False
-    scopes = cuda_graph_scopes(args)
-    return (impl == "local" or legacy) and "full_iteration" in scopes, "attn" in scopes
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Megatron switches that change speed but not FLOPs or layout (read from `[megatron]`).
-    The precision (`fp8`) and the gradient-reduce bytes live in `ModelConfig` (`fp8`,
-    `grad_bytes`), which memory reads too: one reading for both."""
-
-    tp_comm_overlap: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    ep_overlap: bool = False
-    moe_imbalance: float = MOE_IMBALANCE
-    moe_flex: bool = False  # moe_token_dispatcher_type = "flex" (DeepEP / HybridEP)
-    # the flex dispatcher's backend that needs expert-parallel peers (DeepEP, Megatron's
-    # default; NCCL EP), not HybridEP: slurmpod.megatron.validate.FLEX_DISPATCHER
-    moe_flex_needs_peers: bool = False
-    # CUDA graphs captured per layer (cuda_graph_impl transformer_engine or local), whatever
-    # their scope: slurmpod.megatron.validate.LAYER_GRAPHS
-    per_layer_graphs: bool = False
-    # Node-limited routing (moe_router_num_groups with moe_router_group_topk): a token's experts
-    # sit in at most this many expert groups (DeepSeek-V3: 4 of 8).
-    moe_group_topk: int | None = None
-    moe_num_groups: int | None = None
-    # `--cuda-graph-impl full_iteration`: the iteration replays as one CUDA graph
-    graphed_iteration: bool = False
-    # `cuda_graph_scope` attn (with cuda_graph_impl transformer_engine or local): each layer's
-    # attention replays as a CUDA graph
-    graphed_attention: bool = False
-    # `fp8_dot_product_attention` (TransformerConfig): the core attention runs in FP8
-    fp8_attention: bool = False
-    # `use_transformer_engine_op_fuser` (TransformerConfig): the experts' fc1, activation and fc2
-    # run as one fused grouped MLP (Transformer Engine's op fuser; its CuTe DSL kernel with
-    # NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), so the FFN-sized activation and its FP8 casts never
-    # reach HBM
-    fused_expert_mlp: bool = False
-    # `overlap_cpu_optimizer_d2h_h2d`: the CPU optimizer's gradient copies to the host, its
-    # step and the parameter copies back run as a pipeline over its parameters
-    overlap_cpu_optimizer: bool = False
-
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any]) -> RunOptions:
-        # Read as ModelConfig.from_args reads them (a run spec's values, a dump's strings).
-        iteration, attention = _graphs(args)
-        return cls(
-            tp_comm_overlap=megatron_flag(args.get("tp_comm_overlap")),
-            overlap_grad_reduce=megatron_flag(args.get("overlap_grad_reduce")),
-            overlap_param_gather=megatron_flag(args.get("overlap_param_gather")),
-            ep_overlap=megatron_flag(args.get("overlap_moe_expert_parallel_comm")),
-            moe_imbalance=float(args.get("moe_imbalance", MOE_IMBALANCE) or MOE_IMBALANCE),
-            moe_flex=str(args.get("moe_token_dispatcher_type", "")).lower() == "flex",
-            moe_flex_needs_peers=flex_dispatcher_needs_peers(args),
-            per_layer_graphs=per_layer_cuda_graphs(args),
-            moe_group_topk=optional_int(args.get("moe_router_group_topk")),
-            moe_num_groups=optional_int(args.get("moe_router_num_groups")),
-            graphed_iteration=iteration,
-            graphed_attention=attention,
-            fp8_attention=megatron_flag(args.get("fp8_dot_product_attention")),
-            fused_expert_mlp=megatron_flag(args.get("use_transformer_engine_op_fuser")),
-            overlap_cpu_optimizer=megatron_flag(args.get("overlap_cpu_optimizer_d2h_h2d")),
-        )
-
-    def switches(self, config: ModelConfig) -> list[str]:
-        """The Megatron settings of a run (these and its `config`'s precision, gradient bytes
-        and Megatron-FSDP sharding) that change the prediction, by Megatron's names (empty:
-        Megatron's defaults: no overlap, no CUDA graphs, a MoE dispatcher timed as alltoall)."""
-        on = [name for name, set_ in (
-            ("fp8", config.fp8 is not None), ("tp_comm_overlap", self.tp_comm_overlap),
-            ("overlap_grad_reduce", self.overlap_grad_reduce),
-            ("overlap_param_gather", self.overlap_param_gather),
-            ("grad_reduce_in_bf16", config.grad_bytes == 2),
-            ("overlap_moe_expert_parallel_comm", self.ep_overlap),
-            ("moe_token_dispatcher_type=flex", self.moe_flex),
-            ("cuda_graph_impl=full_iteration", self.graphed_iteration),
-            ("cuda_graph_scope=attn", self.graphed_attention and not self.graphed_iteration),
-            ("fp8_dot_product_attention", self.fp8_attention),
-            ("use_transformer_engine_op_fuser", self.fused_expert_mlp),
-            ("optimizer_cpu_offload", config.optimizer_offload_fraction > 0),
-            ("overlap_cpu_optimizer_d2h_h2d",
-             self.overlap_cpu_optimizer and config.optimizer_offload_fraction > 0),
-            ("cpu_offloading", config.cpu_offloading_num_layers > 0)) if set_]
-        if self.moe_group_topk and self.moe_num_groups:
-            on.append(f"moe_router_group_topk={self.moe_group_topk} of {self.moe_num_groups}")
-        if self.moe_imbalance != MOE_IMBALANCE:
-            on.append(f"moe_imbalance={self.moe_imbalance:g}")
-        if config.megatron_fsdp:
-            on.append(f"use_megatron_fsdp={config.fsdp_sharding}")
-        return on
 
 
 BREAKDOWN_KEYS = ("compute", "host", "offload", "tp", "cp", "pp_bubble", "pp_p2p", "dp", "ep",

@@ -24,7 +24,7 @@ from typing import Any
 from slurmpod.megatron.memory import GIB, peak_memory
 from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.perf.calibrate import row_config, system_hardware, usable_bytes
-from slurmpod.perf.model import Hardware
+from slurmpod.perf.hardware import Hardware
 
 GB = 1e9
 OUTCOMES = ("ran", "oom")

@@ -1,7 +1,7 @@
 """The performance model as `slurmpod plan` uses it: a run spec + site -> prediction or search.
 
 The efficiency factors are the site's own when `slurmpod calibrate` stored some beside the site
-file, else the published fit of the GPU's generation (slurmpod.perf.model.FITTED); so is the
+file, else the published fit of the GPU's generation (slurmpod.perf.fitted.FITTED); so is the
 runtime memory reserve (`site_reserve`) when the site's jobs measured it.
 """
 
@@ -12,16 +12,10 @@ from typing import TYPE_CHECKING
 
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
 from slurmpod.perf.calibrate import load_site_efficiency, load_site_reserve
-from slurmpod.perf.model import (
-    DEFAULT_EFFICIENCY,
-    FITTED,
-    Efficiency,
-    Hardware,
-    Prediction,
-    RunOptions,
-    hardware_from_site,
-    predict,
-)
+from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
+from slurmpod.perf.hardware import Hardware, hardware_from_site
+from slurmpod.perf.model import Prediction, predict
+from slurmpod.perf.options import RunOptions
 from slurmpod.perf.search import Candidate, search
 
 if TYPE_CHECKING:

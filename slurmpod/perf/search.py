@@ -38,16 +38,10 @@ from slurmpod.megatron.validate import (
     interleave_error,
     refused_switches,
 )
-from slurmpod.perf.model import (
-    DEFAULT_EFFICIENCY,
-    FITTED,
-    Efficiency,
-    Hardware,
-    Prediction,
-    RunOptions,
-    _costs,
-    predict,
-)
+from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
+from slurmpod.perf.hardware import Hardware
+from slurmpod.perf.model import Prediction, _costs, predict
+from slurmpod.perf.options import RunOptions
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 MAX_CP = 32

@@ -141,7 +141,9 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     from slurmpod.accounting.trusted import site_gpu  # lazy: start-up
     from slurmpod.megatron.runspec import ModelConfig  # lazy: start-up
     from slurmpod.megatron.validate import check_dump_args, dump_world  # lazy: start-up
-    from slurmpod.perf.model import RunOptions, hardware_from_site, predict  # lazy: start-up
+    from slurmpod.perf.hardware import hardware_from_site  # lazy: start-up
+    from slurmpod.perf.model import predict  # lazy: start-up
+    from slurmpod.perf.options import RunOptions  # lazy: start-up
     from slurmpod.perf.planning import site_efficiency  # lazy: start-up
 
     if check_dump_args(args) is not None:

@@ -296,13 +296,10 @@ def test_an_fp8_moe_log_fits_the_hosts_figure_and_a_dense_one_the_gpus(tmp_path:
 
     from slurmpod.config import load_site, resolve_site_path
     from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-    from slurmpod.perf.model import (
-        FITTED,
-        MOE_FP8_HOST_FORWARD_S,
-        RunOptions,
-        hardware_from_site,
-        predict,
-    )
+    from slurmpod.perf.fitted import FITTED, MOE_FP8_HOST_FORWARD_S
+    from slurmpod.perf.hardware import hardware_from_site
+    from slurmpod.perf.model import predict
+    from slurmpod.perf.options import RunOptions
 
     hw = hardware_from_site(load_site(resolve_site_path("dgx-h100-superpod")))
     moe = {k: v for k, v in load_run(preset_path("qwen3-30b-a3b")).megatron.values().items()

@@ -13,7 +13,7 @@ from slurmpod.config import load_site, resolve_site_path
 from slurmpod.model.jobs import JobRecord, JobState
 from slurmpod.model.site import Site
 from slurmpod.perf.calibrate import SKIP_REASONS, Achieved, achieved_from_record, fit_site
-from slurmpod.perf.model import hardware_from_site
+from slurmpod.perf.hardware import hardware_from_site
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -208,7 +208,9 @@ def test_the_site_fit_splits_gpu_and_host_bound_jobs(superpod: Site) -> None:
     import dataclasses
 
     from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-    from slurmpod.perf.model import FITTED, RunOptions, predict
+    from slurmpod.perf.fitted import FITTED
+    from slurmpod.perf.model import predict
+    from slurmpod.perf.options import RunOptions
 
     hw = hardware_from_site(superpod)
     base = FITTED["hopper"]

@@ -8,20 +8,20 @@ import pytest
 
 from slurmpod.megatron.memory import layer_activation_bytes, weight_and_optimizer_bytes
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+from slurmpod.perf.fitted import FITTED, MOE_FP8_HOST_FORWARD_S
+from slurmpod.perf.hardware import Hardware
 from slurmpod.perf.model import (
     CPU_ADAM_BYTES_PER_PARAM,
-    FITTED,
     HBM_EFFICIENCY,
     HOST_LINK_EFFICIENCY,
     HOST_MEMORY_EFFICIENCY,
     KERNEL_GAP_S,
     OPTIMIZER_BYTES_PER_PARAM,
     TE_COMPUTE_STREAMS,
-    Hardware,
     Prediction,
-    RunOptions,
     predict,
 )
+from slurmpod.perf.options import RunOptions
 
 H100 = Hardware(gpu_model="h100", generation="hopper", peak_bf16=989, peak_fp8=1979,
                 hbm_tb_s=3.35, nvlink_gb_s=450, domain_gpus=8, gpus_per_node=8, nic_gb_s=50)
@@ -330,7 +330,6 @@ def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
     """MOE_FP8_HOST_FORWARD_S floors each MoE layer's forward per microbatch: BF16, a CUDA-
     graphed iteration and dense layers never wait; a larger micro-batch hides it (the same host
     work, more GPU work); what waits is counted under `host`, apart from compute."""
-    from slurmpod.perf import model
 
     moe = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=256,
               micro_batch_size=1)
@@ -344,7 +343,7 @@ def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
     waits = host(moe, fp8=True)
     assert waits > 0
     # At most the floor itself per MoE layer and microbatch (the GPU's own forward counts).
-    assert waits < model.MOE_FP8_HOST_FORWARD_S * moe.num_moe_layers * 32
+    assert waits < MOE_FP8_HOST_FORWARD_S * moe.num_moe_layers * 32
     assert host(moe) == 0.0  # BF16
     assert host(moe, fp8=True, graphed_iteration=True) == 0.0
     assert host(cfg("llama3-8b", tp=1, pp=1, vpp=None, cp=1, global_batch_size=256),
@@ -353,7 +352,7 @@ def test_an_fp8_moe_forward_waits_on_the_host_unless_graphed_or_bf16() -> None:
     assert host(bigger, fp8=True) < waits
     # A host twice as slow waits longer: the floor, not a share of compute.
     slow = dataclasses.replace(FITTED["hopper"],
-                               moe_fp8_host_forward_s=2 * model.MOE_FP8_HOST_FORWARD_S)
+                               moe_fp8_host_forward_s=2 * MOE_FP8_HOST_FORWARD_S)
     p = predict(dataclasses.replace(moe, fp8="hybrid"), 8, H100, slow)
     assert p is not None and p.breakdown_s["host"] > 2 * waits
 
@@ -379,7 +378,6 @@ def test_an_attention_graph_leaves_the_host_the_experts_share_of_the_layer() -> 
     """With the attention replayed as a CUDA graph the host launches the experts' FP8 modules
     by hand (2 of the layer's 4; with shared experts 4 of 6), against the GPU time of the
     layer's MoE part: the wait shrinks but stays, and BF16 still never waits."""
-    from slurmpod.perf import model
 
     moe = cfg("qwen3-30b-a3b", tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, global_batch_size=256,
               micro_batch_size=1, fp8="hybrid")
@@ -392,18 +390,18 @@ def test_an_attention_graph_leaves_the_host_the_experts_share_of_the_layer() -> 
     plain, graphed = host(moe), host(moe, graphed_attention=True)
     assert 0 < graphed < plain
     # The floor halves (no shared experts): at most half the floor per layer and microbatch.
-    assert graphed < model.MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32
+    assert graphed < MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32
     assert host(moe, graphed_attention=True, graphed_iteration=True) == 0.0
     assert host(dataclasses.replace(moe, fp8=None), graphed_attention=True) == 0.0
     # A slower host shows the share: the wait grows by half the extra floor per layer.
     slow = dataclasses.replace(FITTED["hopper"],
-                               moe_fp8_host_forward_s=10 * model.MOE_FP8_HOST_FORWARD_S)
+                               moe_fp8_host_forward_s=10 * MOE_FP8_HOST_FORWARD_S)
     fast = dataclasses.replace(FITTED["hopper"],
-                               moe_fp8_host_forward_s=5 * model.MOE_FP8_HOST_FORWARD_S)
+                               moe_fp8_host_forward_s=5 * MOE_FP8_HOST_FORWARD_S)
     waits = [predict(moe, 8, H100, e, RunOptions(graphed_attention=True)) for e in (fast, slow)]
     assert waits[0] is not None and waits[1] is not None
     assert waits[1].breakdown_s["host"] - waits[0].breakdown_s["host"] == pytest.approx(
-        5 * model.MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32, rel=1e-6)
+        5 * MOE_FP8_HOST_FORWARD_S / 2 * moe.num_moe_layers * 32, rel=1e-6)
     assert "cuda_graph_scope=attn" in RunOptions(graphed_attention=True).switches(moe)
 
 
@@ -415,14 +413,14 @@ def _host_floor_share(c: ModelConfig, world: int, **opts: object) -> float:
 
     def wait(times: float) -> float:
         e = dataclasses.replace(FITTED["hopper"],
-                                moe_fp8_host_forward_s=times * model.MOE_FP8_HOST_FORWARD_S)
+                                moe_fp8_host_forward_s=times * MOE_FP8_HOST_FORWARD_S)
         p = predict(c, world, H100, e, RunOptions(**opts))  # type: ignore[arg-type]
         assert p is not None
         return p.breakdown_s["host"]
 
     layers = model._stage_work(c, 0.0)[0][0] * c.num_moe_layers / c.num_layers
     microbatches = c.global_batch_size // (world // (c.tp * c.pp * c.cp)) // c.micro_batch_size
-    return (wait(40) - wait(35)) / (5 * model.MOE_FP8_HOST_FORWARD_S * layers * microbatches)
+    return (wait(40) - wait(35)) / (5 * MOE_FP8_HOST_FORWARD_S * layers * microbatches)
 
 
 def test_the_host_floor_counts_the_fp8_modules_the_host_launches() -> None:

@@ -16,7 +16,7 @@ from slurmpod.perf.calibrate import (
     save_reserve,
     store_path,
 )
-from slurmpod.perf.model import FITTED
+from slurmpod.perf.fitted import FITTED
 from slurmpod.perf.reserve import fit_reserve, memory_point
 
 

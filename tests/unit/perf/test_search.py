@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-from slurmpod.perf.model import Hardware
+from slurmpod.perf.hardware import Hardware
 from slurmpod.perf.search import search
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -190,7 +190,7 @@ def test_the_loss_gets_a_layer_slot_where_the_last_stage_would_be_slowest() -> N
     loss in its own slot, as Megatron-Bridge's H100 recipe pins ("...,tL")."""
     import dataclasses
 
-    from slurmpod.perf.model import RunOptions
+    from slurmpod.perf.options import RunOptions
 
     c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
     c = dataclasses.replace(c, global_batch_size=128, fp8="hybrid")
@@ -295,7 +295,8 @@ def test_candidates_keep_the_ep_overlap_only_where_megatron_accepts_it() -> None
     is predicted without it and its written keys turn it off, so every candidate's spec is one
     Megatron starts."""
     from slurmpod.megatron.validate import ep_overlap_conflicts, switch_errors
-    from slurmpod.perf.model import RunOptions, predict
+    from slurmpod.perf.model import predict
+    from slurmpod.perf.options import RunOptions
 
     run = load_run(preset_path("qwen3-30b-a3b"))
     args = run.megatron.values() | {"overlap_moe_expert_parallel_comm": True,
@@ -341,7 +342,7 @@ def test_candidates_at_tp_1_run_without_the_tp_comm_overlap(tmp_path: Path) -> N
     are written with it off (Megatron refuses it without sequence parallelism), and the
     written spec of every listed candidate plans without errors."""
     from slurmpod.megatron.validate import switch_errors
-    from slurmpod.perf.model import RunOptions
+    from slurmpod.perf.options import RunOptions
 
     run = load_run(ROOT / "tests" / "data" / "recipes" / "llama3-70b-h100-fp8cs-64gpu.toml")
     args = run.megatron.values()
@@ -375,7 +376,7 @@ def test_candidates_without_expert_parallelism_leave_deepep() -> None:
     """A run on the flex dispatcher (DeepEP, Megatron's default backend): candidates with
     EP x ETP 1 are written with the alltoall dispatcher, which Megatron runs there."""
     from slurmpod.megatron.validate import switch_errors
-    from slurmpod.perf.model import RunOptions
+    from slurmpod.perf.options import RunOptions
 
     args = load_run(preset_path("qwen3-30b-a3b")).megatron.values() | {
         "moe_token_dispatcher_type": "flex"}
@@ -420,7 +421,8 @@ def test_full_recompute_candidates_run_without_per_layer_cuda_graphs() -> None:
     full-recompute candidates are predicted and written without graphs, which Megatron
     requires (full recompute only with the whole iteration captured)."""
     from slurmpod.megatron.validate import switch_errors
-    from slurmpod.perf.model import RunOptions, predict
+    from slurmpod.perf.model import predict
+    from slurmpod.perf.options import RunOptions
 
     args = load_run(ROOT / "tests" / "data" / "recipes" / "llama3-70b-h100-fp8cs-64gpu.toml"
                     ).megatron.values() | {"cuda_graph_impl": "transformer_engine",

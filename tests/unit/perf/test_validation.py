@@ -1,7 +1,7 @@
 """The performance model against published iteration times (tests/data/perf/published.toml).
 
 The table is the test: every point names its source, config and any assumption. Calibration
-rows refit to the constants in slurmpod.perf.model.FITTED; the validation rows' errors are the
+rows refit to the constants in slurmpod.perf.fitted.FITTED; the validation rows' errors are the
 model's accuracy, and tests/data/perf/validation.md (written by benchmarks/plan_search.py
 --write) must show the current figures.
 """
@@ -21,7 +21,7 @@ from slurmpod.perf.calibrate import (
     load_published,
     markdown_table,
 )
-from slurmpod.perf.model import FITTED, HOST_FORWARD_FITTED_ON, MOE_FP8_HOST_FORWARD_S
+from slurmpod.perf.fitted import FITTED, HOST_FORWARD_FITTED_ON, MOE_FP8_HOST_FORWARD_S
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "perf"
 POINTS = load_published(DATA / "published.toml")

@@ -20,7 +20,10 @@ from slurmpod.config import load_site, resolve_site_path
 from slurmpod.megatron.runspec import ModelConfig
 from slurmpod.model.jobs import JobState
 from slurmpod.model.site import Site
-from slurmpod.perf.model import FITTED, Prediction, RunOptions, hardware_from_site, predict
+from slurmpod.perf.fitted import FITTED
+from slurmpod.perf.hardware import hardware_from_site
+from slurmpod.perf.model import Prediction, predict
+from slurmpod.perf.options import RunOptions
 from slurmpod.report.build import build_job_report
 from slurmpod.report.html import job_html
 from slurmpod.report.model import LogHints, Stability
