@@ -40,7 +40,8 @@ from slurmpod.megatron.validate import (
 )
 from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware
-from slurmpod.perf.model import Prediction, _costs, predict
+from slurmpod.perf.micro import layer_costs
+from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.options import RunOptions
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -199,7 +200,7 @@ def _loss_layers(base: ModelConfig, hw: Hardware, eff: Efficiency | None) -> flo
     """The output layer and loss in layer-times: their multiply-adds over a layer's, times how
     much slower the BF16 output GEMM runs than the layers' GEMMs (FP8 with Transformer Engine)."""
 
-    k = _costs(base)
+    k = layer_costs(base)
     layer = k.attn_linear + k.attn_core + (
         k.n_dense * k.mlp_dense + k.n_moe * (k.moe_routed + k.moe_shared)) / max(
         1, k.n_dense + k.n_moe)

@@ -10,17 +10,16 @@ from slurmpod.megatron.memory import layer_activation_bytes, weight_and_optimize
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
 from slurmpod.perf.fitted import FITTED, MOE_FP8_HOST_FORWARD_S
 from slurmpod.perf.hardware import Hardware
+from slurmpod.perf.micro import GRAPHED_KERNEL_GAP_S, HBM_EFFICIENCY, KERNEL_GAP_S, layer_costs
 from slurmpod.perf.model import (
     CPU_ADAM_BYTES_PER_PARAM,
-    HBM_EFFICIENCY,
     HOST_LINK_EFFICIENCY,
     HOST_MEMORY_EFFICIENCY,
-    KERNEL_GAP_S,
     OPTIMIZER_BYTES_PER_PARAM,
-    TE_COMPUTE_STREAMS,
     Prediction,
     predict,
 )
+from slurmpod.perf.moe import TE_COMPUTE_STREAMS
 from slurmpod.perf.options import RunOptions
 
 H100 = Hardware(gpu_model="h100", generation="hopper", peak_bf16=989, peak_fp8=1979,
@@ -215,14 +214,13 @@ def test_selective_recompute_of_the_mlp_costs_its_forward() -> None:
 def test_selective_recompute_of_mla_up_projections_costs_their_forward() -> None:
     """`mla_up_proj` runs MLA's Q and KV up-projection GEMMs forward again: a cost for
     DeepSeek-V3, bounded by those GEMMs' own forward; a model without MLA has none to redo."""
-    from slurmpod.perf import model
 
     c = cfg("deepseek-v3", tp=1, pp=4, vpp=None, ep=8, etp=1, global_batch_size=256,
             pipeline_layout=None, recompute_granularity="selective",
             recompute_modules=("core_attn",))
     up = dataclasses.replace(c, recompute_modules=("core_attn", "mla_up_proj"))
     extra = step(up, 256) - step(c, 256)
-    k = model._costs(c)
+    k = layer_costs(c)
     assert k.mla_up == 1536 * 128 * (128 + 64) + 512 * 128 * (128 + 128)
     ceiling = 2 * c.seq_length * k.mla_up / (989e12 * FITTED["hopper"].gemm * 0.5)
     m = 256 // (256 // 4)  # microbatches; with the bubble, PP - 1 more microbatch-times
@@ -243,7 +241,7 @@ def test_kernel_gaps_favour_fewer_larger_kernels() -> None:
     two = predict(dataclasses.replace(c, micro_batch_size=2), 8, H100)
     assert one is not None and two is not None
     assert two.breakdown_s["compute"] < one.breakdown_s["compute"]
-    gaps = model.KERNEL_GAP_S * model.DENSE_LAYER_KERNELS * 32 * 32  # layers x microbatches
+    gaps = KERNEL_GAP_S * model.DENSE_LAYER_KERNELS * 32 * 32  # layers x microbatches
     assert one.breakdown_s["compute"] - two.breakdown_s["compute"] == pytest.approx(
         gaps / 2, rel=0.05)
 
@@ -309,7 +307,7 @@ def test_a_graphed_iteration_leaves_a_quarter_of_each_kernel_gap() -> None:
     from slurmpod.perf import model
 
     saved, _ = _graphed_saving(graphed_iteration=True)
-    gaps = (model.KERNEL_GAP_S - model.GRAPHED_KERNEL_GAP_S) * model.DENSE_LAYER_KERNELS \
+    gaps = (KERNEL_GAP_S - GRAPHED_KERNEL_GAP_S) * model.DENSE_LAYER_KERNELS \
         * 32 * 32  # layers x microbatches
     assert saved == pytest.approx(gaps, rel=1e-6)
 
@@ -320,7 +318,7 @@ def test_an_attention_graph_replays_the_attentions_kernels_at_the_graphed_gap() 
     from slurmpod.perf import model
 
     saved, step = _graphed_saving(graphed_attention=True)
-    gaps = (model.KERNEL_GAP_S - model.GRAPHED_KERNEL_GAP_S) * model.ATTENTION_LAYER_KERNELS \
+    gaps = (KERNEL_GAP_S - GRAPHED_KERNEL_GAP_S) * model.ATTENTION_LAYER_KERNELS \
         * 32 * 32  # layers x microbatches
     assert saved == pytest.approx(gaps, rel=1e-6)
     assert _graphed_saving(graphed_iteration=True)[1] < step
@@ -448,7 +446,7 @@ def test_fp8_attention_runs_the_core_at_the_fp8_rate_only_under_fp8() -> None:
     # Only the core attention moves: the saving is bounded by the core's BF16 time.
     from slurmpod.perf import model
 
-    k = model._costs(c)
+    k = layer_costs(c)
     core_bf16 = 7.0 * 16384 * k.attn_core / (H100.peak_bf16 * 1e12 * FITTED["hopper"].gemm
                                             * model.ATTENTION_FACTOR)
     saved = step(c, 8, fp8=True) - step(c, 8, fp8=True, fp8_attention=True)
