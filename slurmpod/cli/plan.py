@@ -291,6 +291,13 @@ def _candidates_json(candidates: list[Any]) -> list[dict[str, Any]]:
             for c, r in zip(candidates, _vs_fastest(candidates), strict=True)]
 
 
+def _recompute_words(c: Any) -> str:
+    """A candidate's recompute as the table shows it: none, full, or the selective modules."""
+    if c.recompute_granularity == "selective":
+        return "selective " + ",".join(c.recompute_modules)
+    return c.recompute_granularity or "none"
+
+
 def _render_candidates(candidates: list[Any], evaluated: int) -> str:
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
@@ -303,7 +310,7 @@ def _render_candidates(candidates: list[Any], evaluated: int) -> str:
                      lay["virtual_pipeline_model_parallel_size"] or "-",
                      lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
                      cand.config.micro_batch_size,
-                     f"{cand.config.recompute_granularity}{'*' if cand.switches_off else ''}",
+                     _recompute_words(cand.config) + ("*" if cand.switches_off else ""),
                      _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
                      f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"]

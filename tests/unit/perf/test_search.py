@@ -125,6 +125,18 @@ def test_search_text_says_which_candidates_the_model_cannot_order() -> None:
     head = next(i for i, x in enumerate(lines) if x.strip().startswith("#  TP"))
     assert "vs best" in lines[head] and "+0.0%" in lines[head + 2]
     assert any("within 10% of the fastest" in x and "cannot order them" in x for x in lines)
+    assert not any("None" in x for x in lines[head:])  # no recompute reads "none"
+
+
+def test_search_text_names_the_recompute_each_candidate_runs() -> None:
+    from slurmpod.cli.plan import _recompute_words
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-8b")).megatron)
+    assert _recompute_words(dataclasses.replace(c, recompute_granularity=None)) == "none"
+    assert _recompute_words(dataclasses.replace(c, recompute_granularity="full")) == "full"
+    sel = dataclasses.replace(c, recompute_granularity="selective",
+                              recompute_modules=("moe_act", "layernorm"))
+    assert _recompute_words(sel) == "selective moe_act,layernorm"
 
 
 def test_plan_text_prints_the_prediction() -> None:
