@@ -152,6 +152,9 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
                    "--write-spec then writes the fastest.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Candidates --search shows.")
+@click.option("--distinct", is_flag=True,
+              help="With --search: show the fastest candidate of each parallel layout (TP, CP, "
+                   "PP, EP, ETP), its other VPP sizes, micro-batches and recompute folded in.")
 @click.option("--pick", type=click.IntRange(1, 10_000), default=None, metavar="N",
               help="With --search and --write-spec: write the N-th candidate shown, not the "
                    "fastest (e.g. the next one to try within the model's error).")
@@ -167,13 +170,15 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 @click.pass_context
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
-         as_json: bool, do_search: bool, top: int, pick: int | None,
+         as_json: bool, do_search: bool, top: int, distinct: bool, pick: int | None,
          history_paths: tuple[Path, ...], checkpoint_log: Path | None,
          restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
     from slurmpod.config import load_site, resolve_site_path  # lazy: start-up
     from slurmpod.megatron.plan import make_plan  # lazy: start-up
 
+    if distinct and not do_search:
+        raise click.UsageError("--distinct needs --search")
     if pick is not None and not (do_search and write_spec):
         raise click.UsageError("--pick needs --search and --write-spec")
     if pick is not None and pick > top:
@@ -194,6 +199,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         summary_line,
         switches,
     )
+    from slurmpod.perf.search import fastest_per_layout  # lazy: start-up
 
     site_file = Path(site_path)
     result = make_plan(spec, site, nodes=nodes, measured_reserve=site_reserve(site, site_file))
@@ -202,7 +208,10 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     evaluated = 0
     if do_search:
         candidates, evaluated = search_run(spec, site, result.nodes,
-                                           result.usable_bytes_per_gpu, site_file, top)
+                                           result.usable_bytes_per_gpu, site_file,
+                                           None if distinct else top)
+        if distinct:
+            candidates = fastest_per_layout(candidates, top)
         if not candidates or not candidates[0].fits:
             raise ConfigError(f"no layout of {spec.job.name} fits on {result.nodes} nodes of "
                               f"{result.site} ({evaluated} evaluated)",
@@ -224,7 +233,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                                                if prediction else None),
                                 "checkpoint": rec}
         if do_search:
-            data["search"] = {"evaluated": evaluated, "world_size": result.world_size}
+            data["search"] = {"evaluated": evaluated, "world_size": result.world_size,
+                              "distinct": distinct}
             data["candidates"] = _candidates_json(candidates)
         emit_json(data)
     else:
@@ -242,7 +252,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"
         click.echo(text)
         if do_search:
-            click.echo(_render_candidates(candidates, evaluated))
+            click.echo(_render_candidates(candidates, evaluated, distinct))
     if not result.ok and not (do_search and candidates):
         ctx.exit(3)
 
@@ -298,7 +308,7 @@ def _recompute_words(c: Any) -> str:
     return c.recompute_granularity or "none"
 
 
-def _render_candidates(candidates: list[Any], evaluated: int) -> str:
+def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False) -> str:
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
     rows = []
@@ -313,7 +323,8 @@ def _render_candidates(candidates: list[Any], evaluated: int) -> str:
                      _recompute_words(cand.config) + ("*" if cand.switches_off else ""),
                      _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
                      f"{p.mfu:.1%}"])
-    out = [f"search: {evaluated} layouts evaluated; fastest predicted first"]
+    out = [f"search: {evaluated} layouts evaluated; fastest predicted first"
+           + ("; the fastest of each TP/CP/PP/EP/ETP layout" if distinct else "")]
     out.extend("  " + line for line in table(
         ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
          "step s", "vs best", "MFU"], rows).splitlines())

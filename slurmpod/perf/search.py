@@ -409,3 +409,22 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
         return (fitting if top is None else fitting[:top]), n
     closest.sort(key=lambda x: x.memory_bytes)
     return (closest if top is None else closest[:top]), n
+
+
+def fastest_per_layout(candidates: list[Candidate], top: int | None = None) -> list[Candidate]:
+    """The fastest candidate of each parallel layout (TP, CP, PP, EP, ETP), in the order given
+    (fastest first): a layout's other virtual-pipeline sizes, micro-batches and recompute are
+    folded into its fastest, so the first `top` are that many different ways to split the
+    model."""
+    seen: set[tuple[int, int, int, int, int]] = set()
+    out: list[Candidate] = []
+    for cand in candidates:
+        c = cand.config
+        key = (c.tp, c.cp, c.pp, c.ep, c.etp)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(cand)
+        if top is not None and len(out) >= top:
+            break
+    return out

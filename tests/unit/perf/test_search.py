@@ -454,3 +454,50 @@ def test_full_recompute_candidates_run_without_per_layer_cuda_graphs() -> None:
                                tp_comm_overlap=opts.tp_comm_overlap and x.config.tp > 1)
     want = predict(x.config, 32, H100, opts=bare)
     assert want is not None and x.prediction.step_time_s == want.step_time_s
+
+
+def test_distinct_keeps_the_fastest_of_each_parallel_layout() -> None:
+    """`fastest_per_layout` folds a layout's VPP sizes, micro-batches and recompute into its
+    fastest candidate, keeping the search's order."""
+    from slurmpod.perf.search import Candidate, fastest_per_layout
+
+    c = ModelConfig.from_args(load_run(preset_path("llama3-70b")).megatron)
+    every, _ = search(c, 128, H100, USABLE, top=None)
+
+    def key(x: Candidate) -> tuple[int, ...]:
+        k = x.config
+        return (k.tp, k.cp, k.pp, k.ep, k.etp)
+
+    folded = fastest_per_layout(every)
+    assert len({key(x) for x in every}) == len(folded) < len(every)
+    assert len({key(x) for x in folded}) == len(folded)
+    assert folded[0] is every[0]
+    for x in folded:  # each is the fastest of its layout
+        assert x.prediction.step_time_s == min(y.prediction.step_time_s for y in every
+                                               if key(y) == key(x))
+    assert [x.prediction.step_time_s for x in folded] == \
+        sorted(x.prediction.step_time_s for x in folded)
+    assert fastest_per_layout(every, 3) == folded[:3]
+
+
+def test_distinct_search_on_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "second.toml"
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--distinct",
+                 "--top", "5", "--json", "--pick", "2", "--write-spec", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["search"]["distinct"] is True
+    cands = data["candidates"]
+    keys = {tuple(c["layout"][k] for k in ("tensor_model_parallel_size", "context_parallel_size",
+                                           "pipeline_model_parallel_size",
+                                           "expert_model_parallel_size",
+                                           "expert_tensor_parallel_size")) for c in cands}
+    assert len(cands) == 5 == len(keys)
+    again = json.loads(slurmpod("plan", str(out), "--json").stdout)
+    assert again["layout"] == cands[1]["layout"]
+    text = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--distinct",
+                    "--top", "3").stdout
+    assert "the fastest of each TP/CP/PP/EP/ETP layout" in text
+    bad = slurmpod("plan", "--preset", "llama3-70b", "--distinct")
+    assert bad.returncode == 2 and "--distinct needs --search" in bad.stderr
+    assert "Traceback" not in bad.stderr
