@@ -501,3 +501,10 @@ def test_distinct_search_on_the_command_line(tmp_path: Path) -> None:
     bad = slurmpod("plan", "--preset", "llama3-70b", "--distinct")
     assert bad.returncode == 2 and "--distinct needs --search" in bad.stderr
     assert "Traceback" not in bad.stderr
+    # A pick beyond the folded list: one line, exit 3, no file (9 layouts of Llama 3 70B fit
+    # on 3 nodes).
+    none = tmp_path / "none.toml"
+    r = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "3", "--search", "--distinct",
+                 "--top", "50", "--pick", "40", "--write-spec", str(none))
+    assert r.returncode == 3 and "--pick 40: only 9 layouts" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not none.exists()
