@@ -112,7 +112,12 @@ def row_config(table: Mapping[str, Any], raw: Mapping[str, Any]
         args.pop("recompute_modules", None)
     if raw["precision"] == "fp8":
         args["fp8"] = "hybrid"
-    return ModelConfig.from_args(args), RunOptions.from_args(args)
+    c = ModelConfig.from_args(args)
+    if "optimizer_state_bytes" in raw:
+        # A run of another framework's optimizer (NeMo 1.x's Apex DistributedFusedAdam), whose
+        # state no Megatron argument spells: bytes per parameter, as the row's source gives.
+        c = replace(c, optimizer_state_bytes=float(raw["optimizer_state_bytes"]))
+    return c, RunOptions.from_args(args)
 
 
 def system_hardware(table: Mapping[str, Any], system: str) -> Hardware:
