@@ -203,6 +203,26 @@ def test_every_published_run_plans_as_fitting() -> None:
     assert max(over.values()) <= 1.02, over
 
 
+def test_every_published_layout_is_one_plan_accepts() -> None:
+    """Each timed row ran, so its layout (uneven pipeline splits, layouts, VPP, EP folding)
+    passes `plan`'s layout checks on its own GPUs (docs/plan.md)."""
+    from slurmpod.megatron.validate import SiteShape, layout_errors
+    from slurmpod.perf.calibrate import usable_bytes
+
+    refused = {}
+    for p in POINTS:
+        if p.role == "excluded":
+            continue
+        assert p.config is not None and p.hardware is not None
+        hw = p.hardware
+        shape = SiteShape("published", hw.gpus_per_node, hw.domain_gpus,
+                          usable_bytes(p.config, p.gpus, hw), p.gpus // hw.gpus_per_node)
+        errors = layout_errors(p.config, p.gpus, shape)
+        if errors:
+            refused[p.id] = errors
+    assert not refused, refused
+
+
 def test_a_non_megatron_optimizer_state_is_the_rows() -> None:
     """NeMo 24.07's Nemotron-4 340B ran Apex's DistributedFusedAdam with bf16 state and no
     master copy (4 bytes per parameter); with Megatron's 12 its 128-GPU layout would not fit."""
