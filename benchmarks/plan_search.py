@@ -4,7 +4,8 @@ Prints (1) the search time for presets on 1,024 and 16,384 GPUs of the built-in 
 (targets: < 2 s and < 10 s on a 2-core machine), the fastest of `--repeat` runs and the layouts
 evaluated, for the top 10 (`search s`) and for the whole ranking `--distinct` folds (`all s`);
 (2) the median and max |error| of predicted against published iteration times
-(tests/data/perf/published.toml; target median <= 10 %, max <= 25 %) and where the search ranks
+(tests/data/perf/published.toml; target median <= 10 %, max <= 25 %), in how many pairs of
+published layouts of one model on the same GPUs it names the faster, and where the search ranks
 each published recipe's layout, dense and MoE (rows with a published configuration), with how
 many are in its top 5. `--write` rewrites tests/data/perf/validation.md.
 
@@ -33,6 +34,7 @@ from slurmpod.perf.calibrate import (
 from slurmpod.perf.fitted import FITTED
 from slurmpod.perf.hardware import hardware_from_site
 from slurmpod.perf.options import RunOptions
+from slurmpod.perf.pairs import TIE, layout_pairs
 from slurmpod.perf.peaks import evaluate_peaks, load_peaks, markdown_peaks, peak_stats
 from slurmpod.perf.search import search
 
@@ -95,6 +97,16 @@ def main() -> None:
     for kind in ("all", "dense", "moe", "moe_published"):
         print(f"  {kind:<13} n={stats[f'{kind}_n']:.0f}  median {stats[f'{kind}_median']:.1%}"
               f"  max {stats[f'{kind}_max']:.1%}")
+    pairs = layout_pairs(results)
+    print(f"\npublished layouts of one model on the same GPUs, the faster by more than "
+          f"{TIE:.0%} (most a recipe changed between releases): the model names the faster")
+    for gap, kind in ((False, "with a published configuration"), (True, "with a config_gap row")):
+        sel = [x for x in pairs if x.config_gap == gap]
+        print(f"  {kind:<31} {sum(x.agrees for x in sel)} of {len(sel)} pairs")
+        for x in sel:
+            if not x.agrees:
+                print(f"    not {x.faster.id} ({x.published_ratio - 1:.0%} faster than "
+                      f"{x.slower.id}): predicted {1 / x.predicted_ratio - 1:.0%} slower")
     for moe, kind in ((False, "dense rows"),
                       (True, "MoE rows with a published configuration")):
         print(f"\nsearch rank of each published recipe's layout ({kind}):")
