@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
 from slurmpod.megatron.memory import (
+    ESTIMATE_LOW_BY,
     GIB,
     megatron_weight_and_optimizer_bytes,
     param_counts,
@@ -237,6 +238,8 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     part_errors, part_warnings = _partition_findings(run, n_nodes, site)
     errors.extend(part_errors)
     warnings = layout_warnings(c, world, shape)
+    if fits and total * (1 + ESTIMATE_LOW_BY) > usable:
+        warnings.append(_tight_memory_warning(total, usable))
     warnings.extend(dispatcher_warnings(c, args))
     warnings.extend(part_warnings)
     where: Placement | None = None
@@ -310,6 +313,15 @@ def _memory_error(c: ModelConfig, n_nodes: int, shape: SiteShape, sa: _SiteArray
         f"{sa.hbm_gib:g} GiB {sa.gpu_model} (less a {sa.hbm_gib - usable / GIB:.1f} GiB runtime "
         "reserve)",
         fit_fix, "use more nodes, the distributed optimizer or full recompute")
+
+
+def _tight_memory_warning(total: float, usable: float) -> str:
+    """A plan that fits by less than the estimate's shortfall on published peaks."""
+    return (f"memory: {total / GIB:.1f} GiB per GPU leaves {(usable - total) / GIB:.1f} GiB "
+            f"({usable / total - 1:.0%}) of the {usable / GIB:.1f} usable; the estimate has run "
+            f"up to {ESTIMATE_LOW_BY:.0%} below published peaks, so this may run out of memory: "
+            "a short trial run decides; selective recompute (recompute_modules) or more nodes "
+            "leave room")
 
 
 def _partition_findings(run: RunSpec, n_nodes: int, site: Site) -> tuple[list[str], list[str]]:

@@ -12,7 +12,9 @@ import pytest
 from slurmpod.config import builtin_site_path, load_site
 from slurmpod.errors import ConfigError
 from slurmpod.megatron.memory import (
+    ESTIMATE_LOW_BY,
     GIB,
+    MeasuredReserve,
     activation_bytes,
     layer_activation_bytes,
     peak_memory,
@@ -297,3 +299,26 @@ def test_split_arguments_leave_flops_and_placement_alone() -> None:
     plan = make_plan(load_run(RECIPES / "llama31-405b-h100-fp8cs-1024gpu.toml"), site)
     assert plan.placement is not None and plan.placement.groups["pp"].size == 8
     assert plan.vpp == 8
+
+
+def test_a_plan_that_fits_by_less_than_the_estimates_shortfall_is_warned() -> None:
+    """The estimate fell short of published peaks by up to ESTIMATE_LOW_BY: a plan that fits
+    by less still plans (a published recipe that ran must), with a warning that says so."""
+    site = load_site(builtin_site_path("dgx-h100-superpod"))
+    run = load_run(RECIPES / "llama3-70b-h100-fp8cs-64gpu.toml")
+    roomy = make_plan(run, site, placement=False)
+    assert roomy.ok and roomy.total_bytes_per_gpu * (1 + ESTIMATE_LOW_BY) \
+        < roomy.usable_bytes_per_gpu
+    assert not [w for w in roomy.warnings if w.startswith("memory:")]
+    # This site's jobs measured a larger PyTorch cache: 3 % is left above the estimate.
+    visible_gib = 80.0 - 0.82 - 1.0
+    cached = visible_gib - roomy.total_bytes_per_gpu * 1.03 / GIB
+    tight = make_plan(run, site, placement=False,
+                      measured_reserve=MeasuredReserve("h100", 80.0, cached, 1.0, 3, 3))
+    assert tight.ok and tight.fits
+    [warning] = [w for w in tight.warnings if w.startswith("memory:")]
+    assert "may run out of memory" in warning and "65.0 GiB" in warning
+    # Over the usable HBM it is the refusal, not the warning.
+    over = make_plan(run, site, placement=False, measured_reserve=MeasuredReserve(
+        "h100", 80.0, visible_gib - roomy.total_bytes_per_gpu * 0.99 / GIB, 1.0, 3, 3))
+    assert not over.fits and not [w for w in over.warnings if w.startswith("memory:")]

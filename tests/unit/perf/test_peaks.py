@@ -27,6 +27,15 @@ def test_the_estimate_meets_published_peaks():
     assert STATS["max"] <= 0.10
 
 
+def test_plan_warns_within_the_estimates_largest_shortfall():
+    """`plan` warns when a run fits by less than ESTIMATE_LOW_BY: no published peak is further
+    above the estimate than that."""
+    from slurmpod.megatron.memory import ESTIMATE_LOW_BY
+
+    errors = [r.error for r in RESULTS if r.error is not None]
+    assert errors and min(errors) >= -ESTIMATE_LOW_BY
+
+
 @pytest.mark.parametrize("r", RESULTS, ids=[r.point.id for r in RESULTS])
 def test_plan_judges_each_run_as_it_went(r):
     """A published run that ran fits the usable HBM; one that ran out of memory does not (the
