@@ -309,6 +309,7 @@ def _recompute_words(c: Any) -> str:
 
 
 def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False) -> str:
+    from slurmpod.megatron.memory import ESTIMATE_LOW_BY  # lazy: start-up
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
     rows = []
@@ -321,7 +322,8 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                      lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
                      cand.config.micro_batch_size,
                      _recompute_words(cand.config) + ("*" if cand.switches_off else ""),
-                     _gib(cand.memory_bytes), f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
+                     _gib(cand.memory_bytes) + (" !" if cand.tight else ""),
+                     f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
                      f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"
            + ("; the fastest of each TP/CP/PP/EP/ETP layout" if distinct else "")]
@@ -332,6 +334,9 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
     if off:
         out.append(f"  * without {' or '.join(off)}: Megatron refuses it with this layout or "
                    "recompute (--write-spec turns it off)")
+    if any(c.tight for c in candidates):
+        out.append(f"  ! fits by less than {ESTIMATE_LOW_BY:.0%}, what the memory estimate has "
+                   "run below published peaks: it may run out of memory (docs/plan.md)")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

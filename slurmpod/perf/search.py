@@ -27,7 +27,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from slurmpod.megatron.memory import rank_activation_bytes, rank_weight_bytes
+from slurmpod.megatron.memory import ESTIMATE_LOW_BY, rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
 from slurmpod.megatron.validate import (
@@ -66,6 +66,9 @@ class Candidate:
     # TP communication overlap: slurmpod.megatron.validate.refused_switches): predicted, and
     # written, without them.
     switches_off: tuple[str, ...] = ()
+    # Fits by less than the memory estimate's shortfall on published peaks (ESTIMATE_LOW_BY):
+    # it may run out of memory, as `plan` warns.
+    tight: bool = False
 
     def layout(self) -> dict[str, Any]:
         c = self.config
@@ -106,7 +109,7 @@ class Candidate:
                 "recompute_granularity": c.recompute_granularity, "fits": self.fits,
                 "memory_bytes_per_gpu": self.memory_bytes,
                 "pipeline_split": _split_name(c),
-                "switches_off": list(self.switches_off),
+                "switches_off": list(self.switches_off), "tight_memory": self.tight,
                 "prediction": self.prediction.to_json()}
 
 
@@ -389,7 +392,8 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     c, world, hw, eff, o, weights=wmax)
                 if pred is None:
                     break
-                cand = Candidate(c, mem, fits, pred, off)
+                cand = Candidate(c, mem, fits, pred, off,
+                                 tight=fits and mem * (1 + ESTIMATE_LOW_BY) > usable_bytes)
                 if fits:
                     fitting.append(cand)
                     if top is not None:

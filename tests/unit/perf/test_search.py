@@ -508,3 +508,27 @@ def test_distinct_search_on_the_command_line(tmp_path: Path) -> None:
                  "--top", "50", "--pick", "40", "--write-spec", str(none))
     assert r.returncode == 3 and "--pick 40: only 9 layouts" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not none.exists()
+
+
+def test_candidates_that_fit_by_less_than_the_estimates_shortfall_are_marked() -> None:
+    """A candidate within ESTIMATE_LOW_BY of the usable HBM may run out of memory, as `plan`
+    warns: the search keeps it (published recipes run that close) and marks it, in JSON and
+    in the table, with what the mark means."""
+    from slurmpod.megatron.memory import ESTIMATE_LOW_BY
+
+    base = ModelConfig.from_args(load_run(preset_path("qwen3-30b-a3b")).megatron)
+    cands, _ = search(base, 16, H100, USABLE, top=None)
+    tight = [x for x in cands if x.tight]
+    assert tight and len(tight) < len(cands)
+    for x in cands:
+        assert x.tight == (x.fits and x.memory_bytes * (1 + ESTIMATE_LOW_BY) > USABLE)
+        assert x.to_json()["tight_memory"] is x.tight
+    r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "2", "--search", "--top", "8")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.rstrip().split("GiB")[1].lstrip().startswith("!") for line in lines
+               if "GiB" in line and line.strip()[:1].isdigit())
+    assert any("! fits by less than 6%" in line for line in lines)
+    r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "2", "--search", "--json")
+    marks = [c["tight_memory"] for c in json.loads(r.stdout)["candidates"]]
+    assert True in marks and all(isinstance(m, bool) for m in marks)
