@@ -466,6 +466,12 @@ class RankMemory:
 ESTIMATE_LOW_BY = 0.06
 
 
+def fits_tightly(need_bytes: float, usable_bytes: float) -> bool:
+    """Fits, but by less than ESTIMATE_LOW_BY of the estimate: it may still run out of memory
+    (`plan` warns, `plan --search` marks the candidate)."""
+    return need_bytes <= usable_bytes < need_bytes * (1 + ESTIMATE_LOW_BY)
+
+
 def peak_memory(c: ModelConfig, world_size: int) -> RankMemory:
     """The pipeline rank whose GPUs need the most memory, with its weights and activations."""
     ws = rank_weight_bytes(c, world_size)

@@ -16,6 +16,7 @@ from slurmpod.megatron.flops import FLOPS_FORMULA_VERSION, flops_per_token
 from slurmpod.megatron.memory import (
     ESTIMATE_LOW_BY,
     GIB,
+    fits_tightly,
     megatron_weight_and_optimizer_bytes,
     param_counts,
     peak_memory,
@@ -238,7 +239,7 @@ def make_plan(run: RunSpec, site: Site, nodes: int | None = None, *,
     part_errors, part_warnings = _partition_findings(run, n_nodes, site)
     errors.extend(part_errors)
     warnings = layout_warnings(c, world, shape)
-    if fits and total * (1 + ESTIMATE_LOW_BY) > usable:
+    if fits_tightly(total, usable):
         warnings.append(_tight_memory_warning(total, usable))
     warnings.extend(dispatcher_warnings(c, args))
     warnings.extend(part_warnings)

@@ -27,7 +27,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from slurmpod.megatron.memory import ESTIMATE_LOW_BY, rank_activation_bytes, rank_weight_bytes
+from slurmpod.megatron.memory import fits_tightly, rank_activation_bytes, rank_weight_bytes
 from slurmpod.megatron.pipeline import balanced_layout
 from slurmpod.megatron.runspec import ModelConfig, padded_vocab_size
 from slurmpod.megatron.validate import (
@@ -392,8 +392,7 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                     c, world, hw, eff, o, weights=wmax)
                 if pred is None:
                     break
-                cand = Candidate(c, mem, fits, pred, off,
-                                 tight=fits and mem * (1 + ESTIMATE_LOW_BY) > usable_bytes)
+                cand = Candidate(c, mem, fits, pred, off, tight=fits_tightly(mem, usable_bytes))
                 if fits:
                     fitting.append(cand)
                     if top is not None:
