@@ -155,6 +155,10 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 @click.option("--distinct", is_flag=True,
               help="With --search: show the fastest candidate of each parallel layout (TP, CP, "
                    "PP, EP, ETP), its other VPP sizes, micro-batches and recompute folded in.")
+@click.option("--headroom", is_flag=True,
+              help="With --search: rank only candidates that fit by at least the memory "
+                   "estimate's shortfall on published peaks (6%), taking more recompute where "
+                   "a layout would fit tightly; --write-spec then writes the fastest of those.")
 @click.option("--pick", type=click.IntRange(1, 10_000), default=None, metavar="N",
               help="With --search and --write-spec: write the N-th candidate shown, not the "
                    "fastest (e.g. the next one to try within the model's error).")
@@ -170,7 +174,8 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 @click.pass_context
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
-         as_json: bool, do_search: bool, top: int, distinct: bool, pick: int | None,
+         as_json: bool, do_search: bool, top: int, distinct: bool, headroom: bool,
+         pick: int | None,
          history_paths: tuple[Path, ...], checkpoint_log: Path | None,
          restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
@@ -179,6 +184,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
     if distinct and not do_search:
         raise click.UsageError("--distinct needs --search")
+    if headroom and not do_search:
+        raise click.UsageError("--headroom needs --search")
     if pick is not None and not (do_search and write_spec):
         raise click.UsageError("--pick needs --search and --write-spec")
     if pick is not None and pick > top:
@@ -209,13 +216,18 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     if do_search:
         candidates, evaluated = search_run(spec, site, result.nodes,
                                            result.usable_bytes_per_gpu, site_file,
-                                           None if distinct else top)
+                                           None if distinct else top, room=headroom)
         if distinct:
             candidates = fastest_per_layout(candidates, top)
         if not candidates or not candidates[0].fits:
-            raise ConfigError(f"no layout of {spec.job.name} fits on {result.nodes} nodes of "
-                              f"{result.site} ({evaluated} evaluated)",
-                              hint="use more nodes or a smaller model")
+            tight = headroom and any(c.tight for c in candidates)
+            raise ConfigError(f"no layout of {spec.job.name} fits "
+                              + ("with room " if headroom else "")
+                              + f"on {result.nodes} nodes of {result.site} "
+                              f"({evaluated} evaluated)",
+                              hint=("drop --headroom to rank the layouts that fit tightly, or "
+                                    "use more nodes" if tight
+                                    else "use more nodes or a smaller model"))
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
                                      checkpoint_log, restart_s)
     if write_spec:
@@ -234,7 +246,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size,
-                              "distinct": distinct}
+                              "distinct": distinct, "headroom": headroom}
             data["candidates"] = _candidates_json(candidates)
         emit_json(data)
     else:
@@ -252,7 +264,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"
         click.echo(text)
         if do_search:
-            click.echo(_render_candidates(candidates, evaluated, distinct))
+            click.echo(_render_candidates(candidates, evaluated, distinct, headroom))
     if not result.ok and not (do_search and candidates):
         ctx.exit(3)
 
@@ -308,7 +320,8 @@ def _recompute_words(c: Any) -> str:
     return c.recompute_granularity or "none"
 
 
-def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False) -> str:
+def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False,
+                       headroom: bool = False) -> str:
     from slurmpod.megatron.memory import ESTIMATE_LOW_BY  # lazy: start-up
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
@@ -326,7 +339,8 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                      f"{p.step_time_s:.3g}", f"{r - 1:+.1%}",
                      f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"
-           + ("; the fastest of each TP/CP/PP/EP/ETP layout" if distinct else "")]
+           + ("; the fastest of each TP/CP/PP/EP/ETP layout" if distinct else "")
+           + (f"; only those that fit by at least {ESTIMATE_LOW_BY:.0%}" if headroom else "")]
     out.extend("  " + line for line in table(
         ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
          "step s", "vs best", "MFU"], rows).splitlines())
@@ -336,7 +350,8 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                    "recompute (--write-spec turns it off)")
     if any(c.tight for c in candidates):
         out.append(f"  ! fits by less than {ESTIMATE_LOW_BY:.0%}, what the memory estimate has "
-                   "run below published peaks: it may run out of memory (docs/plan.md)")
+                   "run below published peaks: it may run out of memory (docs/plan.md); "
+                   "--headroom ranks only the layouts that fit with room")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

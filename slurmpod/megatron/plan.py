@@ -322,7 +322,7 @@ def _tight_memory_warning(total: float, usable: float) -> str:
             f"({usable / total - 1:.0%}) of the {usable / GIB:.1f} usable; the estimate has run "
             f"up to {ESTIMATE_LOW_BY:.0%} below published peaks, so this may run out of memory: "
             "a short trial run decides; selective recompute (recompute_modules) or more nodes "
-            "leave room")
+            "leave room, and `plan --search --headroom` ranks the layouts that fit with room")
 
 
 def _partition_findings(run: RunSpec, n_nodes: int, site: Site) -> tuple[list[str], list[str]]:

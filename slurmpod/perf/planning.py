@@ -53,8 +53,10 @@ def switches(spec: RunSpec) -> list[str]:
 
 
 def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
-               site_path: Path | None = None, top: int | None = 10
+               site_path: Path | None = None, top: int | None = 10, room: bool = False
                ) -> tuple[list[Candidate], int]:
+    """`search` over the run's model on `nodes` of the site (`room`: only candidates that fit
+    with room, as `plan --search --headroom` asks)."""
     hw = hardware_from_site(site)
     c = ModelConfig.from_args(spec.megatron)
     args = spec.megatron.values()
@@ -62,7 +64,7 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
     if args.get("padded_vocab_size") is None and args.get("vocab_size") is not None:
         vocab = (int(args["vocab_size"]), int(args.get("make_vocab_size_divisible_by") or 128))
     return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
-                  run_options(spec), top, vocab)
+                  run_options(spec), top, vocab, room)
 
 
 def host_line(p: Prediction) -> str | None:

@@ -319,12 +319,14 @@ def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
 
 def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
            eff: Efficiency | None = None, opts: RunOptions | None = None,
-           top: int | None = 10, vocab: tuple[int, int] | None = None
+           top: int | None = 10, vocab: tuple[int, int] | None = None, room: bool = False
            ) -> tuple[list[Candidate], int]:
     """The fastest `top` candidates (all when None) that fit, sorted by predicted step time,
     and how many layouts were evaluated. `vocab`: the run's (vocab_size,
     make_vocab_size_divisible_by) when it gives no padded size, so each TP pads it as Megatron
-    does. When none fits, the least memory-hungry ones, marked
+    does. `room`: a candidate fits only with room, by at least the memory estimate's shortfall
+    (none is `tight`), so a layout that would fit tightly is taken with the next recompute
+    rung that leaves room. When none fits, the least memory-hungry ones, marked
     `fits = False`, so the caller can say by how much."""
 
     gbs = base.global_batch_size or 0
@@ -385,14 +387,15 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
                 acts = rank_activation_bytes(c, world)
                 mem = max(w.bytes_per_gpu + a.bytes_per_gpu
                           for w, a in zip(weights, acts, strict=True))
-                fits = mem <= usable_bytes
+                tight = fits_tightly(mem, usable_bytes)
+                fits = mem <= usable_bytes and not (room and tight)
                 if not fits and fitting:
                     continue
                 pred = bound if bound is not None and i == 0 else predict(
                     c, world, hw, eff, o, weights=wmax)
                 if pred is None:
                     break
-                cand = Candidate(c, mem, fits, pred, off, tight=fits_tightly(mem, usable_bytes))
+                cand = Candidate(c, mem, fits, pred, off, tight=tight)
                 if fits:
                     fitting.append(cand)
                     if top is not None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
 from slurmpod.perf.hardware import Hardware
@@ -532,3 +533,67 @@ def test_candidates_that_fit_by_less_than_the_estimates_shortfall_are_marked() -
     r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "2", "--search", "--json")
     marks = [c["tight_memory"] for c in json.loads(r.stdout)["candidates"]]
     assert True in marks and all(isinstance(m, bool) for m in marks)
+
+
+def test_headroom_ranks_only_candidates_that_fit_with_room() -> None:
+    """`room=True` (`plan --search --headroom`): every candidate fits by at least the estimate's
+    shortfall; a layout whose least recompute fits only tightly comes with the next rung that
+    leaves room, and nothing that fits with room is lost; the pruned top N is still the head
+    of the whole ranking."""
+    from slurmpod.megatron.memory import ESTIMATE_LOW_BY
+
+    base = ModelConfig.from_args(load_run(preset_path("qwen3-30b-a3b")).megatron)
+    every, _ = search(base, 16, H100, USABLE, top=None)
+    roomy, _ = search(base, 16, H100, USABLE, top=None, room=True)
+    assert roomy and all(x.fits and not x.tight for x in roomy)
+    assert all(x.memory_bytes * (1 + ESTIMATE_LOW_BY) <= USABLE for x in roomy)
+
+    def key(x: Any) -> tuple[Any, ...]:
+        k = x.config
+        return (k.tp, k.cp, k.pp, k.vpp, k.ep, k.etp, k.micro_batch_size)
+
+    by_key = {key(x): x for x in every}
+    moved = 0
+    for x in roomy:
+        first = by_key.get(key(x))
+        if first is not None and first.tight:
+            # The same layout and micro-batch, with more recompute than its tight fit.
+            moved += 1
+            assert x.memory_bytes < first.memory_bytes
+            assert x.prediction.step_time_s >= first.prediction.step_time_s
+        elif first is not None:
+            assert x.config == first.config
+    assert moved > 0
+    assert {key(x) for x in every if not x.tight} <= {key(x) for x in roomy}
+    assert roomy[0].prediction.step_time_s >= every[0].prediction.step_time_s
+    top, _ = search(base, 16, H100, USABLE, top=5, room=True)
+    assert [x.config for x in top] == [x.config for x in roomy[:5]]
+
+
+def test_headroom_on_the_command_line(tmp_path: Path) -> None:
+    r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "2", "--search", "--top", "8",
+                 "--headroom", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["search"]["headroom"] is True
+    assert data["candidates"] and not any(c["tight_memory"] for c in data["candidates"])
+    text = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "2", "--search",
+                    "--headroom").stdout
+    assert "only those that fit by at least 6%" in text and "! fits by less" not in text
+    bad = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--headroom")
+    assert bad.returncode == 2 and "--headroom needs --search" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    # A site whose GPUs fit Llama 3 8B on one node only tightly: the plain search ranks those,
+    # --headroom says so in one line, exit 3, and writes no file.
+    site = tmp_path / "small-hbm.toml"
+    site.write_text((ROOT / "site_configs" / "dgx-h100-superpod.toml").read_text()
+                    .replace("hbm_gib = 80", "hbm_gib = 21.5"))
+    plain = slurmpod("plan", "--preset", "llama3-8b", "--site", str(site), "--nodes", "1",
+                     "--search", "--json")
+    assert plain.returncode == 0, plain.stderr
+    assert all(c["tight_memory"] for c in json.loads(plain.stdout)["candidates"])
+    out = tmp_path / "chosen.toml"
+    r = slurmpod("plan", "--preset", "llama3-8b", "--site", str(site), "--nodes", "1",
+                 "--search", "--headroom", "--write-spec", str(out))
+    assert r.returncode == 3 and "fits with room" in r.stderr and "drop --headroom" in r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
