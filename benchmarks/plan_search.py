@@ -33,6 +33,7 @@ from slurmpod.perf.calibrate import (
 )
 from slurmpod.perf.fitted import FITTED
 from slurmpod.perf.hardware import hardware_from_site
+from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU
 from slurmpod.perf.options import RunOptions
 from slurmpod.perf.pairs import TIE, layout_pairs
 from slurmpod.perf.peaks import evaluate_peaks, load_peaks, markdown_peaks, peak_stats
@@ -117,6 +118,10 @@ def main() -> None:
             print(f"  {p.id:<40} " + _rank_words(r))
         top5 = sum(1 for _, r in ranks if r.rank and r.rank <= 5)
         print(f"  in the top 5: {top5} of {len(ranks)}")
+        if moe:
+            checked = sum(1 for _, r in ranks if r.checked_rank and r.checked_rank <= 5)
+            print(f"  in the top 5 of the layouts within the published range (at most "
+                  f"{CHECKED_EXPERTS_PER_GPU} experts per GPU): {checked} of {len(ranks)}")
     peaks = evaluate_peaks(load_peaks(PEAKS, TABLE))
     ps = peak_stats(peaks)
     print(f"\nmemory estimate against published peaks: n={ps['n']:.0f}  median {ps['median']:.1%}"

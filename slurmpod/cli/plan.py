@@ -199,14 +199,14 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         click.echo(f"slurmpod: warning: {line}", err=True)
     # lazy: start-up
     from slurmpod.perf.planning import (
+        experts_beyond_checked,
         host_line,
         predict_run,
-        search_run,
         site_reserve,
         summary_line,
         switches,
+        unchecked_line,
     )
-    from slurmpod.perf.search import fastest_per_layout  # lazy: start-up
 
     site_file = Path(site_path)
     result = make_plan(spec, site, nodes=nodes, measured_reserve=site_reserve(site, site_file))
@@ -214,20 +214,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     candidates: list[Any] = []
     evaluated = 0
     if do_search:
-        candidates, evaluated = search_run(spec, site, result.nodes,
-                                           result.usable_bytes_per_gpu, site_file,
-                                           None if distinct else top, room=headroom)
-        if distinct:
-            candidates = fastest_per_layout(candidates, top)
-        if not candidates or not candidates[0].fits:
-            tight = headroom and any(c.tight for c in candidates)
-            raise ConfigError(f"no layout of {spec.job.name} fits "
-                              + ("with room " if headroom else "")
-                              + f"on {result.nodes} nodes of {result.site} "
-                              f"({evaluated} evaluated)",
-                              hint=("drop --headroom to rank the layouts that fit tightly, or "
-                                    "use more nodes" if tight
-                                    else "use more nodes or a smaller model"))
+        candidates, evaluated = _search(spec, site, result, site_file, top, distinct, headroom)
+    unchecked = experts_beyond_checked(spec)
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
                                      checkpoint_log, restart_s)
     if write_spec:
@@ -241,7 +229,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
 
         data: dict[str, Any] = {"source": source, **result.to_json(),
                                 "prediction": ({**prediction.to_json(),
-                                                "switches": switches(spec)}
+                                                "switches": switches(spec),
+                                                "unchecked_experts_per_gpu": unchecked}
                                                if prediction else None),
                                 "checkpoint": rec}
         if do_search:
@@ -258,7 +247,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                 "alltoall)")
             host = host_line(prediction)
             text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {named}"
-                    + (f"\n  host       {host}" if host else "") + f"\nplan: {tail}")
+                    + (f"\n  host       {host}" if host else "")
+                    + (f"\n  unchecked  {unchecked_line(unchecked)}" if unchecked else "")
+                    + f"\nplan: {tail}")
         if rec is not None:
             head, _, tail = text.rpartition("\nplan: ")
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"
@@ -267,6 +258,27 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             click.echo(_render_candidates(candidates, evaluated, distinct, headroom))
     if not result.ok and not (do_search and candidates):
         ctx.exit(3)
+
+
+def _search(spec: RunSpec, site: Site, result: Plan, site_file: Path, top: int, distinct: bool,
+            headroom: bool) -> tuple[list[Any], int]:
+    """`--search`'s candidates and how many layouts it evaluated; none fitting (with room,
+    under `--headroom`) is one error line."""
+    from slurmpod.perf.planning import search_run  # lazy: start-up
+    from slurmpod.perf.search import fastest_per_layout  # lazy: start-up
+
+    candidates, evaluated = search_run(spec, site, result.nodes, result.usable_bytes_per_gpu,
+                                       site_file, None if distinct else top, room=headroom)
+    if distinct:
+        candidates = fastest_per_layout(candidates, top)
+    if not candidates or not candidates[0].fits:
+        tight = headroom and any(c.tight for c in candidates)
+        raise ConfigError(f"no layout of {spec.job.name} fits "
+                          + ("with room " if headroom else "")
+                          + f"on {result.nodes} nodes of {result.site} ({evaluated} evaluated)",
+                          hint=("drop --headroom to rank the layouts that fit tightly, or use "
+                                "more nodes" if tight else "use more nodes or a smaller model"))
+    return candidates, evaluated
 
 
 def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, prediction: Any,
@@ -323,6 +335,7 @@ def _recompute_words(c: Any) -> str:
 def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False,
                        headroom: bool = False) -> str:
     from slurmpod.megatron.memory import ESTIMATE_LOW_BY  # lazy: start-up
+    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU  # lazy: start-up
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
     rows = []
@@ -332,7 +345,9 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
         rows.append([i, lay["tensor_model_parallel_size"], lay["context_parallel_size"],
                      lay["pipeline_model_parallel_size"],
                      lay["virtual_pipeline_model_parallel_size"] or "-",
-                     lay["expert_model_parallel_size"], lay["expert_tensor_parallel_size"],
+                     f"{lay['expert_model_parallel_size']}"
+                     + (" ~" if cand.unchecked_experts else ""),
+                     lay["expert_tensor_parallel_size"],
                      cand.config.micro_batch_size,
                      _recompute_words(cand.config) + ("*" if cand.switches_off else ""),
                      _gib(cand.memory_bytes) + (" !" if cand.tight else ""),
@@ -352,6 +367,11 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
         out.append(f"  ! fits by less than {ESTIMATE_LOW_BY:.0%}, what the memory estimate has "
                    "run below published peaks: it may run out of memory (docs/plan.md); "
                    "--headroom ranks only the layouts that fit with room")
+    many = sorted({n for c in candidates if (n := c.unchecked_experts)})
+    if many:
+        out.append(f"  ~ {' or '.join(map(str, many))} experts per GPU, more than any published "
+                   f"run the model is checked on ({CHECKED_EXPERTS_PER_GPU}): its terms for many "
+                   "small expert GEMMs are unchecked there (docs/perf-model.md)")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

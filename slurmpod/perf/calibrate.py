@@ -527,12 +527,15 @@ def usable_bytes(c: ModelConfig, world: int, hw: Hardware) -> float:
 
 class LayoutRank(NamedTuple):
     """Where the search ranks a layout: its rank (None: not a fitting candidate), the number of
-    candidates, why it is not one, and its predicted step over the fastest candidate's."""
+    candidates, why it is not one, its predicted step over the fastest candidate's, and its
+    rank among the candidates within the range of published runs the model is checked on
+    (no more experts per GPU than `moe.CHECKED_EXPERTS_PER_GPU`)."""
 
     rank: int | None
     candidates: int
     why: str
     vs_fastest: float | None = None
+    checked_rank: int | None = None
 
 
 def recipe_rank(p: Point) -> LayoutRank:
@@ -554,10 +557,13 @@ def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts:
         return LayoutRank(None, 0, "nothing fits")
     want = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.micro_batch_size)
     fastest = cands[0].prediction.step_time_s
+    checked = 0
     for i, cand in enumerate(cands, 1):
         k = cand.config
+        checked += cand.unchecked_experts is None
         if (k.tp, k.cp, k.pp, k.vpp, k.ep, k.micro_batch_size) == want:
-            return LayoutRank(i, len(cands), "", cand.prediction.step_time_s / fastest)
+            return LayoutRank(i, len(cands), "", cand.prediction.step_time_s / fastest,
+                              checked if cand.unchecked_experts is None else None)
     need = peak_memory(c, world).bytes_per_gpu
     if need > usable_bytes:
         return LayoutRank(None, len(cands), (

@@ -53,6 +53,18 @@ FLEX_EFFICIENCY = 0.9
 ATTENTION_FP8_MODULES = 2
 MLA_FP8_MODULES = 5
 EXPERT_FP8_MODULES = 2
+# The most routed experts one GPU holds in any published run the model is checked on
+# (tests/data/perf/published.toml: DeepSeek-V3's 256 at EP8; test_validation holds the figure to
+# the table). Beyond it the terms for many small expert GEMMs (_expert_gemm_gaps, and a host
+# forward counted per module, not per GEMM) are unchecked: `plan` and its search say so.
+CHECKED_EXPERTS_PER_GPU = 32
+
+
+def unchecked_experts(c: ModelConfig) -> int | None:
+    """The routed experts one GPU of `c` holds when more than any published run the model is
+    checked on (CHECKED_EXPERTS_PER_GPU), else None."""
+    local = (c.num_experts or 0) // max(1, c.ep)
+    return local if local > CHECKED_EXPERTS_PER_GPU else None
 
 
 def _flex_time(tokens: float, h: int, topk: float, gpus_hit: float, domains: int,

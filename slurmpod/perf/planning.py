@@ -15,6 +15,7 @@ from slurmpod.perf.calibrate import load_site_efficiency, load_site_reserve
 from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware, hardware_from_site
 from slurmpod.perf.model import Prediction, predict
+from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU, unchecked_experts
 from slurmpod.perf.options import RunOptions
 from slurmpod.perf.search import Candidate, search
 
@@ -65,6 +66,19 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
         vocab = (int(args["vocab_size"]), int(args.get("make_vocab_size_divisible_by") or 128))
     return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
                   run_options(spec), top, vocab, room)
+
+
+def experts_beyond_checked(spec: RunSpec) -> int | None:
+    """The run's routed experts per GPU when more than any published run the performance
+    model is checked on (`slurmpod.perf.moe.CHECKED_EXPERTS_PER_GPU`), else None."""
+    return unchecked_experts(ModelConfig.from_args(spec.megatron))
+
+
+def unchecked_line(local: int) -> str:
+    """What `plan` says of a layout with `local` experts per GPU beyond the checked range."""
+    return (f"{local} experts per GPU, more than any published run the model is checked on "
+            f"({CHECKED_EXPERTS_PER_GPU}): its terms for many small expert GEMMs are unchecked "
+            "there; a short trial run decides")
 
 
 def host_line(p: Prediction) -> str | None:

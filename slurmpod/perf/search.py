@@ -42,6 +42,7 @@ from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware
 from slurmpod.perf.micro import layer_costs
 from slurmpod.perf.model import Prediction, predict
+from slurmpod.perf.moe import unchecked_experts
 from slurmpod.perf.options import RunOptions
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -69,6 +70,11 @@ class Candidate:
     # Fits by less than the memory estimate's shortfall on published peaks (ESTIMATE_LOW_BY):
     # it may run out of memory, as `plan` warns.
     tight: bool = False
+
+    @property
+    def unchecked_experts(self) -> int | None:
+        """Its experts per GPU, when more than any published run the model is checked on."""
+        return unchecked_experts(self.config)
 
     def layout(self) -> dict[str, Any]:
         c = self.config
@@ -110,6 +116,7 @@ class Candidate:
                 "memory_bytes_per_gpu": self.memory_bytes,
                 "pipeline_split": _split_name(c),
                 "switches_off": list(self.switches_off), "tight_memory": self.tight,
+                "unchecked_experts_per_gpu": self.unchecked_experts,
                 "prediction": self.prediction.to_json()}
 
 

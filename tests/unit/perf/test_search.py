@@ -597,3 +597,44 @@ def test_headroom_on_the_command_line(tmp_path: Path) -> None:
                  "--search", "--headroom", "--write-spec", str(out))
     assert r.returncode == 3 and "fits with room" in r.stderr and "drop --headroom" in r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_layouts_with_more_experts_per_gpu_than_any_published_run_are_marked(
+        tmp_path: Path) -> None:
+    """More routed experts per GPU than any published run the model is checked on
+    (CHECKED_EXPERTS_PER_GPU): the search marks the candidate (`~` after EP, JSON
+    `unchecked_experts_per_gpu`, a line saying what it means) and `plan` says so of the run's
+    own layout; within the range nothing is said."""
+    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU
+
+    base = ModelConfig.from_args(load_run(preset_path("qwen3-30b-a3b")).megatron)
+    cands, _ = search(base, 16, H100, USABLE, top=None)
+    beyond = [x for x in cands if x.unchecked_experts]
+    assert beyond and len(beyond) < len(cands)
+    for x in cands:
+        local = 128 // x.config.ep
+        assert x.unchecked_experts == (local if local > CHECKED_EXPERTS_PER_GPU else None)
+        assert x.to_json()["unchecked_experts_per_gpu"] == x.unchecked_experts
+    r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "1", "--search", "--top", "3")
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip()[:1].isdigit()
+            and "GiB" in line]
+    assert rows and all(row[6] == "~" for row in rows), r.stdout  # EP 2: 64 experts per GPU
+    assert "~ 64 experts per GPU, more than any published run the model is checked on (32)" \
+        in r.stdout
+    dense = slurmpod("plan", "--preset", "llama3-70b", "--nodes", "16", "--search", "--top", "3")
+    assert "experts per GPU" not in dense.stdout and " ~ " not in dense.stdout
+    # The run's own layout: EP 2 (64 experts per GPU) is named, EP 8 (16) is not.
+    spec = tmp_path / "ep2.toml"
+    spec.write_text(load_run_text("qwen3-30b-a3b").replace(
+        "expert_model_parallel_size = 8", "expert_model_parallel_size = 2"))
+    text = slurmpod("plan", str(spec), "--nodes", "2").stdout
+    assert "unchecked  64 experts per GPU, more than any published run" in text, text
+    data = json.loads(slurmpod("plan", str(spec), "--nodes", "2", "--json").stdout)
+    assert data["prediction"]["unchecked_experts_per_gpu"] == 64
+    own = json.loads(slurmpod("plan", "--preset", "qwen3-30b-a3b", "--json").stdout)
+    assert own["prediction"]["unchecked_experts_per_gpu"] is None
+    assert "unchecked" not in slurmpod("plan", "--preset", "qwen3-30b-a3b").stdout
+
+
+def load_run_text(name: str) -> str:
+    return preset_path(name).read_text()

@@ -273,3 +273,44 @@ def test_every_published_recipe_is_within_the_models_error_of_the_fastest(point_
     r = recipe_rank(next(x for x in POINTS if x.id == point_id))
     assert r.rank is not None and r.vs_fastest is not None, r.why
     assert r.vs_fastest <= 1 + WITHIN_MODEL_ERROR, (r.rank, r.vs_fastest)
+
+
+def test_the_checked_experts_per_gpu_is_the_published_tables_most() -> None:
+    """CHECKED_EXPERTS_PER_GPU, beyond which `plan` calls a layout unchecked, is the most
+    routed experts one GPU holds in a timed published run."""
+    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU
+
+    local = [p.config.num_experts // p.config.ep for p in POINTS
+             if p.config is not None and p.published_s and p.config.num_experts]
+    assert max(local) == CHECKED_EXPERTS_PER_GPU
+
+
+# MoE recipes (published configuration) whose layout the search ranks in its top 5 among the
+# layouts within the published range (today 10 of 59; 4 among all candidates: the Qwen3-30B-A3B
+# rows rank 12-25 behind layouts with 64 or 128 experts per GPU, which no published run checks).
+MOE_CHECKED_TOP5 = ["bridge2511-gb200-qwen3-30b-fp8", "bridge2602-gb200-qwen3-30b-mxfp8",
+                    "bridge2604-b200-qwen3-30b-mxfp8", "bridge2604-gb200-qwen3-30b-mxfp8",
+                    "bridge2608-gb200-deepseek-v3-mxfp8", "bridge2608-gb300-deepseek-v3-mxfp8",
+                    "bridge2602-b300-qwen3-30b-mxfp8", "bridge2604-b300-qwen3-30b-mxfp8",
+                    "bridge2606-gb300-deepseek-v3-mxfp8",
+                    "bridge2606-gb300-deepseek-v3-mxfp8-gbs15360"]
+
+
+@pytest.mark.parametrize("point_id", MOE_CHECKED_TOP5)
+def test_moe_recipes_in_the_top_5_of_the_checked_layouts(point_id: str) -> None:
+    """`checked_rank` counts only the candidates within the published range, so it is at most
+    the rank, and equal where nothing ahead has more experts per GPU than that range."""
+    from slurmpod.perf.calibrate import recipe_rank
+    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU
+    from slurmpod.perf.search import search
+
+    p = next(x for x in POINTS if x.id == point_id)
+    r = recipe_rank(p)
+    assert r.rank is not None and r.checked_rank is not None, r.why
+    assert r.checked_rank <= min(5, r.rank)
+    assert p.config is not None and p.hardware is not None
+    cands, _ = search(p.config, p.gpus, p.hardware, usable_bytes(p.config, p.gpus, p.hardware),
+                      FITTED[p.generation], p.opts, top=None)
+    ahead = cands[:r.rank - 1]
+    assert r.checked_rank == 1 + sum(
+        1 for x in ahead if p.config.num_experts // x.config.ep <= CHECKED_EXPERTS_PER_GPU)
