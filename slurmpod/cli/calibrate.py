@@ -74,6 +74,7 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
                          "accounting: they go with --since, not with LOG files")
     from slurmpod.config import data_dir, load_site, resolve_site_path  # lazy: start-up
     from slurmpod.perf import calibrate as cal  # lazy: start-up
+    from slurmpod.perf import store  # lazy: start-up
     from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED  # lazy: start-up
     from slurmpod.perf.hardware import hardware_from_site  # lazy: start-up
 
@@ -111,12 +112,12 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
     if not dry_run:
         from slurmpod.fsutil import output_error  # lazy: start-up
 
-        stored = output or cal.store_path(site_path)
+        stored = output or store.store_path(site_path)
         try:
             if eff is not None:
-                cal.save(stored, hw.generation, eff, len(ratios))
+                store.save(stored, hw.generation, eff, len(ratios))
             if reserve is not None:
-                cal.save_reserve(stored, reserve)
+                store.save_reserve(stored, reserve)
         except OSError as exc:
             raise output_error(stored, exc) from None
     if skipped:

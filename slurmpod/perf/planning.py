@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmpod.megatron.runspec import ModelConfig, RunSpec
-from slurmpod.perf.calibrate import load_site_efficiency, load_site_reserve
 from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware, hardware_from_site
 from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU, unchecked_experts
 from slurmpod.perf.options import RunOptions
-from slurmpod.perf.search import Candidate, search
+from slurmpod.perf.store import load_site_efficiency, load_site_reserve
 
 if TYPE_CHECKING:
     from slurmpod.megatron.memory import MeasuredReserve
     from slurmpod.model.site import Site
+    from slurmpod.perf.search import Candidate
 
 
 def site_efficiency(hw: Hardware, site_path: Path | None) -> Efficiency:
@@ -58,6 +58,8 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
                ) -> tuple[list[Candidate], int]:
     """`search` over the run's model on `nodes` of the site (`room`: only candidates that fit
     with room, as `plan --search --headroom` asks)."""
+    from slurmpod.perf.search import search  # lazy: start-up (plan without --search)
+
     hw = hardware_from_site(site)
     c = ModelConfig.from_args(spec.megatron)
     args = spec.megatron.values()

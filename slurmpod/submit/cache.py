@@ -56,7 +56,7 @@ def prepared_key(run_path: Path, site_path: Path, template_dirs: Sequence[Path],
         for f in (run_path, site_path):
             data = f.read_bytes()
             h.update(f"\0{len(data)}\0".encode() + data)
-        # The site's calibration (perf.calibrate.store_path) sets the predicted iteration time
+        # The site's calibration (perf.store.store_path) sets the predicted iteration time
         # behind the derived --save-interval.
         calib = site_path.with_name(site_path.stem + ".perf.toml")
         data = calib.read_bytes() if calib.is_file() else b""

@@ -9,15 +9,15 @@ import pytest
 
 from slurmpod.megatron.memory import MeasuredReserve, runtime_reserve
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-from slurmpod.perf.calibrate import (
+from slurmpod.perf.fitted import FITTED
+from slurmpod.perf.reserve import fit_reserve, memory_point
+from slurmpod.perf.store import (
     load_site_efficiency,
     load_site_reserve,
     save,
     save_reserve,
     store_path,
 )
-from slurmpod.perf.fitted import FITTED
-from slurmpod.perf.reserve import fit_reserve, memory_point
 
 
 def mem(alloc: float, reserved: float, used: float | None = None) -> dict[str, object]:
