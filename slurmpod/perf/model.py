@@ -61,6 +61,14 @@ from slurmpod.perf.options import RunOptions
 # --- chosen constants (not fitted) ---------------------------------------------------------------
 # Flash/fused attention against a plain GEMM of the same FLOPs (softmax, masking, causal tiles).
 ATTENTION_FACTOR = 0.7
+# FP8 attention (`fp8_dot_product_attention`, cuDNN's fused FP8 SDPA) against BF16 attention,
+# forward and backward together (weighted 2:5 by FLOPs), causal at sequence 4096: not the FP8
+# GEMM peak, as the softmax and the backward gain little. cuDNN-frontend's training SDPA
+# benchmark (benchmark/sdpa_benchmark_training/results, cuDNN 9.22, 2026-04): head dim 128
+# (Llama 3.1) MXFP8 0.97x on GB200, 0.99x on GB300 (per-tensor FP8 1.08x, 1.19x; H200, cuDNN
+# 9.19: 1.08x); head dim 192 (DeepSeek-V3's MLA) MXFP8 1.31x, 1.38x (per-tensor 1.57x, 1.74x).
+# The MXFP8 figures: every published run with FP8 attention is a Blackwell MXFP8 recipe.
+FP8_ATTENTION_GAIN = {128: 1.0, 192: 1.35}
 # SHARP in-network reduction: all-reduce bus bandwidth gain (NCCL CollNet/NVLS, ~1.7x).
 SHARP_ALLREDUCE_GAIN = 1.7
 # Share of TP communication Transformer Engine's userbuffer overlap (tp_comm_overlap) hides.
@@ -172,8 +180,8 @@ def _attention_compute(u: Micro) -> tuple[float, float]:
     if u.rec_mla_up > rec:  # selective `mla_up_proj`: the up-projections' forward again
         t_attn += 2.0 * (u.rec_mla_up - rec) * tok * k.mla_up / tp / (
             u.peak_mm * gemm_eff(min(c.kv_lora_rank, k.q_width / tp)))
-    t_core = 7.0 * tok * k.attn_core / tp / (
-        (u.peak_mm if u.fp8 and u.opts.fp8_attention else u.peak16) * ATTENTION_FACTOR)
+    gain = fp8_attention_gain(c) if u.fp8 and u.opts.fp8_attention else 1.0
+    t_core = 7.0 * tok * k.attn_core / tp / (u.peak16 * ATTENTION_FACTOR * gain)
     hid = tok * h / (tp if u.sp else 1)
     mem_common = ELEMENTWISE_BYTES_HIDDEN * hid
     # QKV and output projection: inputs (tok x h, tok x q_width / tp) and output gradients
@@ -187,6 +195,13 @@ def _attention_compute(u: Micro) -> tuple[float, float]:
                             + (GRAPHED_KERNEL_GAP_S if u.opts.graphed_attention else gap)
                             * attention_kernels)
     return t_attn + t_core + (mem_common + cast_common) * mem_passes / u.hbm + gaps, t_core
+
+
+def fp8_attention_gain(c: ModelConfig) -> float:
+    """FP8 attention's speed over BF16 attention for `c`'s query-key head dimension
+    (FP8_ATTENTION_GAIN: up to 128, or larger as MLA's 192)."""
+    head = c.qk_head_dim + c.qk_pos_emb_head_dim if c.multi_latent_attention else c.kv_channels
+    return FP8_ATTENTION_GAIN[128 if head <= 128 else 192]
 
 
 def _tp_time(u: Micro) -> float:
