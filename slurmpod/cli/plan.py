@@ -335,7 +335,7 @@ def _recompute_words(c: Any) -> str:
 def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False,
                        headroom: bool = False) -> str:
     from slurmpod.megatron.memory import ESTIMATE_LOW_BY  # lazy: start-up
-    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU  # lazy: start-up
+    from slurmpod.perf.planning import unchecked_words  # lazy: start-up
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
     rows = []
@@ -369,9 +369,7 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                    "--headroom ranks only the layouts that fit with room")
     many = sorted({n for c in candidates if (n := c.unchecked_experts)})
     if many:
-        out.append(f"  ~ {' or '.join(map(str, many))} experts per GPU, more than any published "
-                   f"run the model is checked on ({CHECKED_EXPERTS_PER_GPU}): its terms for many "
-                   "small expert GEMMs are unchecked there (docs/perf-model.md)")
+        out.append(f"  ~ {unchecked_words(' or '.join(map(str, many)))} (docs/perf-model.md)")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

@@ -76,11 +76,16 @@ def experts_beyond_checked(spec: RunSpec) -> int | None:
     return unchecked_experts(ModelConfig.from_args(spec.megatron))
 
 
-def unchecked_line(local: int) -> str:
-    """What `plan` says of a layout with `local` experts per GPU beyond the checked range."""
+def unchecked_words(local: str) -> str:
+    """What `plan` and its search say of `local` experts per GPU beyond the checked range."""
     return (f"{local} experts per GPU, more than any published run the model is checked on "
             f"({CHECKED_EXPERTS_PER_GPU}): its terms for many small expert GEMMs are unchecked "
-            "there; a short trial run decides")
+            "there")
+
+
+def unchecked_line(local: int) -> str:
+    """`plan`'s line for a run whose layout holds `local` experts per GPU beyond the range."""
+    return unchecked_words(str(local)) + "; a short trial run decides"
 
 
 def host_line(p: Prediction) -> str | None:
