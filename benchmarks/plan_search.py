@@ -7,7 +7,8 @@ evaluated, for the top 10 (`search s`) and for the whole ranking `--distinct` fo
 (tests/data/perf/published.toml; target median <= 10 %, max <= 25 %), in how many pairs of
 published layouts of one model on the same GPUs it names the faster, and where the search ranks
 each published recipe's layout, dense and MoE (rows with a published configuration), with how
-many are in its top 5. `--write` rewrites tests/data/perf/validation.md.
+many are in its top 5. `--write` rewrites tests/data/perf/validation.md and the track record
+`plan` reports (slurmpod/perf/track_record.json).
 
     .venv/bin/python benchmarks/plan_search.py [--repeat 3] [--write]
 """
@@ -29,6 +30,7 @@ from slurmpod.perf.calibrate import (
     load_published,
     markdown_table,
     recipe_rank,
+    track_runs,
     usable_bytes,
 )
 from slurmpod.perf.fitted import FITTED
@@ -38,6 +40,7 @@ from slurmpod.perf.options import RunOptions
 from slurmpod.perf.pairs import TIE, layout_pairs
 from slurmpod.perf.peaks import evaluate_peaks, load_peaks, markdown_peaks, peak_stats
 from slurmpod.perf.search import search
+from slurmpod.perf.track import TRACK_PATH, dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "data" / "perf" / "published.toml"
@@ -139,7 +142,8 @@ def main() -> None:
                           "Rows of tests/data/perf/memory.toml; checked by "
                           "tests/unit/perf/test_peaks.py.\n\n" + markdown_peaks(peaks),
                           encoding="utf-8")
-        print(f"\nwrote {REPORT.relative_to(ROOT)}")
+        TRACK_PATH.write_text(dumps(track_runs(results)), encoding="utf-8")
+        print(f"\nwrote {REPORT.relative_to(ROOT)} and {TRACK_PATH.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

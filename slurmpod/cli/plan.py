@@ -205,8 +205,10 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         site_reserve,
         summary_line,
         switches,
+        track_record,
         unchecked_line,
     )
+    from slurmpod.perf.track import track_line  # lazy: start-up
 
     site_file = Path(site_path)
     result = make_plan(spec, site, nodes=nodes, measured_reserve=site_reserve(site, site_file))
@@ -216,6 +218,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     if do_search:
         candidates, evaluated = _search(spec, site, result, site_file, top, distinct, headroom)
     unchecked = experts_beyond_checked(spec)
+    validated = track_record(spec, site) if prediction else None
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
                                      checkpoint_log, restart_s)
     if write_spec:
@@ -230,8 +233,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         data: dict[str, Any] = {"source": source, **result.to_json(),
                                 "prediction": ({**prediction.to_json(),
                                                 "switches": switches(spec),
-                                                "unchecked_experts_per_gpu": unchecked}
-                                               if prediction else None),
+                                                "unchecked_experts_per_gpu": unchecked,
+                                                "track_record": validated.to_json()}
+                                               if prediction and validated else None),
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size,
@@ -249,6 +253,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             text = (f"{head}\n  predicted  {summary_line(prediction)}\n  switches   {named}"
                     + (f"\n  host       {host}" if host else "")
                     + (f"\n  unchecked  {unchecked_line(unchecked)}" if unchecked else "")
+                    + (f"\n  validated  {track_line(validated)}" if validated else "")
                     + f"\nplan: {tail}")
         if rec is not None:
             head, _, tail = text.rpartition("\nplan: ")

@@ -28,6 +28,7 @@ from slurmpod.perf.fitted import FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware, hardware_from_site
 from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.options import RunOptions
+from slurmpod.perf.track import Run, architecture
 
 if TYPE_CHECKING:
     from slurmpod.model.jobs import JobRecord
@@ -188,6 +189,15 @@ def evaluate(points: Iterable[Point], fitted: Mapping[str, Efficiency] | None = 
         assert pred is not None, p.id
         out.append(Result(p, pred.step_time_s, pred.step_time_s / p.published_s - 1))
     return out
+
+
+def track_runs(results: Iterable[Result]) -> list[Run]:
+    """The validation rows as the track record holds them (slurmpod.perf.track)."""
+    return [Run(r.point.id, str(r.point.raw["model"]), architecture(r.point.config),
+                r.point.hardware.gpu_model, r.point.precision, r.error)
+            for r in results
+            if r.point.role == "validation" and r.point.config is not None
+            and r.point.hardware is not None]
 
 
 def _solve(f: Callable[[float], float], lo: float = 0.05, hi: float = 1.5) -> float:

@@ -17,6 +17,7 @@ from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU, unchecked_experts
 from slurmpod.perf.options import RunOptions
 from slurmpod.perf.store import load_site_efficiency, load_site_reserve
+from slurmpod.perf.track import Track, load, track
 
 if TYPE_CHECKING:
     from slurmpod.megatron.memory import MeasuredReserve
@@ -74,6 +75,13 @@ def experts_beyond_checked(spec: RunSpec) -> int | None:
     """The run's routed experts per GPU when more than any published run the performance
     model is checked on (`slurmpod.perf.moe.CHECKED_EXPERTS_PER_GPU`), else None."""
     return unchecked_experts(ModelConfig.from_args(spec.megatron))
+
+
+def track_record(spec: RunSpec, site: Site) -> Track:
+    """How the prediction did on published runs of the run's model architecture, on any GPU
+    and on the site's (slurmpod.perf.track)."""
+    return track(ModelConfig.from_args(spec.megatron), hardware_from_site(site).gpu_model,
+                 load())
 
 
 def unchecked_words(local: str) -> str:

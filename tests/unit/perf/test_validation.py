@@ -23,9 +23,11 @@ from slurmpod.perf.calibrate import (
     fit_host_forward,
     load_published,
     markdown_table,
+    track_runs,
     usable_bytes,
 )
 from slurmpod.perf.fitted import FITTED, HOST_FORWARD_FITTED_ON, MOE_FP8_HOST_FORWARD_S
+from slurmpod.perf.track import TRACK_PATH, dumps
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "perf"
 POINTS = load_published(DATA / "published.toml")
@@ -314,3 +316,12 @@ def test_moe_recipes_in_the_top_5_of_the_checked_layouts(point_id: str) -> None:
     ahead = cands[:r.rank - 1]
     assert r.checked_rank == 1 + sum(
         1 for x in ahead if p.config.num_experts // x.config.ep <= CHECKED_EXPERTS_PER_GPU)
+
+
+def test_the_track_record_is_current() -> None:
+    """`plan`'s track record (slurmpod/perf/track_record.json) holds every validation row's
+    current error: `benchmarks/plan_search.py --write` rewrites it."""
+    assert TRACK_PATH.read_text(encoding="utf-8") == dumps(track_runs(RESULTS))
+    runs = track_runs(RESULTS)
+    assert len(runs) == sum(1 for r in RESULTS if r.point.role == "validation")
+    assert {r.model for r in runs} >= {"gpt-oss-120b", "llama3-70b", "deepseek-v3"}

@@ -1,0 +1,140 @@
+"""The performance model's track record: how far its prediction was from published runs of the
+same model architecture, as `slurmpod plan` reports it beside a prediction (docs/perf-model.md).
+
+`track_record.json` beside this module holds every validation row of the published table
+(tests/data/perf/published.toml) with its error, predicted / published - 1. It is written by
+`benchmarks/plan_search.py --write` and held current by tests/unit/perf/test_validation.py, so
+`plan` reads it without running the table. Calibration rows are left out: they are fitted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmpod.megatron.runspec import ModelConfig
+
+TRACK_PATH = Path(__file__).resolve().parent / "track_record.json"
+
+
+def architecture(c: ModelConfig) -> str:
+    """The shape the model's terms read, without sequence length, vocabulary or MTP (which a
+    recipe changes between runs of one model): layers, hidden, heads, query groups, head
+    dim, FFN, and the experts (count x size, top-k, shared size) or MLA."""
+    key = f"L{c.num_layers} h{c.hidden_size} a{c.num_attention_heads} g{c.num_query_groups}"
+    if not c.multi_latent_attention:
+        key += f" d{c.kv_channels}"
+    key += f" f{c.ffn_hidden_size}"
+    if c.num_experts:
+        key += (f" e{c.num_experts}x{c.moe_ffn_hidden_size} k{c.moe_router_topk}"
+                f" s{c.moe_shared_expert_intermediate_size}")
+    if c.multi_latent_attention:
+        key += (f" mla{c.q_lora_rank or 0}/{c.kv_lora_rank}"
+                f" d{c.qk_head_dim}+{c.qk_pos_emb_head_dim}/{c.v_head_dim}")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One validation row: its id, model name, GPU, precision and error."""
+
+    id: str
+    model: str
+    architecture: str
+    gpu: str
+    precision: str
+    error: float  # predicted / published - 1
+
+
+def dumps(runs: Iterable[Run]) -> str:
+    """`track_record.json`'s text: one run per line (errors to 0.01 %), so a change to the
+    model shows in a diff as the rows it moved."""
+    rows = [json.dumps({"id": r.id, "model": r.model, "architecture": r.architecture,
+                        "gpu": r.gpu, "precision": r.precision, "error": round(r.error, 4)})
+            for r in runs]
+    return '{"runs": [\n' + ",\n".join(rows) + "\n]}\n"
+
+
+def load(path: Path = TRACK_PATH) -> list[Run]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return [Run(**r) for r in raw["runs"]]
+
+
+def _median(xs: Sequence[float]) -> float:
+    """The median (not `statistics.median`: its import costs `plan`'s start-up ~5 ms)."""
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _errors(runs: Sequence[Run]) -> dict[str, float] | None:
+    if not runs:
+        return None
+    e = [r.error for r in runs]
+    return {"min": min(e), "median": _median(e), "max": max(e)}
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """The runs of one architecture, all of them and those on the site's GPU; and the whole
+    table's median and max |error| for an architecture no published run has."""
+
+    architecture: str
+    models: tuple[str, ...]
+    runs: tuple[Run, ...]
+    on_gpu: tuple[Run, ...]
+    gpu: str
+    table_runs: int
+    table_median_abs: float
+    table_max_abs: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, "models": list(self.models),
+                "published_runs": len(self.runs), "error": _errors(self.runs),
+                "on_gpu": {"gpu": self.gpu, "published_runs": len(self.on_gpu),
+                           "error": _errors(self.on_gpu)},
+                "table": {"published_runs": self.table_runs,
+                          "median_abs_error": self.table_median_abs,
+                          "max_abs_error": self.table_max_abs}}
+
+
+def track(c: ModelConfig, gpu: str, runs: Sequence[Run]) -> Track:
+    arch = architecture(c)
+    mine = tuple(r for r in runs if r.architecture == arch)
+    table = [abs(r.error) for r in runs] or [0.0]
+    return Track(arch, tuple(sorted({r.model for r in mine})), mine,
+                 tuple(r for r in mine if r.gpu == gpu), gpu, len(runs),
+                 _median(table), max(table))
+
+
+def _off(e: float) -> str:
+    """An error in words: the prediction `e` fast or slow against the run."""
+    return f"{abs(e):.0%} " + ("fast" if e < 0 else "slow")
+
+
+def _span(err: Mapping[str, float]) -> str:
+    if round(err["min"], 2) == round(err["max"], 2):
+        return _off(err["min"])
+    return f"{_off(err['min'])} to {_off(err['max'])}, median {_off(err['median'])}"
+
+
+def track_line(t: Track) -> str:
+    """`plan`'s line: how the prediction did on published runs of this architecture."""
+    if not t.runs:
+        return (f"no published run of this architecture is in the model's validation table; "
+                f"over its {t.table_runs} runs the prediction is off by {t.table_median_abs:.0%} "
+                f"(median), {t.table_max_abs:.0%} at most")
+    n = len(t.runs)
+    err = _errors(t.runs)
+    assert err is not None
+    line = (f"{n} published run{'s' if n > 1 else ''} of this architecture "
+            f"({', '.join(t.models)}): predicted {_span(err)}")
+    on = _errors(t.on_gpu)
+    if on is None:
+        return line + f"; none on {t.gpu}"
+    if len(t.on_gpu) < n:
+        return line + f"; {len(t.on_gpu)} on {t.gpu}: {_span(on)}"
+    return line + f"; all on {t.gpu}"
