@@ -9,6 +9,7 @@ same model architecture, as `slurmpod plan` reports it beside a prediction (docs
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,9 +59,11 @@ def dumps(runs: Iterable[Run]) -> str:
     return '{"runs": [\n' + ",\n".join(rows) + "\n]}\n"
 
 
-def load(path: Path = TRACK_PATH) -> list[Run]:
+@functools.lru_cache(maxsize=4)
+def load(path: Path = TRACK_PATH) -> tuple[Run, ...]:
+    """The record's runs (read once per process: a report of many jobs asks for each)."""
     raw = json.loads(path.read_text(encoding="utf-8"))
-    return [Run(**r) for r in raw["runs"]]
+    return tuple(Run(**r) for r in raw["runs"])
 
 
 def _median(xs: Sequence[float]) -> float:

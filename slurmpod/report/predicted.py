@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from slurmpod.model.comment import PRED_PARTS, decode_field
 if TYPE_CHECKING:
     from slurmpod.model.site import Site
     from slurmpod.perf.model import Prediction
+    from slurmpod.perf.track import Track
     from slurmpod.report.model import Note, Stability
     from slurmpod.report.stragglers import StragglerFinding
 
@@ -74,6 +75,9 @@ class VsPredicted:
     # The Megatron settings of the dump the prediction counted (`RunOptions.switches`), shown
     # only; empty where the prediction was recorded at submission
     switches: tuple[str, ...] = ()
+    # The model's track record on published runs of the job's architecture (slurmpod.perf.
+    # track); None where the prediction was recorded at submission (no model shape)
+    track: Track | None = None
 
     @property
     def predicted_step_s(self) -> float:
@@ -99,6 +103,23 @@ class VsPredicted:
         """Far faster than predicted: the model's factors, not the job, are off."""
         return self.ratio > HIGH_VS_PREDICTED
 
+    def known_miss(self) -> str | None:
+        """Where published runs of the job's architecture (on its GPU, else on any) also ran
+        below LOW_VS_PREDICTED and the job is no slower than the slowest of them: the words
+        saying the gap may be the model's, not the job's (as for GPT-OSS, docs/perf-model.md).
+        None otherwise."""
+        t = self.track
+        if t is None or not t.runs:
+            return None
+        runs = t.on_gpu or t.runs
+        lo, hi = (1 + min(r.error for r in runs), 1 + max(r.error for r in runs))
+        if lo >= LOW_VS_PREDICTED or self.ratio < lo:
+            return None
+        where = f"on {self.gpu.upper()}" if t.on_gpu else "on other GPUs"
+        return (f"published runs of this architecture ({', '.join(t.models)}) {where} ran at "
+                f"{100 * lo:.0f}-{100 * hi:.0f} % of the model's prediction too, so part of "
+                "the gap may be the model's (`slurmpod plan` prints this track record)")
+
     def to_json(self) -> dict[str, Any]:
         p = self.prediction
         return {"gpu": self.gpu, "world_size": self.world, "layout": self.layout,
@@ -108,7 +129,9 @@ class VsPredicted:
                 "predicted_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
                 "breakdown_s": dict(p.breakdown_s), "flagged": self.flagged,
                 "threshold": LOW_VS_PREDICTED, "above": self.above, "switches": list(self.switches),
-                "efficiency": {"generation": p.generation, "fitted_on": p.efficiency_source}}
+                "efficiency": {"generation": p.generation, "fitted_on": p.efficiency_source},
+                "track_record": self.track.to_json() if self.track else None,
+                "known_miss": self.known_miss()}
 
 
 def _layout_text(args: Mapping[str, Any], world: int) -> str:
@@ -145,6 +168,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     from slurmpod.perf.model import predict  # lazy: start-up
     from slurmpod.perf.options import RunOptions  # lazy: start-up
     from slurmpod.perf.planning import site_efficiency  # lazy: start-up
+    from slurmpod.perf.track import load, track  # lazy: start-up
 
     if check_dump_args(args) is not None:
         return None
@@ -160,6 +184,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         config = ModelConfig.from_args(args)
         pred = predict(config, world, hw, site_efficiency(hw, site_path), opts)
         layout = _layout_text(args, world)
+        record = track(config, hw.gpu_model, load())
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
         # no prediction, the report is the same without it.
@@ -168,7 +193,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         return None
     return VsPredicted(gpu=hw.gpu_model, world=world, achieved_step_s=achieved_step_s,
                        prediction=pred, layout=layout,
-                       switches=tuple(opts.switches(config)))
+                       switches=tuple(opts.switches(config)), track=record)
 
 
 def _s(x: float) -> str:
@@ -184,7 +209,17 @@ def _ran_at(v: VsPredicted, more: str = "") -> str:
 
 def cause_note(v: VsPredicted, stability: Stability | None,
                stragglers: StragglerFinding | None = None) -> Note:
-    """The note of a job far below its prediction: the likely cause and its fix.
+    """The note of a job far below its prediction: the likely cause and its fix, and where
+    published runs of its architecture ran as far below the model, that too
+    (`VsPredicted.known_miss`)."""
+    note = _likely_cause(v, stability, stragglers)
+    known = v.known_miss()
+    return replace(note, text=f"{note.text}; {known}") if known else note
+
+
+def _likely_cause(v: VsPredicted, stability: Stability | None,
+                  stragglers: StragglerFinding | None = None) -> Note:
+    """The likely cause of a job far below its prediction, and its fix.
 
     Stragglers first, measured: the ranks Megatron's per-rank timers name (report/stragglers.py)
     when the log has them, else uneven steady iterations; then the largest of the predicted

@@ -84,7 +84,7 @@ def test_an_unknown_architecture_reports_the_whole_table() -> None:
 def test_the_record_reads_back_what_was_written(tmp_path: Path) -> None:
     path = tmp_path / "track.json"
     path.write_text(dumps(RUNS), encoding="utf-8")
-    assert load(path) == RUNS
+    assert load(path) == tuple(RUNS)
     assert len(path.read_text().splitlines()) == len(RUNS) + 2  # one run per line
 
 
