@@ -159,6 +159,10 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
               help="With --search: rank only candidates that fit by at least the memory "
                    "estimate's shortfall on published peaks (6%), taking more recompute where "
                    "a layout would fit tightly; --write-spec then writes the fastest of those.")
+@click.option("--checked", is_flag=True,
+              help="With --search: rank only layouts with at most as many routed experts per "
+                   "GPU as a published run the model is checked on (32); --write-spec then "
+                   "writes the fastest of those.")
 @click.option("--pick", type=click.IntRange(1, 10_000), default=None, metavar="N",
               help="With --search and --write-spec: write the N-th candidate shown, not the "
                    "fastest (e.g. the next one to try within the model's error).")
@@ -175,7 +179,7 @@ def render_summary(plan: Plan, source: str | None = None) -> str:
 def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int | None,
          preset: str | None, megatron_args: str | None, write_spec: str | None,
          as_json: bool, do_search: bool, top: int, distinct: bool, headroom: bool,
-         pick: int | None,
+         checked: bool, pick: int | None,
          history_paths: tuple[Path, ...], checkpoint_log: Path | None,
          restart_s: float | None) -> None:
     """Validate a Megatron run spec (RUN.toml or a launch script) and plan it on the site."""
@@ -186,6 +190,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         raise click.UsageError("--distinct needs --search")
     if headroom and not do_search:
         raise click.UsageError("--headroom needs --search")
+    if checked and not do_search:
+        raise click.UsageError("--checked needs --search")
     if pick is not None and not (do_search and write_spec):
         raise click.UsageError("--pick needs --search and --write-spec")
     if pick is not None and pick > top:
@@ -216,7 +222,8 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
     candidates: list[Any] = []
     evaluated = 0
     if do_search:
-        candidates, evaluated = _search(spec, site, result, site_file, top, distinct, headroom)
+        candidates, evaluated = _search(spec, site, result, site_file, top, distinct,
+                                        headroom, checked)
     unchecked = experts_beyond_checked(spec)
     validated = track_record(spec, site) if prediction else None
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
@@ -239,7 +246,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size,
-                              "distinct": distinct, "headroom": headroom}
+                              "distinct": distinct, "headroom": headroom, "checked": checked}
             data["candidates"] = _candidates_json(candidates)
         emit_json(data)
     else:
@@ -260,30 +267,40 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
             text = f"{head}\n  checkpoint {rec['line']}\nplan: {tail}"
         click.echo(text)
         if do_search:
-            click.echo(_render_candidates(candidates, evaluated, distinct, headroom))
+            click.echo(_render_candidates(candidates, evaluated, distinct, headroom, checked))
     if not result.ok and not (do_search and candidates):
         ctx.exit(3)
 
 
 def _search(spec: RunSpec, site: Site, result: Plan, site_file: Path, top: int, distinct: bool,
-            headroom: bool) -> tuple[list[Any], int]:
+            headroom: bool, checked: bool) -> tuple[list[Any], int]:
     """`--search`'s candidates and how many layouts it evaluated; none fitting (with room,
-    under `--headroom`) is one error line."""
+    under `--headroom`; within the checked experts per GPU, under `--checked`) is one error
+    line."""
     from slurmpod.perf.planning import search_run  # lazy: start-up
     from slurmpod.perf.search import fastest_per_layout  # lazy: start-up
 
     candidates, evaluated = search_run(spec, site, result.nodes, result.usable_bytes_per_gpu,
-                                       site_file, None if distinct else top, room=headroom)
+                                       site_file, None if distinct else top, room=headroom,
+                                       checked=checked)
     if distinct:
         candidates = fastest_per_layout(candidates, top)
     if not candidates or not candidates[0].fits:
         tight = headroom and any(c.tight for c in candidates)
-        raise ConfigError(f"no layout of {spec.job.name} fits "
-                          + ("with room " if headroom else "")
+        raise ConfigError(f"no layout of {spec.job.name} "
+                          + ("within the checked experts per GPU " if checked else "")
+                          + "fits " + ("with room " if headroom else "")
                           + f"on {result.nodes} nodes of {result.site} ({evaluated} evaluated)",
-                          hint=("drop --headroom to rank the layouts that fit tightly, or use "
-                                "more nodes" if tight else "use more nodes or a smaller model"))
+                          hint=_no_fit_hint(tight, checked))
     return candidates, evaluated
+
+
+def _no_fit_hint(tight: bool, checked: bool) -> str:
+    """What to change when `--search` finds nothing that fits."""
+    drop = [flag for flag, on in (("--headroom", tight), ("--checked", checked)) if on]
+    if drop:
+        return f"drop {' and '.join(drop)} to rank more layouts, or use more nodes"
+    return "use more nodes or a smaller model"
 
 
 def _checkpoint_recommendation(spec: RunSpec, site: Site, result: Plan, prediction: Any,
@@ -338,8 +355,9 @@ def _recompute_words(c: Any) -> str:
 
 
 def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = False,
-                       headroom: bool = False) -> str:
+                       headroom: bool = False, checked: bool = False) -> str:
     from slurmpod.megatron.memory import ESTIMATE_LOW_BY  # lazy: start-up
+    from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU  # lazy: start-up
     from slurmpod.perf.planning import unchecked_words  # lazy: start-up
     from slurmpod.perf.search import WITHIN_MODEL_ERROR  # lazy: start-up
 
@@ -360,7 +378,9 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                      f"{p.mfu:.1%}"])
     out = [f"search: {evaluated} layouts evaluated; fastest predicted first"
            + ("; the fastest of each TP/CP/PP/EP/ETP layout" if distinct else "")
-           + (f"; only those that fit by at least {ESTIMATE_LOW_BY:.0%}" if headroom else "")]
+           + (f"; only those that fit by at least {ESTIMATE_LOW_BY:.0%}" if headroom else "")
+           + (f"; only those with at most {CHECKED_EXPERTS_PER_GPU} experts per GPU"
+              if checked else "")]
     out.extend("  " + line for line in table(
         ["#", "TP", "CP", "PP", "VPP", "EP", "ETP", "MBS", "recompute", "memory/GPU",
          "step s", "vs best", "MFU"], rows).splitlines())
@@ -374,7 +394,8 @@ def _render_candidates(candidates: list[Any], evaluated: int, distinct: bool = F
                    "--headroom ranks only the layouts that fit with room")
     many = sorted({n for c in candidates if (n := c.unchecked_experts)})
     if many:
-        out.append(f"  ~ {unchecked_words(' or '.join(map(str, many)))} (docs/perf-model.md)")
+        out.append(f"  ~ {unchecked_words(' or '.join(map(str, many)))} (docs/perf-model.md); "
+                   "--checked ranks only the layouts within it")
     close = sum(1 for r in ratios if r <= 1 + WITHIN_MODEL_ERROR)
     if close > 1:
         out.append(f"  {close} of these within {WITHIN_MODEL_ERROR:.0%} of the fastest: the "

@@ -55,10 +55,11 @@ def switches(spec: RunSpec) -> list[str]:
 
 
 def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
-               site_path: Path | None = None, top: int | None = 10, room: bool = False
-               ) -> tuple[list[Candidate], int]:
+               site_path: Path | None = None, top: int | None = 10, room: bool = False,
+               checked: bool = False) -> tuple[list[Candidate], int]:
     """`search` over the run's model on `nodes` of the site (`room`: only candidates that fit
-    with room, as `plan --search --headroom` asks)."""
+    with room, as `plan --search --headroom` asks; `checked`: only layouts within the checked
+    experts per GPU, `--checked`)."""
     from slurmpod.perf.search import search  # lazy: start-up (plan without --search)
 
     hw = hardware_from_site(site)
@@ -68,7 +69,7 @@ def search_run(spec: RunSpec, site: Site, nodes: int, usable_bytes: float,
     if args.get("padded_vocab_size") is None and args.get("vocab_size") is not None:
         vocab = (int(args["vocab_size"]), int(args.get("make_vocab_size_divisible_by") or 128))
     return search(c, nodes * hw.gpus_per_node, hw, usable_bytes, site_efficiency(hw, site_path),
-                  run_options(spec), top, vocab, room)
+                  run_options(spec), top, vocab, room, checked)
 
 
 def experts_beyond_checked(spec: RunSpec) -> int | None:

@@ -42,7 +42,7 @@ from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware
 from slurmpod.perf.micro import layer_costs
 from slurmpod.perf.model import Prediction, predict
-from slurmpod.perf.moe import unchecked_experts
+from slurmpod.perf.moe import experts_beyond_checked, unchecked_experts
 from slurmpod.perf.options import RunOptions
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -326,15 +326,16 @@ def _recompute_ladder(base: ModelConfig) -> list[dict[str, Any]]:
 
 def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
            eff: Efficiency | None = None, opts: RunOptions | None = None,
-           top: int | None = 10, vocab: tuple[int, int] | None = None, room: bool = False
-           ) -> tuple[list[Candidate], int]:
+           top: int | None = 10, vocab: tuple[int, int] | None = None, room: bool = False,
+           checked: bool = False) -> tuple[list[Candidate], int]:
     """The fastest `top` candidates (all when None) that fit, sorted by predicted step time,
     and how many layouts were evaluated. `vocab`: the run's (vocab_size,
     make_vocab_size_divisible_by) when it gives no padded size, so each TP pads it as Megatron
     does. `room`: a candidate fits only with room, by at least the memory estimate's shortfall
     (none is `tight`), so a layout that would fit tightly is taken with the next recompute
-    rung that leaves room. When none fits, the least memory-hungry ones, marked
-    `fits = False`, so the caller can say by how much."""
+    rung that leaves room. `checked`: only layouts within the experts per GPU that published
+    runs check the model on (`moe.CHECKED_EXPERTS_PER_GPU`). When none fits, the least
+    memory-hungry ones, marked `fits = False`, so the caller can say by how much."""
 
     gbs = base.global_batch_size or 0
     fitting: list[Candidate] = []
@@ -352,6 +353,8 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     loss_layers = _loss_layers(base, hw, eff)
     for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
                                                            loss_layers):
+        if checked and experts_beyond_checked(base.num_experts, ep):
+            continue
         dp = world // (tp * cp * pp)
         pad = ({"padded_vocab_size": padded_vocab_size(vocab[0], vocab[1], tp)}
                if vocab else {})

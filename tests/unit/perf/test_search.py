@@ -638,3 +638,41 @@ def test_layouts_with_more_experts_per_gpu_than_any_published_run_are_marked(
 
 def load_run_text(name: str) -> str:
     return preset_path(name).read_text()
+
+
+def test_checked_ranks_only_layouts_within_the_published_experts_per_gpu(
+        tmp_path: Path) -> None:
+    """`checked=True` (`plan --search --checked`) is the whole ranking less the candidates
+    beyond CHECKED_EXPERTS_PER_GPU, in the same order; its pruned top N is its head. A dense
+    model is unaffected; nothing within the range fitting is one error line."""
+    base = ModelConfig.from_args(load_run(preset_path("qwen3-30b-a3b")).megatron)
+    every, _ = search(base, 16, H100, USABLE, top=None)
+    checked, _ = search(base, 16, H100, USABLE, top=None, checked=True)
+    assert checked and not any(x.unchecked_experts for x in checked)
+    assert [x.config for x in checked] == [x.config for x in every if not x.unchecked_experts]
+    assert len(checked) < len(every)
+    top, _ = search(base, 16, H100, USABLE, top=5, checked=True)
+    assert [x.config for x in top] == [x.config for x in checked[:5]]
+    dense = ModelConfig.from_args(load_run(preset_path("llama3-8b")).megatron)
+    assert ([x.config for x in search(dense, 16, H100, USABLE, top=None, checked=True)[0]]
+            == [x.config for x in search(dense, 16, H100, USABLE, top=None)[0]])
+
+    r = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "1", "--search", "--top", "5",
+                 "--checked", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["search"]["checked"] is True and data["candidates"]
+    assert all(c["unchecked_experts_per_gpu"] is None for c in data["candidates"])
+    text = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "1", "--search",
+                    "--checked").stdout
+    assert "only those with at most 32 experts per GPU" in text and " ~ " not in text
+    plain = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--nodes", "1", "--search").stdout
+    assert "--checked ranks only the layouts within it" in plain
+    bad = slurmpod("plan", "--preset", "qwen3-30b-a3b", "--checked")
+    assert bad.returncode == 2 and "--checked needs --search" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    out = tmp_path / "chosen.toml"
+    r = slurmpod("plan", "--preset", "deepseek-v3", "--nodes", "1", "--search", "--checked",
+                 "--write-spec", str(out))
+    assert r.returncode == 3 and "within the checked experts per GPU fits" in r.stderr
+    assert "drop --checked" in r.stderr and "Traceback" not in r.stderr and not out.exists()
