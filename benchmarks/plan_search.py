@@ -64,7 +64,8 @@ def _rank_words(r: LayoutRank) -> str:
     if not r.rank:
         return r.why
     gap = (r.vs_fastest or 1.0) - 1
-    return f"rank {r.rank} of {r.candidates}, predicted {gap:+.1%} vs the fastest"
+    return (f"rank {r.rank} of {r.candidates}, predicted {gap:+.1%} vs the fastest; "
+            f"layout {r.distinct_rank} of --distinct")
 
 
 def main() -> None:
@@ -119,12 +120,15 @@ def main() -> None:
                  and not p.raw.get("config_gap")]
         for p, r in ranks:
             print(f"  {p.id:<40} " + _rank_words(r))
-        top5 = sum(1 for _, r in ranks if r.rank and r.rank <= 5)
-        print(f"  in the top 5: {top5} of {len(ranks)}")
+        def top5(field: str, ranks: list = ranks) -> int:
+            return sum(1 for _, r in ranks if (getattr(r, field) or 99) <= 5)
+
+        print(f"  in the top 5: {top5('rank')} of {len(ranks)}; its parallel layout (TP, CP, "
+              f"PP, EP, ETP) in the top 5 of --distinct: {top5('distinct_rank')}")
         if moe:
-            checked = sum(1 for _, r in ranks if r.checked_rank and r.checked_rank <= 5)
             print(f"  in the top 5 of the layouts within the published range (at most "
-                  f"{CHECKED_EXPERTS_PER_GPU} experts per GPU): {checked} of {len(ranks)}")
+                  f"{CHECKED_EXPERTS_PER_GPU} experts per GPU): {top5('checked_rank')} of "
+                  f"{len(ranks)}; --distinct: {top5('checked_distinct_rank')}")
     peaks = evaluate_peaks(load_peaks(PEAKS, TABLE))
     ps = peak_stats(peaks)
     print(f"\nmemory estimate against published peaks: n={ps['n']:.0f}  median {ps['median']:.1%}"

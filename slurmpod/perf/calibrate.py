@@ -33,6 +33,7 @@ from slurmpod.perf.track import Run, architecture
 if TYPE_CHECKING:
     from slurmpod.model.jobs import JobRecord
     from slurmpod.model.site import Site
+    from slurmpod.perf.search import Candidate
 
 
 @dataclass(frozen=True)
@@ -449,15 +450,20 @@ def usable_bytes(c: ModelConfig, world: int, hw: Hardware) -> float:
 
 class LayoutRank(NamedTuple):
     """Where the search ranks a layout: its rank (None: not a fitting candidate), the number of
-    candidates, why it is not one, its predicted step over the fastest candidate's, and its
-    rank among the candidates within the range of published runs the model is checked on
-    (no more experts per GPU than `moe.CHECKED_EXPERTS_PER_GPU`)."""
+    candidates, why it is not one, its predicted step over the fastest candidate's, its rank
+    among the candidates within the range of published runs the model is checked on (no more
+    experts per GPU than `moe.CHECKED_EXPERTS_PER_GPU`), and the rank of its parallel layout
+    among the distinct ones, of all and of those checked."""
 
     rank: int | None
     candidates: int
     why: str
     vs_fastest: float | None = None
     checked_rank: int | None = None
+    # Among parallel layouts (TP, CP, PP, EP, ETP), each its fastest candidate, as `plan
+    # --search --distinct` lists them: all, and those within the checked range
+    distinct_rank: int | None = None
+    checked_distinct_rank: int | None = None
 
 
 def recipe_rank(p: Point) -> LayoutRank:
@@ -484,14 +490,29 @@ def layout_rank(c: ModelConfig, world: int, hw: Hardware, eff: Efficiency, opts:
         k = cand.config
         checked += cand.unchecked_experts is None
         if (k.tp, k.cp, k.pp, k.vpp, k.ep, k.micro_batch_size) == want:
+            inside = cand.unchecked_experts is None
             return LayoutRank(i, len(cands), "", cand.prediction.step_time_s / fastest,
-                              checked if cand.unchecked_experts is None else None)
+                              checked if inside else None, _distinct_rank(cands, c),
+                              _distinct_rank([x for x in cands if x.unchecked_experts is None],
+                                             c) if inside else None)
     need = peak_memory(c, world).bytes_per_gpu
     if need > usable_bytes:
         return LayoutRank(None, len(cands), (
             f"the recipe as published needs {need / 1024**3:.1f} GiB per GPU, above "
             f"{usable_bytes / 1024**3:.1f} usable"))
     return LayoutRank(None, len(cands), "not a fitting candidate (layout rule)")
+
+
+def _distinct_rank(cands: Sequence[Candidate], c: ModelConfig) -> int | None:
+    """The rank of `c`'s parallel layout among the distinct layouts of `cands` (sorted)."""
+    from slurmpod.perf.search import fastest_per_layout  # lazy: start-up
+
+    want = (c.tp, c.cp, c.pp, c.ep, c.etp)
+    for i, cand in enumerate(fastest_per_layout(list(cands)), 1):
+        k = cand.config
+        if (k.tp, k.cp, k.pp, k.ep, k.etp) == want:
+            return i
+    return None
 
 
 def markdown_table(points: Sequence[Point], results: Sequence[Result]) -> str:

@@ -325,3 +325,51 @@ def test_the_track_record_is_current() -> None:
     runs = track_runs(RESULTS)
     assert len(runs) == sum(1 for r in RESULTS if r.point.role == "validation")
     assert {r.model for r in runs} >= {"gpt-oss-120b", "llama3-70b", "deepseek-v3"}
+
+
+# MoE recipes whose parallel layout (TP, CP, PP, EP, ETP) the search's --distinct ranking puts
+# in its top 5 among the layouts within the published range; the first six also among all.
+MOE_DISTINCT_TOP5 = ["bridge2511-b200-deepseek-v3-fp8", "bridge2602-b200-deepseek-v3-mxfp8",
+                     "bridge2608-gb200-deepseek-v3-mxfp8", "bridge2608-gb300-deepseek-v3-mxfp8",
+                     "bridge2606-gb300-deepseek-v3-mxfp8",
+                     "bridge2606-gb300-deepseek-v3-mxfp8-gbs15360"]
+MOE_CHECKED_DISTINCT_TOP5 = [
+    *MOE_DISTINCT_TOP5,
+    "bridge2511-gb200-qwen3-30b-fp8", "bridge2602-gb200-qwen3-30b-mxfp8",
+    "bridge2602-b200-qwen3-30b-mxfp8", "bridge2604-b200-qwen3-30b-mxfp8",
+    "bridge2604-gb200-qwen3-30b-mxfp8", "bridge2608-gb300-qwen3-30b-mxfp8",
+    "bridge2511-gb300-qwen3-30b-fp8", "bridge2602-gb300-qwen3-30b-mxfp8",
+    "bridge2602-b300-qwen3-30b-mxfp8", "bridge2604-gb300-qwen3-30b-mxfp8",
+    "bridge2604-b300-qwen3-30b-mxfp8", "bridge2606-gb300-qwen3-30b-mxfp8",
+    "bridge2606-b300-qwen3-30b-mxfp8"]
+
+
+@pytest.mark.parametrize("point_id", MOE_CHECKED_DISTINCT_TOP5)
+def test_moe_recipes_whose_parallel_layout_is_in_the_distinct_top_5(point_id: str) -> None:
+    """The distinct ranks, recounted here: one plus the parallel layouts whose fastest
+    candidate comes before the recipe's layout's first one."""
+    from slurmpod.perf.calibrate import recipe_rank
+    from slurmpod.perf.search import search
+
+    p = next(x for x in POINTS if x.id == point_id)
+    assert p.config is not None and p.hardware is not None
+    r = recipe_rank(p)
+    cands, _ = search(p.config, p.gpus, p.hardware, usable_bytes(p.config, p.gpus, p.hardware),
+                      FITTED[p.generation], p.opts, top=None)
+    c = p.config
+    want = (c.tp, c.cp, c.pp, c.ep, c.etp)
+
+    def rank(checked_only: bool) -> int:
+        ahead: set[tuple[int, ...]] = set()
+        for x in cands:
+            if checked_only and x.unchecked_experts is not None:
+                continue
+            k = (x.config.tp, x.config.cp, x.config.pp, x.config.ep, x.config.etp)
+            if k == want:
+                return len(ahead) + 1
+            ahead.add(k)
+        raise AssertionError("the recipe's layout is not a candidate")
+
+    assert r.checked_distinct_rank == rank(True) <= 5
+    assert r.distinct_rank == rank(False)
+    assert (r.distinct_rank <= 5) is (point_id in MOE_DISTINCT_TOP5)
