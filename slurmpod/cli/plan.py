@@ -225,7 +225,7 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
         candidates, evaluated = _search(spec, site, result, site_file, top, distinct,
                                         headroom, checked)
     unchecked = experts_beyond_checked(spec)
-    validated = track_record(spec, site) if prediction else None
+    validated = track_record(spec, site, site_file) if prediction else None
     rec = _checkpoint_recommendation(spec, site, result, prediction, history_paths,
                                      checkpoint_log, restart_s)
     if write_spec:

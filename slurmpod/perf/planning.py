@@ -78,11 +78,13 @@ def experts_beyond_checked(spec: RunSpec) -> int | None:
     return unchecked_experts(ModelConfig.from_args(spec.megatron))
 
 
-def track_record(spec: RunSpec, site: Site) -> Track:
+def track_record(spec: RunSpec, site: Site, site_path: Path | None = None) -> Track:
     """How the prediction did on published runs of the run's model architecture, on any GPU
-    and on the site's (slurmpod.perf.track)."""
-    return track(ModelConfig.from_args(spec.megatron), hardware_from_site(site).gpu_model,
-                 load())
+    and on the site's (slurmpod.perf.track), and whether the site's own calibration replaces
+    the built-in factors those errors are of."""
+    hw = hardware_from_site(site)
+    own = load_site_efficiency(site_path, hw.generation) is not None
+    return track(ModelConfig.from_args(spec.megatron), hw.gpu_model, load(), own)
 
 
 def unchecked_words(local: str) -> str:

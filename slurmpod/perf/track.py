@@ -93,6 +93,9 @@ class Track:
     table_runs: int
     table_median_abs: float
     table_max_abs: float
+    # The prediction uses the site's own factors (`slurmpod calibrate`), not the built-in fit
+    # these errors are of
+    site_calibrated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"architecture": self.architecture, "models": list(self.models),
@@ -101,16 +104,18 @@ class Track:
                            "error": _errors(self.on_gpu)},
                 "table": {"published_runs": self.table_runs,
                           "median_abs_error": self.table_median_abs,
-                          "max_abs_error": self.table_max_abs}}
+                          "max_abs_error": self.table_max_abs},
+                "site_calibrated": self.site_calibrated}
 
 
-def track(c: ModelConfig, gpu: str, runs: Sequence[Run]) -> Track:
+def track(c: ModelConfig, gpu: str, runs: Sequence[Run], site_calibrated: bool = False
+          ) -> Track:
     arch = architecture(c)
     mine = tuple(r for r in runs if r.architecture == arch)
     table = [abs(r.error) for r in runs] or [0.0]
     return Track(arch, tuple(sorted({r.model for r in mine})), mine,
                  tuple(r for r in mine if r.gpu == gpu), gpu, len(runs),
-                 _median(table), max(table))
+                 _median(table), max(table), site_calibrated)
 
 
 def _off(e: float) -> str:
@@ -126,6 +131,13 @@ def _span(err: Mapping[str, float]) -> str:
 
 def track_line(t: Track) -> str:
     """`plan`'s line: how the prediction did on published runs of this architecture."""
+    line = _record_words(t)
+    if t.site_calibrated:
+        line += " (with the built-in factors; this prediction uses the site's own calibration)"
+    return line
+
+
+def _record_words(t: Track) -> str:
     if not t.runs:
         return (f"no published run of this architecture is in the model's validation table; "
                 f"over its {t.table_runs} runs the prediction is off by {t.table_median_abs:.0%} "

@@ -107,9 +107,10 @@ class VsPredicted:
         """Where published runs of the job's architecture (on its GPU, else on any) also ran
         below LOW_VS_PREDICTED and the job is no slower than the slowest of them: the words
         saying the gap may be the model's, not the job's (as for GPT-OSS, docs/perf-model.md).
-        None otherwise."""
+        None otherwise, and where the site's own calibration replaces the built-in factors
+        those published errors are of."""
         t = self.track
-        if t is None or not t.runs:
+        if t is None or not t.runs or t.site_calibrated:
             return None
         runs = t.on_gpu or t.runs
         lo, hi = (1 + min(r.error for r in runs), 1 + max(r.error for r in runs))
@@ -168,6 +169,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     from slurmpod.perf.model import predict  # lazy: start-up
     from slurmpod.perf.options import RunOptions  # lazy: start-up
     from slurmpod.perf.planning import site_efficiency  # lazy: start-up
+    from slurmpod.perf.store import load_site_efficiency  # lazy: start-up
     from slurmpod.perf.track import load, track  # lazy: start-up
 
     if check_dump_args(args) is not None:
@@ -184,7 +186,8 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         config = ModelConfig.from_args(args)
         pred = predict(config, world, hw, site_efficiency(hw, site_path), opts)
         layout = _layout_text(args, world)
-        record = track(config, hw.gpu_model, load())
+        record = track(config, hw.gpu_model, load(),
+                       load_site_efficiency(site_path, hw.generation) is not None)
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
         # no prediction, the report is the same without it.

@@ -34,6 +34,11 @@ def test_calibrate_stores_factors_that_plan_then_uses(tmp_path: Path) -> None:
                                 "--json").stdout)["prediction"]
     assert "mysite.perf.toml" in after["efficiency"]["fitted_on"]
     assert after["step_time_s"] != before["step_time_s"]
+    # The track record's errors are the built-in fit's: plan says the site's replaces it.
+    assert before["track_record"]["site_calibrated"] is False
+    assert after["track_record"]["site_calibrated"] is True
+    text = slurmpod("plan", "--preset", "llama3-8b", "--site", str(site)).stdout
+    assert "(with the built-in factors; this prediction uses the site's own calibration)" in text
 
 
 def test_builtin_site_needs_output_and_a_log_without_dump_is_a_usage_error(tmp_path: Path

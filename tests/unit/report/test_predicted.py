@@ -357,6 +357,8 @@ def test_a_gap_published_runs_of_the_architecture_share_is_said_to_be_the_models
     assert note.code == "below-predicted" and note.text.endswith(known)
     assert v.to_json()["known_miss"] == known
     assert v.to_json()["track_record"]["published_runs"] == len(rec.runs)
+    own = job(pred, replace(rec, site_calibrated=True), lo + 0.02, "gb200")
+    assert own.known_miss() is None  # the site's own factors replace the built-in fit
     slower = job(pred, rec, lo - 0.05, "gb200")
     assert slower.known_miss() is None and "published runs" not in cause_note(slower, None).text
     llama = job(lpred, lrec, 0.6, "h100")
