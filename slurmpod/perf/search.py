@@ -332,10 +332,9 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     and how many layouts were evaluated. `vocab`: the run's (vocab_size,
     make_vocab_size_divisible_by) when it gives no padded size, so each TP pads it as Megatron
     does. `room`: a candidate fits only with room, by at least the memory estimate's shortfall
-    (none is `tight`), so a layout that would fit tightly is taken with the next recompute
-    rung that leaves room. `checked`: only layouts within the experts per GPU that published
-    runs check the model on (`moe.CHECKED_EXPERTS_PER_GPU`). When none fits, the least
-    memory-hungry ones, marked `fits = False`, so the caller can say by how much."""
+    (none is `tight`), so a layout that would fit tightly takes the next recompute rung that
+    leaves room. `checked`: only layouts within `moe.CHECKED_EXPERTS_PER_GPU`. When none
+    fits, the least memory-hungry ones, marked `fits = False`, to say by how much."""
 
     gbs = base.global_batch_size or 0
     fitting: list[Candidate] = []
