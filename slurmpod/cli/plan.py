@@ -241,8 +241,9 @@ def plan(ctx: click.Context, run: str | None, site_name: str | None, nodes: int 
                                 "prediction": ({**prediction.to_json(),
                                                 "switches": switches(spec),
                                                 "unchecked_experts_per_gpu": unchecked,
-                                                "track_record": validated.to_json()}
-                                               if prediction and validated else None),
+                                                "track_record": (validated.to_json()
+                                                                 if validated else None)}
+                                               if prediction else None),
                                 "checkpoint": rec}
         if do_search:
             data["search"] = {"evaluated": evaluated, "world_size": result.world_size,

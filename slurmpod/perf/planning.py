@@ -78,13 +78,16 @@ def experts_beyond_checked(spec: RunSpec) -> int | None:
     return unchecked_experts(ModelConfig.from_args(spec.megatron))
 
 
-def track_record(spec: RunSpec, site: Site, site_path: Path | None = None) -> Track:
+def track_record(spec: RunSpec, site: Site, site_path: Path | None = None) -> Track | None:
     """How the prediction did on published runs of the run's model architecture, on any GPU
     and on the site's (slurmpod.perf.track), and whether the site's own calibration replaces
-    the built-in factors those errors are of."""
+    the built-in factors those errors are of; None without a readable record."""
+    runs = load()
+    if not runs:
+        return None
     hw = hardware_from_site(site)
     own = load_site_efficiency(site_path, hw.generation) is not None
-    return track(ModelConfig.from_args(spec.megatron), hw.gpu_model, load(), own)
+    return track(ModelConfig.from_args(spec.megatron), hw.gpu_model, runs, own)
 
 
 def unchecked_words(local: str) -> str:

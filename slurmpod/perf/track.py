@@ -61,9 +61,13 @@ def dumps(runs: Iterable[Run]) -> str:
 
 @functools.lru_cache(maxsize=4)
 def load(path: Path = TRACK_PATH) -> tuple[Run, ...]:
-    """The record's runs (read once per process: a report of many jobs asks for each)."""
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    return tuple(Run(**r) for r in raw["runs"])
+    """The record's runs (read once per process: a report of many jobs asks for each); none
+    when the file is missing or unreadable, so `plan` and reports go on without the line."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return tuple(Run(**r) for r in raw["runs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()
 
 
 def _median(xs: Sequence[float]) -> float:

@@ -186,8 +186,10 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         config = ModelConfig.from_args(args)
         pred = predict(config, world, hw, site_efficiency(hw, site_path), opts)
         layout = _layout_text(args, world)
-        record = track(config, hw.gpu_model, load(),
-                       load_site_efficiency(site_path, hw.generation) is not None)
+        runs = load()
+        record = track(config, hw.gpu_model, runs,
+                       load_site_efficiency(site_path, hw.generation) is not None
+                       ) if runs else None
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
         # no prediction, the report is the same without it.

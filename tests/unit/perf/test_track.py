@@ -88,6 +88,14 @@ def test_the_record_reads_back_what_was_written(tmp_path: Path) -> None:
     assert len(path.read_text().splitlines()) == len(RUNS) + 2  # one run per line
 
 
+def test_a_missing_or_broken_record_reads_as_none(tmp_path: Path) -> None:
+    assert load(tmp_path / "absent.json") == ()
+    for text in ("{not json", '{"runs": [{"id": 1}]}', '{"other": []}', "[]"):
+        bad = tmp_path / f"bad{len(text)}.json"
+        bad.write_text(text, encoding="utf-8")
+        assert load(bad) == (), text
+
+
 def test_plan_reports_the_track_record() -> None:
     """The shipped record: Llama 3 70B has published H100 runs; Mixtral 8x7B has none."""
     data = json.loads(slurmpod("plan", "--preset", "llama3-70b", "--nodes", "8",
