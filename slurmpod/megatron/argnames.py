@@ -51,6 +51,13 @@ def flag_for(dest: str) -> str:
     return special or "--" + dest.lstrip("-").replace("_", "-")
 
 
+# Arguments whose list value Megatron parses from one string, not nargs='+'
+# (megatron/training/arguments.py, core_r0.12 to main): `moe_freq_type` and `la_freq_type` take a
+# Python list expression of digits, commas and brackets, no spaces (`_eval_pattern`:
+# "[0,0,0,1]"); `tuple_type` takes comma-separated integers ("127,0").
+PATTERN_ARGS = frozenset({"moe_layer_freq", "window_attn_skip_freq", "linear_attention_freq"})
+TUPLE_ARGS = frozenset({"window_size"})
+
 # Run-spec keys that name what Megatron computes rather than an argument it takes: the
 # `[megatron]` key (the name in Megatron's arguments dump) -> the argument that sets it.
 # `virtual_pipeline_model_parallel_size` has no flag in core_r0.12 .. main; validate_args sets

@@ -76,11 +76,15 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
     """`[megatron]` table -> Megatron command-line arguments, in the table's order.
 
     Booleans are flags (true -> `--flag`, false -> nothing, or `--no-…` for store_false args),
-    lists become nargs='+' values, None is left out, everything else is one value.
+    lists become nargs='+' values, or one string where Megatron parses the list from one
+    (`--moe-layer-freq [0,0,0,1]`, `--window-size 127,0`), None is left out, everything else is
+    one value.
     """
     from slurmpod.megatron.argnames import (  # lazy: start-up
         MODEL_ONLY,
+        PATTERN_ARGS,
         RENDERED_AS,
+        TUPLE_ARGS,
         store_false_flags,
     )
 
@@ -99,7 +103,13 @@ def megatron_argv(args: Mapping[str, Any]) -> list[str]:
         if isinstance(value, list | tuple):
             if not value:
                 continue
-            out += [flag_name(key), *(_scalar(v, key) for v in value)]
+            items = [_scalar(v, key) for v in value]
+            if key in PATTERN_ARGS:
+                out += [flag_name(key), "[" + ",".join(items) + "]"]
+            elif key in TUPLE_ARGS:
+                out += [flag_name(key), ",".join(items)]
+            else:
+                out += [flag_name(key), *items]
             continue
         out += [flag_name(key), _scalar(value, key)]
     return out

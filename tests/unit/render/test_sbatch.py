@@ -3,7 +3,9 @@ golden scripts (SLURMPOD_UPDATE_GOLDEN=1 rewrites them) and `bash -n` on every o
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -454,3 +456,43 @@ def test_the_script_sets_the_allocator_the_run_allows(megatron: dict[str, Any], 
     env = {v.name: v.value for v in ctx.env}
     assert env.get("PYTORCH_CUDA_ALLOC_CONF") == alloc
     assert env.get("NCCL_GRAPH_REGISTER") == graph_register
+
+
+def _megatron_pattern(x: str) -> list[int]:
+    """Megatron's `moe_freq_type` on a pattern string (megatron/training/arguments.py, core_r0.12
+    to main): only digits, commas, brackets, parentheses, `+` and `*` (`_eval_pattern`), then
+    evaluated; here with literal_eval, which is enough for what slurmpod renders."""
+    assert "[" in x and not re.search(r"[^,\d\[\]\(\)\+\*]", x), x
+    return list(ast.literal_eval(x))
+
+
+def _megatron_tuple(x: str) -> tuple[int, ...]:
+    """Megatron's `tuple_type` (the same file): the integers between commas, parentheses
+    stripped."""
+    return tuple(int(i) for i in x.strip("()").split(","))
+
+
+def test_list_arguments_megatron_parses_from_one_string_render_as_one() -> None:
+    """`--moe-layer-freq`, `--window-attn-skip-freq` and `--linear-attention-freq` take a Python
+    list expression, `--window-size` comma-separated integers, each as one argparse value (no
+    nargs): rendered as nargs values, Megatron refuses the job ("unrecognized arguments")."""
+    from slurmpod.megatron.args import from_megatron_args
+    from slurmpod.megatron.runspec import load_run, preset_path
+
+    freq = [0, 0, 0] + [1] * 58
+    argv = launch.megatron_argv({
+        "moe_layer_freq": freq, "window_size": [127, 0], "window_attn_skip_freq": [1, 0, 1, 0],
+        "linear_attention_freq": [1, 1, 1, 0], "data_path": ["1.0", "a b"]})
+    assert argv == ["--moe-layer-freq", "[" + ",".join(map(str, freq)) + "]",
+                    "--window-size", "127,0", "--window-attn-skip-freq", "[1,0,1,0]",
+                    "--linear-attention-freq", "[1,1,1,0]", "--data-path", "1.0", "a b"]
+    assert _megatron_pattern(argv[1]) == freq
+    assert _megatron_tuple(argv[3]) == (127, 0)
+    assert _megatron_pattern(argv[5]) == [1, 0, 1, 0]
+    # An int stays an int; the DeepSeek-V3 preset's pattern is one value.
+    assert launch.megatron_argv({"moe_layer_freq": 2}) == ["--moe-layer-freq", "2"]
+    dsv3 = launch.megatron_argv(dict(load_run(preset_path("deepseek-v3")).megatron.values()))
+    i = dsv3.index("--moe-layer-freq")
+    assert _megatron_pattern(dsv3[i + 1]) == freq and dsv3[i + 2].startswith("--")
+    # slurmpod's own importer reads the rendered pattern back.
+    assert from_megatron_args(argv[:2])["moe_layer_freq"] == freq
