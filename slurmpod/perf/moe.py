@@ -63,10 +63,10 @@ CHECKED_EXPERTS_PER_GPU = 32
 def unchecked_experts(c: ModelConfig) -> int | None:
     """The routed experts one GPU of `c` holds when more than any published run the model is
     checked on (CHECKED_EXPERTS_PER_GPU), else None."""
-    return experts_beyond_checked(c.num_experts, c.ep)
+    return local_experts_beyond_checked(c.num_experts, c.ep)
 
 
-def experts_beyond_checked(experts: int | None, ep: int) -> int | None:
+def local_experts_beyond_checked(experts: int | None, ep: int) -> int | None:
     """`experts` routed experts over `ep` GPUs, per GPU, when beyond CHECKED_EXPERTS_PER_GPU."""
     local = (experts or 0) // max(1, ep)
     return local if local > CHECKED_EXPERTS_PER_GPU else None

@@ -42,7 +42,7 @@ from slurmpod.perf.fitted import DEFAULT_EFFICIENCY, FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware
 from slurmpod.perf.micro import layer_costs
 from slurmpod.perf.model import Prediction, predict
-from slurmpod.perf.moe import experts_beyond_checked, unchecked_experts
+from slurmpod.perf.moe import local_experts_beyond_checked, unchecked_experts
 from slurmpod.perf.options import RunOptions
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -352,7 +352,7 @@ def search(base: ModelConfig, world: int, hw: Hardware, usable_bytes: float,
     loss_layers = _loss_layers(base, hw, eff)
     for (tp, cp, pp, vpp, ep, etp), split_args in _layouts(base, world, hw.domain_gpus,
                                                            loss_layers):
-        if checked and experts_beyond_checked(base.num_experts, ep):
+        if checked and local_experts_beyond_checked(base.num_experts, ep):
             continue
         dp = world // (tp * cp * pp)
         pad = ({"padded_vocab_size": padded_vocab_size(vocab[0], vocab[1], tp)}
