@@ -55,17 +55,23 @@ def submit_comment(*, version: str, run: str, flops_per_iter: float, peak_tflops
 
 
 def prediction_keys(*, step_time_s: float, mfu: float, tokens_per_s_per_gpu: float,
-                    breakdown_s: Mapping[str, float], gpu: str, layout: str) -> dict[str, Any]:
+                    breakdown_s: Mapping[str, float], gpu: str, layout: str,
+                    arch: str = "") -> dict[str, Any]:
     """The submit Comment's `pred` key: the performance model's prediction for the planned
     layout (`slurmpod.perf.predict`), which the fleet report compares each finished job with
     (report/predicted.py `recorded_vs_predicted`). Compact (the Comment holds 1,024 bytes with
-    the monitor's keys): 4 significant digits, zero parts left out."""
+    the monitor's keys): 4 significant digits, zero parts left out. `arch`: the model
+    architecture's id (`slurmpod.perf.track.architecture_id`) where the prediction used the
+    built-in factors, whose track record the fleet report then quotes; else left out."""
     def g(x: float) -> float:
         return float(f"{x:.4g}")
 
-    return {"s": g(step_time_s), "mfu": g(mfu), "tps": g(tokens_per_s_per_gpu),
+    keys = {"s": g(step_time_s), "mfu": g(mfu), "tps": g(tokens_per_s_per_gpu),
             "b": {k: g(v) for k in PRED_PARTS if (v := breakdown_s.get(k) or 0.0) > 0},
             "gpu": gpu, "layout": layout}
+    if arch:
+        keys["arch"] = arch
+    return keys
 
 
 def is_slurmpod_comment(doc: Mapping[str, Any] | None) -> bool:

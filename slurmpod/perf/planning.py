@@ -17,7 +17,7 @@ from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.moe import CHECKED_EXPERTS_PER_GPU, unchecked_experts
 from slurmpod.perf.options import RunOptions
 from slurmpod.perf.store import load_site_efficiency, load_site_reserve
-from slurmpod.perf.track import Track, load, track
+from slurmpod.perf.track import Track, architecture, architecture_id, load, track
 
 if TYPE_CHECKING:
     from slurmpod.megatron.memory import MeasuredReserve
@@ -88,6 +88,18 @@ def track_record(spec: RunSpec, site: Site, site_path: Path | None = None) -> Tr
     hw = hardware_from_site(site)
     own = load_site_efficiency(site_path, hw.generation) is not None
     return track(ModelConfig.from_args(spec.megatron), hw.gpu_model, runs, own)
+
+
+def recorded_architecture(spec: RunSpec, site: Site, site_path: Path | None = None) -> str:
+    """The id of the run's architecture (`slurmpod.perf.track.architecture_id`) its submit
+    Comment records, so the fleet report can quote the track record as the job report does:
+    only where published runs of it are in the record and the prediction uses the built-in
+    factors those errors are of (not the site's own calibration); else ""."""
+    runs = load()
+    if not runs or load_site_efficiency(site_path, hardware_from_site(site).generation) is not None:
+        return ""
+    arch = architecture(ModelConfig.from_args(spec.megatron))
+    return architecture_id(arch) if any(r.architecture == arch for r in runs) else ""
 
 
 def unchecked_words(local: str) -> str:

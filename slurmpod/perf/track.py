@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,21 @@ def architecture(c: ModelConfig) -> str:
         key += (f" mla{c.q_lora_rank or 0}/{c.kv_lora_rank}"
                 f" d{c.qk_head_dim}+{c.qk_pos_emb_head_dim}/{c.v_head_dim}")
     return key
+
+
+# What the submit Comment records of the architecture (`pred.arch`, architecture_id): 12 hex
+# digits of its SHA-256, short enough for the Comment's 1,024 bytes, and all the fleet report
+# accepts of that job-written key (a word of any other shape selects nothing).
+ARCHITECTURE_ID = re.compile(r"[0-9a-f]{12}")
+
+
+@functools.lru_cache(maxsize=256)
+def architecture_id(key: str) -> str:
+    """The short id of an architecture key (`architecture`) the submit Comment records, so the
+    fleet report, which reads no log, can find the architecture's published runs."""
+    import hashlib  # lazy: its OpenSSL binding costs start-up ~10 ms; only submit and reports
+
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +130,38 @@ class Track:
 
 def track(c: ModelConfig, gpu: str, runs: Sequence[Run], site_calibrated: bool = False
           ) -> Track:
-    arch = architecture(c)
+    return _track(architecture(c), gpu, runs, site_calibrated)
+
+
+def recorded_track(arch_id: object, gpu: str, runs: Sequence[Run]) -> Track | None:
+    """The track record of the architecture a submit Comment names by id (`pred.arch`), for
+    the fleet report; None for anything but an id of an architecture with published runs.
+    The Comment is the job's own text: the id only selects which published rows are quoted."""
+    if not isinstance(arch_id, str) or not ARCHITECTURE_ID.fullmatch(arch_id):
+        return None
+    held = _RECORDED.get(id(runs))
+    if held is None or held[0] is not runs:
+        held = (runs, {architecture_id(r.architecture): r.architecture for r in runs}, {})
+        _RECORDED.clear()
+        _RECORDED[id(runs)] = held
+    arch = held[1].get(arch_id)
+    if arch is None:
+        return None
+    tracks = held[2]
+    t = tracks.get((arch, gpu))
+    if t is None:
+        t = _track(arch, gpu, runs)
+        if len(tracks) < 4096:  # the GPU word is the job's: a bound on what it can add
+            tracks[arch, gpu] = t
+    return t
+
+
+# Per record (by identity; `load` returns one per process): its architectures by id, and the
+# tracks a fleet report has asked for, so 100,000 flagged jobs look each up once.
+_RECORDED: dict[int, tuple[Sequence[Run], dict[str, str], dict[tuple[str, str], Track]]] = {}
+
+
+def _track(arch: str, gpu: str, runs: Sequence[Run], site_calibrated: bool = False) -> Track:
     mine = tuple(r for r in runs if r.architecture == arch)
     table = [abs(r.error) for r in runs] or [0.0]
     return Track(arch, tuple(sorted({r.model for r in mine})), mine,

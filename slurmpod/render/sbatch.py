@@ -92,14 +92,16 @@ class PlanFacts:
     prediction: Mapping[str, Any] | None = None
 
     @classmethod
-    def of(cls, plan: Plan, prediction: Prediction | None = None) -> PlanFacts:
+    def of(cls, plan: Plan, prediction: Prediction | None = None, arch: str = ""
+           ) -> PlanFacts:
         return cls(
             nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, min_sus=plan.min_sus or 1,
             min_blocks=plan.min_blocks or 1, flops_per_iteration=plan.flops_per_iteration or 0.0,
             peak_tflops=plan.peak_tflops_per_gpu, formula=plan.flops_formula_version,
             fits=plan.fits, errors=plan.errors,
             tokens_per_iteration=plan.tokens_per_iteration or None,
-            params_total=plan.params_total, prediction=recorded_prediction(plan, prediction),
+            params_total=plan.params_total,
+            prediction=recorded_prediction(plan, prediction, arch),
         )
 
 
@@ -120,17 +122,19 @@ def layout_text(plan: Plan) -> str:
     return " ".join(parts)
 
 
-def recorded_prediction(plan: Plan, pred: Prediction | None) -> dict[str, Any] | None:
-    """The Comment's `pred` key for `pred` on `plan`'s layout and GPU; None without a
-    prediction or with one the fleet report would refuse (a step that is not a positive finite
-    time, an MFU outside (0, 1]: report/predicted.py `recorded_prediction`)."""
+def recorded_prediction(plan: Plan, pred: Prediction | None, arch: str = ""
+                        ) -> dict[str, Any] | None:
+    """The Comment's `pred` key for `pred` on `plan`'s layout and GPU (and the architecture id
+    `arch`, where given); None without a prediction or with one the fleet report would refuse
+    (a step that is not a positive finite time, an MFU outside (0, 1]: report/predicted.py
+    `recorded_prediction`)."""
     if pred is None or not (math.isfinite(pred.step_time_s) and pred.step_time_s > 0
                             and 0 < pred.mfu <= 1):
         return None
     return prediction_keys(step_time_s=pred.step_time_s, mfu=pred.mfu,
                            tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu,
                            breakdown_s=pred.breakdown_s, gpu=plan.gpu_model,
-                           layout=layout_text(plan))
+                           layout=layout_text(plan), arch=arch)
 
 
 @dataclass(frozen=True)

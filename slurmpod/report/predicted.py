@@ -20,7 +20,10 @@ job with the prediction recorded at submission instead: the submit Comment's `pr
 (`slurmpod.model.comment.prediction_keys`), read by `recorded_vs_predicted` into the same
 `VsPredicted`, judged on the same threshold and worded by the same `cause_note`. The Comment is
 the job's own text (its owner may rewrite it), so each recorded value is range-checked and the
-layout and GPU words are shown only when they are plain; the figure decides no money.
+layout and GPU words are shown only when they are plain; the figure decides no money. Its
+`arch` id (`slurmpod.perf.track.architecture_id`) selects the published runs `known_miss`
+quotes, as the dump's model shape does in the job report; an id of any other shape, or of no
+published architecture, selects none.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ class VsPredicted:
     # only; empty where the prediction was recorded at submission
     switches: tuple[str, ...] = ()
     # The model's track record on published runs of the job's architecture (slurmpod.perf.
-    # track); None where the prediction was recorded at submission (no model shape)
+    # track); from a recorded prediction, that of the architecture its `arch` id names, and
+    # only for a flagged job (its note is all that reads it); None without one
     track: Track | None = None
 
     @property
@@ -367,6 +371,13 @@ def recorded_vs_predicted(comment: str, achieved_step_s: float | None,
     if pred is None or doc is None:
         return None
     raw = doc["pred"]
-    return VsPredicted(gpu=_word(raw.get("gpu"), "unknown"), world=gpus,
-                       achieved_step_s=achieved_step_s, prediction=pred,
-                       layout=_word(raw.get("layout"), "the planned layout"))
+    v = VsPredicted(gpu=_word(raw.get("gpu"), "unknown"), world=gpus,
+                    achieved_step_s=achieved_step_s, prediction=pred,
+                    layout=_word(raw.get("layout"), "the planned layout"))
+    if not v.flagged or "arch" not in raw:
+        return v  # the track record only words the note of a flagged job
+    from slurmpod.perf.track import load, recorded_track  # lazy: start-up
+
+    runs = load()
+    record = recorded_track(raw["arch"], v.gpu, runs) if runs else None
+    return replace(v, track=record) if record is not None else v

@@ -176,13 +176,15 @@ def prepare(run: RunSpec, site: Site, opts: RenderOptions, run_dir: str,
     """Plan, refuse, render; the token is the hash of the script with a fixed sentinel.
     `source` names the run spec in warnings."""
     from slurmpod.megatron.argnames import unknown_key_warnings  # lazy: start-up
-    from slurmpod.perf.planning import predict_run  # lazy: start-up
+    from slurmpod.perf.planning import predict_run, recorded_architecture  # lazy: start-up
     from slurmpod.render.sbatch import PlanFacts, build_context, render_script  # lazy: start-up
 
     plan = plan_or_refuse(run, site, site_path)
     # The prediction `plan` shows (the site's calibration included), recorded in the Comment
-    # for the fleet report's achieved-vs-predicted.
-    facts = PlanFacts.of(plan, predict_run(run, site, plan.nodes, site_path))
+    # for the fleet report's achieved-vs-predicted, with the architecture whose track record
+    # its note may quote.
+    facts = PlanFacts.of(plan, predict_run(run, site, plan.nodes, site_path),
+                         recorded_architecture(run, site, site_path))
     site_env = {**load_site_env(opts.template_dirs), **dict(opts.site_env)}
     opts = replace(opts, run_dir=run_dir, site_env=site_env, token=TOKEN_SENTINEL,
                    save_interval=save_interval_for(run, site, facts, site_path))

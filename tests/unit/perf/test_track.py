@@ -107,3 +107,41 @@ def test_plan_reports_the_track_record() -> None:
     assert "  validated  " in text and "of this architecture (llama2-70b, llama3-70b)" in text
     other = slurmpod("plan", "--preset", "mixtral-8x7b", "--nodes", "2").stdout
     assert "validated  no published run of this architecture" in other, other
+
+
+def test_submit_records_the_architecture_only_where_its_record_applies(tmp_path: Path) -> None:
+    """`planning.recorded_architecture`, the Comment's `pred.arch`: the id of a published
+    architecture (Llama 3 70B) under the built-in factors; nothing for an architecture with no
+    published run (Mixtral 8x7B) or where the site's own calibration replaces those factors."""
+    from slurmpod.config import load_site
+    from slurmpod.perf.fitted import FITTED
+    from slurmpod.perf.planning import recorded_architecture
+    from slurmpod.perf.store import save, store_path
+    from slurmpod.perf.track import ARCHITECTURE_ID, architecture_id, recorded_track
+
+    site_file = ROOT / "site_configs" / "dgx-h100-superpod.toml"
+    site = load_site(site_file)
+    llama = load_run(preset_path("llama3-70b"))
+    arch_id = recorded_architecture(llama, site, site_file)
+    assert ARCHITECTURE_ID.fullmatch(arch_id)
+    assert arch_id == architecture_id(architecture(preset("llama3-70b")))
+    # The fleet report finds the same runs from the id as `plan` does from the shape.
+    by_id = recorded_track(arch_id, "h100", load())
+    assert by_id is not None
+    assert by_id.runs == track(preset("llama3-70b"), "h100", load()).runs
+    assert recorded_architecture(load_run(preset_path("mixtral-8x7b")), site, site_file) == ""
+    own = tmp_path / "mysite.toml"
+    own.write_text(site_file.read_text())
+    save(store_path(own), "hopper", FITTED["hopper"], 3)
+    assert recorded_architecture(llama, site, own) == ""
+
+
+@pytest.mark.parametrize("arch_id", ["", "000000000000", "ABCDEF012345", "0123456789abc",
+                                     "0123456789a", "zzzzzzzzzzzz", "0123456789ab\n", 123456789012,
+                                     None, ["0123456789ab"], {"id": 1}])
+def test_an_id_of_no_published_architecture_selects_nothing(arch_id: object) -> None:
+    """The id comes from the job's Comment: any other shape, or an id no published
+    architecture has, gives no track record (and no error)."""
+    from slurmpod.perf.track import recorded_track
+
+    assert recorded_track(arch_id, "h100", load()) is None

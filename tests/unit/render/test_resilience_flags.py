@@ -213,6 +213,22 @@ def test_prepare_records_the_plans_prediction_in_the_comment() -> None:
     assert v.layout == rec["layout"] and v.gpu == rec["gpu"]
 
 
+def test_the_comment_names_a_published_architecture() -> None:
+    """`pred.arch`: the id of the model's architecture where published runs of it are in the
+    track record (Llama 3 70B on H100), which the fleet report looks its record up by; none
+    for the sandbox's small model, which no published run has."""
+    from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
+    from slurmpod.perf.track import architecture, architecture_id
+
+    run = load_run(preset_path("llama3-70b"))
+    prep = prepare(run, load_site(builtin_site_path("dgx-h100-superpod")), RenderOptions(),
+                   "/runs/llama")
+    arch = architecture(ModelConfig.from_args(run.megatron))
+    assert _comment(prep.script)["pred"]["arch"] == architecture_id(arch)
+    sandbox = prepare(_run(), load_site(SANDBOX), RenderOptions(), "/runs/flags")
+    assert "arch" not in _comment(sandbox.script)["pred"]
+
+
 def test_no_prediction_no_pred_key() -> None:
     site = load_site(SANDBOX)
     plan = make_plan(_run(), site, placement=False)

@@ -229,3 +229,64 @@ def test_prometheus_carries_the_fleet_comparison(fleet) -> None:
     ptext = fleet_exposition(plain)
     assert "slurmpod_fleet_predicted_jobs{" in ptext and "_median_ratio{" not in ptext
     promtool_check(text)
+
+
+def test_a_recorded_architecture_words_a_gap_published_runs_share() -> None:
+    """The Comment's `pred.arch` (the id `slurmpod submit` records): a GPT-OSS 120B job on
+    GB200 at 65 % of its prediction, where the published GB200 runs of that architecture ran
+    at 61-77 %, is flagged with the job report's clause that the gap may be the model's; the
+    same job without the id, or with an id of no published architecture, is flagged without
+    it; and an unflagged job's note is not looked up at all."""
+    from slurmpod.perf.calibrate import load_published
+    from slurmpod.perf.track import architecture, architecture_id
+    from slurmpod.report.predicted import cause_note
+
+    p = next(q for q in load_published(DATA_DIR / "perf" / "published.toml")
+             if q.id == "bridge2604-gb200-gptoss120b-bf16")
+    assert p.config is not None
+    arch = architecture_id(architecture(p.config))
+
+    def comment(arch_id: object) -> str:
+        keys = prediction_keys(step_time_s=1.3, mfu=0.3, tokens_per_s_per_gpu=1000.0,
+                               breakdown_s={"compute": 1.2, "exposed_communication": 0.1,
+                                            "ep": 0.1}, gpu="gb200", layout="TP1 EP64 DP64")
+        return submit_comment(version="0.1", run="r", flops_per_iter=1e15, peak_tflops=2500.0,
+                              gpus=64, formula="mlm-core-0.14", token="t0",
+                              prediction=keys | {"arch": arch_id})
+
+    v = recorded_vs_predicted(comment(arch), 2.0, 64)
+    assert v is not None and v.flagged and v.track is not None
+    assert v.track.models == ("gpt-oss-120b",)
+    note = cause_note(v, None).text
+    assert "published runs of this architecture (gpt-oss-120b) on GB200 ran at 61-" in note, note
+    for other in ("000000000000", "6D33BB61C0DB", arch + "0", 12, None):
+        w = recorded_vs_predicted(comment(other), 2.0, 64)
+        assert w is not None and w.flagged and w.track is None
+        assert "published runs" not in cause_note(w, None).text
+    fast = recorded_vs_predicted(comment(arch), 1.4, 64)
+    assert fast is not None and not fast.flagged and fast.track is None
+    # The id costs the Comment 20 bytes and survives the monitor's merge.
+    merged = build_comment(comment(arch), {"mfu": 0.3, "tflops": 700.0, "iter": 10,
+                                           "tokens_per_s": 1e5, "peak": 2500.0}, now_s=1.0)
+    assert len(merged.encode()) <= 1024
+    again = recorded_vs_predicted(merged, 2.0, 64)
+    assert again is not None and again.known_miss() == v.known_miss()
+
+
+def test_the_fleet_text_carries_the_clause() -> None:
+    """Through the fleet report: job 102 recorded as a GPT-OSS 120B run on GB200, at 65 % of
+    its prediction."""
+    from slurmpod.perf.calibrate import load_published
+    from slurmpod.perf.track import architecture, architecture_id
+
+    p = next(q for q in load_published(DATA_DIR / "perf" / "published.toml")
+             if q.id == "bridge2604-gb200-gptoss120b-bf16")
+    assert p.config is not None
+    keys = prediction_keys(step_time_s=1.3, mfu=0.3, tokens_per_s_per_gpu=1000.0,
+                           breakdown_s={"compute": 1.3}, gpu="gb200", layout="TP1 EP64 DP64",
+                           arch=architecture_id(architecture(p.config)))
+    pred = dict(PRED) | {"102": submit_comment(
+        version="0.1", run="r", flops_per_iter=1e15, peak_tflops=2500.0, gpus=64,
+        formula="mlm-core-0.14", token="t0", prediction=keys)}
+    text = fleet_text(_fleet(pred))
+    assert "(gpt-oss-120b) on GB200 ran at 61-" in text, text
