@@ -57,12 +57,16 @@ if TYPE_CHECKING:
                    "SITE.perf.toml beside the site file).")
 @click.option("--warmup-iters", type=click.IntRange(0), default=10, show_default=True,
               help="LOGS: iterations left out as warm-up (the epilog's records use its own).")
+@click.option("--all-architectures", is_flag=True,
+              help="Fit on jobs of every architecture, also those whose published runs the "
+                   "built-in model misses by more than 15 % (GPT-OSS 120B), which are left "
+                   "out by default (skipped as known-miss).")
 @click.option("--dry-run", is_flag=True, help="Print the fit; store nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
               account: str | None, partition: str | None, spool: str | None,
-              site_name: str | None, output: Path | None, warmup_iters: int, dry_run: bool,
-              as_json: bool) -> None:
+              site_name: str | None, output: Path | None, warmup_iters: int,
+              all_architectures: bool, dry_run: bool, as_json: bool) -> None:
     """Fit the performance model to this site's finished Megatron jobs, and measure the memory
     reserve from their memory reports: their logs (LOGS), or the jobs of Slurm's accounting
     since a time (--since) with the epilog's records."""
@@ -93,6 +97,11 @@ def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
                                 skipped, memory)
     else:
         jobs = _from_logs(logs, hw, warmup_iters, skipped, memory)
+    if jobs and not all_architectures:
+        from slurmpod.perf.track import load  # lazy: start-up
+
+        jobs, missed = cal.without_known_misses(jobs, load())
+        skipped["known-miss"] += missed
     if not jobs and not memory.points:
         _nothing_usable(since, skipped, memory.skipped)
     base = FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
@@ -218,6 +227,12 @@ def _nothing_usable(since: str | None, skipped: Counter[str],
 
     skipped = +skipped
     memory_skipped = +memory_skipped
+    if since is None and skipped["known-miss"]:
+        raise UsageError(f"all {skipped['known-miss']} usable log(s) are of an architecture "
+                         "whose published runs the built-in model misses by more than 15 % "
+                         "(GPT-OSS 120B): fitted on, they would move every other model's "
+                         "prediction by the model's own gap",
+                         hint="add --all-architectures to fit on them anyway")
     if since is None:
         raise UsageError("no log with an arguments dump, world_size and iteration lines",
                          hint="calibrate reads the stdout of finished Megatron jobs")

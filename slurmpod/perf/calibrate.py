@@ -28,7 +28,7 @@ from slurmpod.perf.fitted import FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware, hardware_from_site
 from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.options import RunOptions
-from slurmpod.perf.track import Run, architecture
+from slurmpod.perf.track import Run, architecture, track
 
 if TYPE_CHECKING:
     from slurmpod.model.jobs import JobRecord
@@ -298,6 +298,8 @@ SKIP_REASONS = {
     "bad-dump": "an arguments dump that fails its checks",
     "more-gpus-than-slurm": "a dump world_size above the GPUs Slurm allocated",
     "no-prediction": "a model or layout the performance model cannot place",
+    "known-miss": "an architecture whose published runs the built-in model misses by more "
+                  "than 15 % (median; --all-architectures fits on it too)",
 }
 
 
@@ -371,6 +373,15 @@ def achieved_from_record(job: JobRecord, record: Any,
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         return "bad-dump"
     return Achieved(job.job_id, config, world, opts, step, hw)
+
+
+def without_known_misses(jobs: Sequence[Achieved], runs: Sequence[Run]
+                         ) -> tuple[list[Achieved], int]:
+    """The jobs to fit a site's factors on, and how many were left out: those of an
+    architecture the built-in model is known to miss (`slurmpod.perf.track`, `Track.missed`;
+    GPT-OSS 120B), whose gap the factors would otherwise spread over every other model."""
+    kept = [j for j in jobs if not track(j.config, "", runs).missed]
+    return kept, len(jobs) - len(kept)
 
 
 def _predictable(j: Achieved, hw: Hardware, eff: Efficiency) -> bool:

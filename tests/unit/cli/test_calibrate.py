@@ -327,3 +327,66 @@ def test_an_fp8_moe_log_fits_the_hosts_figure_and_a_dense_one_the_gpus(tmp_path:
     for line in res.stdout.splitlines():
         if line.startswith("  ") and ": predicted / achieved " in line:
             assert line.endswith("1.00"), line  # each fitted onto its own figure
+
+
+# GPT-OSS 120B as Megatron-Bridge's H100 recipe runs it (PP4 EP8, MBS 1, GBS 1280 on 64 GPUs):
+# an architecture whose published runs the model predicts 26 % fast (median).
+GPT_OSS = DUMP | {"num_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                  "group_query_attention": True, "num_query_groups": 8, "kv_channels": 64,
+                  "ffn_hidden_size": 2880, "swiglu": True, "normalization": "RMSNorm",
+                  "untie_embeddings_and_output_weights": True, "seq_length": 4096,
+                  "max_position_embeddings": 131072, "vocab_size": 201088,
+                  "num_experts": 128, "moe_router_topk": 4, "moe_ffn_hidden_size": 2880,
+                  "moe_grouped_gemm": True, "expert_model_parallel_size": 8,
+                  "pipeline_model_parallel_size": 4, "micro_batch_size": 1,
+                  "global_batch_size": 1280, "world_size": 64}
+
+
+def test_a_known_missed_architecture_is_left_out_of_the_fit(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """A dense job 10 % slower than predicted and a GPT-OSS 120B job 40 % slower: by default
+    the fit is the dense job's alone (GPT-OSS skipped as `known-miss`, its gap the model's);
+    with --all-architectures both count, so the factors fall further. GPT-OSS logs alone are
+    one usage error line that names the option."""
+    from slurmpod.config import load_site, resolve_site_path
+    from slurmpod.megatron.runspec import ModelConfig
+    from slurmpod.perf.fitted import FITTED
+    from slurmpod.perf.hardware import hardware_from_site
+    from slurmpod.perf.model import predict
+    from slurmpod.perf.options import RunOptions
+    from slurmpod.perf.track import load, track
+
+    hw = hardware_from_site(load_site(resolve_site_path("dgx-h100-superpod")))
+    dense = DUMP | {"num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+                    "ffn_hidden_size": 8192, "seq_length": 2048,
+                    "max_position_embeddings": 2048, "world_size": 8, "global_batch_size": 256}
+    assert track(ModelConfig.from_args(GPT_OSS), "h100", load()).missed
+
+    def step(args: dict[str, Any]) -> float:
+        p = predict(ModelConfig.from_args(args), int(args["world_size"]), hw,
+                    FITTED["hopper"], RunOptions.from_args(args))
+        assert p is not None and not p.host_bound
+        return p.step_time_s
+
+    dense_log = training_log(tmp_path / "dense.log", dense, step(dense) * 1.1)
+    oss_log = training_log(tmp_path / "gpt-oss.log", GPT_OSS, step(GPT_OSS) * 1.4)
+    rc, out, err = main_rc(capsys, str(dense_log), str(oss_log), "--dry-run", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [j["job_id"] for j in doc["jobs"]] == ["dense.log"]
+    assert doc["skipped"] == {"known-miss": 1}
+    assert "skipped 1 job(s): known-miss 1" in err
+    only_dense = doc["after"]["gemm"]
+    assert only_dense < FITTED["hopper"].gemm
+    assert doc["jobs"][0]["ratio"] == pytest.approx(1.0, abs=0.01)  # fitted on it alone
+    rc, out, err = main_rc(capsys, str(dense_log), str(oss_log), "--dry-run", "--json",
+                           "--all-architectures")
+    both = json.loads(out)
+    assert rc == 0 and len(both["jobs"]) == 2 and both["skipped"] == {}
+    assert both["after"]["gemm"] < only_dense
+    rc, out, err = main_rc(capsys, str(oss_log), "--dry-run")
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) <= 2, err  # the error and its hint
+    assert "known to miss" in err or "misses by more than 15 %" in err
+    assert "--all-architectures" in err and "Traceback" not in err

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurmpod.megatron.runspec import ModelConfig, load_run, preset_path
-from slurmpod.perf.track import Run, architecture, dumps, load, track, track_line
+from slurmpod.perf.track import Run, Track, architecture, dumps, load, track, track_line
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -145,3 +145,37 @@ def test_an_id_of_no_published_architecture_selects_nothing(arch_id: object) -> 
     from slurmpod.perf.track import recorded_track
 
     assert recorded_track(arch_id, "h100", load()) is None
+
+
+def test_an_architecture_is_known_missed_by_its_published_runs_median() -> None:
+    """`Track.missed`: GPT-OSS 120B (published runs 26 % faster predicted than run, median)
+    is; Llama 3 70B and DeepSeek-V3 (within 2 %) and an architecture without published runs
+    (Mixtral 8x7B) are not. The rule's edges: more than 15 % over at least three runs."""
+    from slurmpod.perf.calibrate import load_published
+    from slurmpod.perf.track import KNOWN_MISS_MEDIAN, KNOWN_MISS_RUNS
+
+    gpt_oss = next(p.config for p in load_published(ROOT / "tests/data/perf/published.toml")
+                   if p.id == "bridge2604-gb200-gptoss120b-bf16")
+    assert gpt_oss is not None
+    assert track(gpt_oss, "gb200", load()).missed
+    for name in ("llama3-70b", "deepseek-v3", "mixtral-8x7b"):
+        assert not track(preset(name), "h100", load()).missed, name
+    # Only GPT-OSS in the shipped record.
+    missed = {r.model for r in load() if track_of(r.architecture).missed}
+    assert missed == {"gpt-oss-120b"}
+
+    def runs(*errors: float) -> list[Run]:
+        return [Run(f"r{i}", "m", "A", "h100", "bf16", e) for i, e in enumerate(errors)]
+
+    edge = KNOWN_MISS_MEDIAN + 0.01
+    assert KNOWN_MISS_RUNS == 3
+    assert track_of("A", runs(-edge, -edge, -edge)).missed
+    assert track_of("A", runs(edge, edge, -0.5)).missed  # predicted slow counts the same
+    assert not track_of("A", runs(-edge, -edge)).missed  # two runs are not a record
+    assert not track_of("A", runs(-KNOWN_MISS_MEDIAN, -KNOWN_MISS_MEDIAN, -0.9)).missed
+
+
+def track_of(arch: str, runs: list[Run] | None = None) -> Track:
+    from slurmpod.perf.track import _track
+
+    return _track(arch, "h100", runs if runs is not None else load())
