@@ -46,8 +46,11 @@ def _layout(c: ModelConfig) -> tuple[object, ...]:
 def _run_kind(p: Point) -> tuple[object, ...]:
     """Runs comparable by layout: one model, system, GPU count and precision. The table marks
     MXFP8 rows by id only (precision `fp8`, both taken at the FP8 peak), so an MXFP8 row is not
-    paired with an FP8 current-scaling row of the same layout, whose gap the model does not see."""
-    return (p.raw["model"], p.system, p.gpus, p.precision, "mxfp8" in p.id)
+    paired with an FP8 current-scaling row of the same layout, whose gap the model does not see.
+    A row of a benchmark harness of its own (`series`: MLPerf's submissions, their own software
+    branch and FP8 recipe) is paired only within that series."""
+    return (p.raw["model"], p.system, p.gpus, p.precision, "mxfp8" in p.id,
+            p.raw.get("series", ""))
 
 
 def layout_pairs(results: Sequence[Result]) -> list[Pair]:

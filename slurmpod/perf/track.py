@@ -102,8 +102,9 @@ def _errors(runs: Sequence[Run]) -> dict[str, float] | None:
 
 # An architecture the built-in model is known to miss: the median error of its published runs
 # beyond KNOWN_MISS_MEDIAN, over at least KNOWN_MISS_RUNS of them (GPT-OSS 120B: 26 % fast over
-# 19; every other architecture with three or more runs is within 4 %). `slurmpod calibrate`
-# fits a site's factors without its jobs: their gap is the model's, not the site's GPUs'.
+# 19; the next, GPT-3 175B, 13 % over 13 runs, most of 2023-2024 software). `slurmpod
+# calibrate` fits a site's factors without its jobs: their gap is the model's, not the site's
+# GPUs'.
 KNOWN_MISS_MEDIAN = 0.15
 KNOWN_MISS_RUNS = 3
 

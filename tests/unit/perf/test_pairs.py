@@ -37,6 +37,11 @@ def test_ties_the_same_layout_and_other_kinds_are_not_pairs() -> None:
     assert layout_pairs([_result(SLOW, 20.0), _result(other_gpu, 10.0)]) == []
     fp8_cs = dataclasses.replace(FAST, id="bridge2604-b200-qwen3-30b-fp8")
     assert layout_pairs([_result(SLOW, 20.0), _result(fp8_cs, 10.0)]) == []
+    # A row of another series (MLPerf's harness) pairs only within it.
+    mlperf = dataclasses.replace(FAST, raw={**FAST.raw, "series": "mlperf"})
+    assert layout_pairs([_result(SLOW, 20.0), _result(mlperf, 10.0)]) == []
+    both = dataclasses.replace(SLOW, raw={**SLOW.raw, "series": "mlperf"})
+    assert len(layout_pairs([_result(both, 20.0), _result(mlperf, 10.0)])) == 1
 
 
 def test_time_is_compared_per_token() -> None:
