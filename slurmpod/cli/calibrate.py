@@ -58,9 +58,9 @@ if TYPE_CHECKING:
 @click.option("--warmup-iters", type=click.IntRange(0), default=10, show_default=True,
               help="LOGS: iterations left out as warm-up (the epilog's records use its own).")
 @click.option("--all-architectures", is_flag=True,
-              help="Fit on jobs of every architecture, also those whose published runs the "
-                   "built-in model misses by more than 15 % (GPT-OSS 120B), which are left "
-                   "out by default (skipped as known-miss).")
+              help="Fit on jobs of every architecture, also those the built-in model is "
+                   "known to miss on published runs (GPT-OSS 120B), which are left out by "
+                   "default (skipped as known-miss).")
 @click.option("--dry-run", is_flag=True, help="Print the fit; store nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def calibrate(logs: tuple[Path, ...], since: str | None, user: str | None,
@@ -228,10 +228,9 @@ def _nothing_usable(since: str | None, skipped: Counter[str],
     skipped = +skipped
     memory_skipped = +memory_skipped
     if since is None and skipped["known-miss"]:
-        raise UsageError(f"all {skipped['known-miss']} usable log(s) are of an architecture "
-                         "whose published runs the built-in model misses by more than 15 % "
-                         "(GPT-OSS 120B): fitted on, they would move every other model's "
-                         "prediction by the model's own gap",
+        raise UsageError(f"all {skipped['known-miss']} usable log(s) are of "
+                         f"{SKIP_REASONS['known-miss']}: fitted on, they would move every other "
+                         "model's prediction by the model's own gap",
                          hint="add --all-architectures to fit on them anyway")
     if since is None:
         raise UsageError("no log with an arguments dump, world_size and iteration lines",

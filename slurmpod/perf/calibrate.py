@@ -28,7 +28,7 @@ from slurmpod.perf.fitted import FITTED, Efficiency
 from slurmpod.perf.hardware import Hardware, hardware_from_site
 from slurmpod.perf.model import Prediction, predict
 from slurmpod.perf.options import RunOptions
-from slurmpod.perf.track import Run, architecture, track
+from slurmpod.perf.track import KNOWN_MISS_MEDIAN, Run, architecture, track
 
 if TYPE_CHECKING:
     from slurmpod.model.jobs import JobRecord
@@ -299,7 +299,7 @@ SKIP_REASONS = {
     "more-gpus-than-slurm": "a dump world_size above the GPUs Slurm allocated",
     "no-prediction": "a model or layout the performance model cannot place",
     "known-miss": "an architecture whose published runs the built-in model misses by more "
-                  "than 15 % (median; --all-architectures fits on it too)",
+                  f"than {100 * KNOWN_MISS_MEDIAN:.0f} % (median: GPT-OSS 120B)",
 }
 
 
