@@ -25,9 +25,17 @@ if TYPE_CHECKING:
     from slurmpod.perf.search import Candidate
 
 
-def site_efficiency(hw: Hardware, site_path: Path | None) -> Efficiency:
+def site_factors(hw: Hardware, site_path: Path | None) -> tuple[Efficiency, bool]:
+    """The factors a prediction on the site uses, and whether they are the site's own
+    (`slurmpod calibrate`) rather than the built-in fit the track record's errors are of."""
     own = load_site_efficiency(site_path, hw.generation)
-    return own or FITTED.get(hw.generation, DEFAULT_EFFICIENCY)
+    if own is not None:
+        return own, True
+    return FITTED.get(hw.generation, DEFAULT_EFFICIENCY), False
+
+
+def site_efficiency(hw: Hardware, site_path: Path | None) -> Efficiency:
+    return site_factors(hw, site_path)[0]
 
 
 def site_reserve(site: Site, site_path: Path | None) -> MeasuredReserve | None:
@@ -86,7 +94,7 @@ def track_record(spec: RunSpec, site: Site, site_path: Path | None = None) -> Tr
     if not runs:
         return None
     hw = hardware_from_site(site)
-    own = load_site_efficiency(site_path, hw.generation) is not None
+    own = site_factors(hw, site_path)[1]
     return track(ModelConfig.from_args(spec.megatron), hw.gpu_model, runs, own)
 
 
@@ -96,7 +104,7 @@ def recorded_architecture(spec: RunSpec, site: Site, site_path: Path | None = No
     only where published runs of it are in the record and the prediction uses the built-in
     factors those errors are of (not the site's own calibration); else ""."""
     runs = load()
-    if not runs or load_site_efficiency(site_path, hardware_from_site(site).generation) is not None:
+    if not runs or site_factors(hardware_from_site(site), site_path)[1]:
         return ""
     arch = architecture(ModelConfig.from_args(spec.megatron))
     return architecture_id(arch) if any(r.architecture == arch for r in runs) else ""

@@ -1,7 +1,8 @@
 """Achieved vs predicted: a finished Megatron job's steady iteration time against what the
 performance model (`slurmpod.perf`, docs/perf-model.md) predicts for its model and layout on
 its nodes' GPU, and the likely cause when it ran far slower. Pure apart from
-`load_site_efficiency` (a site's own calibration file, `slurmpod calibrate`).
+`site_factors` (a site's own calibration file, `slurmpod calibrate`) and the track record
+(`slurmpod.perf.track.load`, package data).
 
 The model and layout come from Megatron's `--- arguments ---` dump at the head of the job's
 log (read by the CLI through the epilog's safe reader, `slurmpod.cli.report.log_hints`),
@@ -172,8 +173,7 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
     from slurmpod.perf.hardware import hardware_from_site  # lazy: start-up
     from slurmpod.perf.model import predict  # lazy: start-up
     from slurmpod.perf.options import RunOptions  # lazy: start-up
-    from slurmpod.perf.planning import site_efficiency  # lazy: start-up
-    from slurmpod.perf.store import load_site_efficiency  # lazy: start-up
+    from slurmpod.perf.planning import site_factors  # lazy: start-up
     from slurmpod.perf.track import load, track  # lazy: start-up
 
     if check_dump_args(args) is not None:
@@ -188,12 +188,11 @@ def vs_predicted(args: Mapping[str, Any] | None, achieved_step_s: float | None, 
         hw = hardware_from_site(site, sg.node_type)
         opts = RunOptions.from_args(args)
         config = ModelConfig.from_args(args)
-        pred = predict(config, world, hw, site_efficiency(hw, site_path), opts)
+        eff, own = site_factors(hw, site_path)
+        pred = predict(config, world, hw, eff, opts)
         layout = _layout_text(args, world)
         runs = load()
-        record = track(config, hw.gpu_model, runs,
-                       load_site_efficiency(site_path, hw.generation) is not None
-                       ) if runs else None
+        record = track(config, hw.gpu_model, runs, own) if runs else None
     except (SlurmpodError, ValueError, TypeError, KeyError, ArithmeticError):
         # A dump the model cannot take (a layout it refuses, an argument of the wrong kind):
         # no prediction, the report is the same without it.
