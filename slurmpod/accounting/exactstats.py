@@ -71,7 +71,7 @@ class PairwiseSum:
             if self._have < self._prog[self._pc]:
                 return
             leaf = self._buf[0] if len(self._buf) == 1 else np.concatenate(self._buf)
-            self._stack.append(float(np.add.reduce(leaf)))
+            self._stack.append(float(leaf.sum()))  # numpy's pairwise add.reduce
             self._buf, self._have = [], 0
             self._pc += 1
             while self._pc < len(self._prog) and self._prog[self._pc] == 0:

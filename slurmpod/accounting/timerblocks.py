@@ -190,7 +190,7 @@ class TimerBlocks:
         toks = data[pos:m.end()].split()
         k = len(prefix.split())
         ranks = np.array(b" ".join(toks[k + 1::k + 3]).replace(b":", b"").split(), dtype=np.int64)
-        if ranks.max() >= MAX_RANK:
+        if int(np.max(ranks)) >= MAX_RANK:
             return pos
         if not self._name.startswith("save-checkpoint") and (t := self._target()):
             t.add_ranks(self._name, ranks,
