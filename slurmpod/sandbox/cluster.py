@@ -33,6 +33,7 @@ from slurmpod.sandbox import procs
 from slurmpod.sandbox.layout import Layout, Ports
 from slurmpod.sandbox.prereqs import (
     Tools,
+    check_host_name,
     check_one_slurm,
     find_tools,
     release_string,
@@ -263,6 +264,7 @@ class Sandbox:
         t0 = time.monotonic()
         check_state_path(self.state_dir)
         tools = find_tools()
+        check_host_name()
         version = slurm_version(tools["slurmd"])
         with self._locked():
             state = self._read_state()
@@ -504,7 +506,7 @@ class Sandbox:
             tools["mariadbd"], "--no-defaults", *as_root, f"--datadir={lay.db_data}",
             f"--socket={lay.db_socket}", f"--port={ports.mariadb}", "--bind-address=127.0.0.1",
             f"--pid-file={lay.pidfile('mariadbd')}", f"--log-error={lay.logfile('mariadbd')}",
-            "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
+            "--skip-name-resolve", "--innodb-buffer-pool-size=64M", f"--init-file={lay.db_init}",
         ], lay.logfile("mariadbd"))
         self._write_state(ports, version)
         self._wait("MariaDB", lambda: procs.can_connect(ports.mariadb), [db])

@@ -80,6 +80,15 @@ def topology_plugin(site: Site, s: SandboxSettings) -> str:
     return plugin_for(site, s.slurm_version[:2])
 
 
+# slurmdbd's StorageLoc. MariaDB creates it at every start (`--init-file`, ACCOUNTING_DB_INIT)
+# rather than slurmdbd on its first connection: slurmdbd 24.11 then retries the connect on the
+# handle whose first connect failed (ER_BAD_DB_ERROR), and with MariaDB Connector/C 3.4.10
+# (Debian 13's libmariadb3 1:11.8.9) that handle refuses every result set ("5027 Number of
+# columns in result (=1) ... (=0)"), so slurmdbd dies at its first check query.
+ACCOUNTING_DB = "slurm_acct_db"
+ACCOUNTING_DB_INIT = f"CREATE DATABASE IF NOT EXISTS `{ACCOUNTING_DB}`;\n"
+
+
 def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> dict[str, str]:
     """All files of `etc/` and `hooks/`, relative to the state directory."""
     from slurmpod.render.env import header, make_env  # lazy: start-up
@@ -89,6 +98,7 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
     ctx: dict[str, Any] = {
         "root": str(lay.root),
         "cluster_name": site.slurm.cluster_name,
+        "accounting_db": ACCOUNTING_DB,
         "slurm_version": release_string(s.slurm_version),
         "ports": s.ports,
         "user": s.user,
@@ -121,6 +131,7 @@ def render_files(site: Site, s: SandboxSettings, artefacts: dict[str, str]) -> d
                       ("hooks/task-prolog", "task-prolog.sh.j2")):
         ctx["header"] = header("#", f"sandbox/{tpl}", site.site.name)
         files[name] = env.get_template(f"sandbox/{tpl}").render(**ctx)
+    files["etc/mariadb-init.sql"] = ACCOUNTING_DB_INIT
     files.update(shim_files(site, s))
     return files
 

@@ -113,6 +113,11 @@ class Layout:
         return self.root / "db" / "data"
 
     @property
+    def db_init(self) -> Path:
+        """SQL MariaDB runs at each start (`--init-file`): creates slurmdbd's database."""
+        return self.etc / "mariadb-init.sql"
+
+    @property
     def db_socket(self) -> Path:
         return self.run / "mariadb.sock"
 

@@ -82,6 +82,9 @@ def test_slurm_conf_includes_generated_files_unmodified(tmp_path: Path) -> None:
     assert f"File={tmp_path}/dev/nvidia[0-3]" in files["etc/gres.conf"]
     dbd = _conf(files["etc/slurmdbd.conf"])
     assert dbd["DbdPort"] == "20017" and dbd["StoragePort"] == "20018"
+    # MariaDB creates slurmdbd's database itself, so slurmdbd's first connect finds it.
+    assert files["etc/mariadb-init.sql"] == (
+        f"CREATE DATABASE IF NOT EXISTS `{dbd['StorageLoc']}`;\n")
     assert "CgroupPlugin=autodetect" in files["etc/cgroup.conf"]
     # Every value in the Slurm files is a plain token: nothing left for Jinja to fill.
     assert not any("{{" in text or "}}" in text for text in files.values())
