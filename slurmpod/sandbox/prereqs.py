@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,6 +77,21 @@ def find_tools(path: str | None = None) -> Tools:
             f"install them with: {INSTALL_HINT}"
         )
     return Tools(found)
+
+
+def check_host_name(name: str | None = None) -> None:
+    """This machine's host name must resolve: srun tells slurmctld where to reach it by that name,
+    and where it does not resolve (a bare chroot or container), cancelling a job with a running
+    step, draining its node or requeueing it times out ("Socket timed out on send/recv
+    operation", Slurm 24.11) long after `sandbox up` said all was well."""
+    host = name or socket.gethostname()
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        raise ConfigError(
+            f"this machine's host name {host!r} does not resolve; Slurm's clients and daemons "
+            f"reach each other by it",
+            hint=f"add the line '127.0.0.1 {host}' to /etc/hosts") from None
 
 
 def slurm_prefix(program: str) -> Path:

@@ -91,6 +91,20 @@ def test_missing_programs_name_the_install_command(tmp_path: Path) -> None:
     assert "apt-get install" in err.message and "\n" not in err.message
 
 
+def test_unresolvable_host_name_names_the_hosts_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    prereqs.check_host_name("localhost")  # resolves everywhere
+
+    def no_dns(host: str, *_: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with pytest.raises(ConfigError) as info:
+        prereqs.check_host_name("node-x")
+    err = info.value
+    assert err.exit_code == 3 and "'node-x' does not resolve" in err.message
+    assert err.hint == "add the line '127.0.0.1 node-x' to /etc/hosts"
+
+
 def test_cli_without_slurm_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     from slurmpod.cli.main import main
