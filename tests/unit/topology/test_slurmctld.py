@@ -61,6 +61,10 @@ def _slurm_conf(d: Path, plugin: str, auth: list[str] | None = None) -> Path:
         f"Include {d}/nodes.conf", "",
     ]))
     (d / "state").mkdir(exist_ok=True)
+    if tuple(map(int, _installed_version().split("."))) >= (24, 5):
+        # slurmd reads cgroup.conf from 24.05 on and, without one, fails where /sys/fs/cgroup is
+        # not mounted (a chroot, some containers); the sandbox disables it the same way.
+        (d / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     return conf
 
 
